@@ -1,0 +1,218 @@
+"""The agent's configuration: frozen dataclasses with defaults, validated once at load.
+
+Every section can be omitted; ``AgentConfig()`` is the embedded default (synthetic camera,
+bundled detector, ONNX Runtime on the CPU). Sources and backends are told apart by their
+``type`` key. Config objects do no I/O: files named here are opened by the components.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from typing import Literal
+
+from edge_agent import configload
+from edge_agent.configload import check
+
+
+def _name_ok(name: str) -> bool:
+    return bool(name) and all(c.isalnum() or c in "-_" for c in name)
+
+
+@dataclass(frozen=True)
+class _SourceBase:
+    name: str = "cam0"
+
+    def __post_init__(self) -> None:
+        check(_name_ok(self.name), "name", "use letters, digits, '-' and '_' only (it is a topic)")
+
+
+@dataclass(frozen=True)
+class SyntheticSourceConfig(_SourceBase):
+    """Generated scene with ground truth; paced like a camera unless ``fps`` is 0."""
+
+    type: Literal["synthetic"] = "synthetic"
+    width: int = 640
+    height: int = 480
+    fps: float = 30.0  # 0: a new frame whenever the pipeline asks (benchmarks)
+    seed: int = 0
+    num_objects: int = 6
+    noise_sigma: float = 6.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(16 <= self.width <= 8192, "width", "must be within 16..8192")
+        check(16 <= self.height <= 8192, "height", "must be within 16..8192")
+        check(self.fps >= 0, "fps", "must be >= 0")
+        check(0 <= self.num_objects <= 64, "num_objects", "must be within 0..64")
+        check(self.noise_sigma >= 0, "noise_sigma", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class VideoSourceConfig(_SourceBase):
+    """A video file. Every frame is processed (the pipeline waits) unless ``realtime``."""
+
+    type: Literal["video"] = "video"
+    path: str = ""
+    loop: bool = False
+    realtime: bool = False  # pace at the file's frame rate and keep only the newest frame
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(bool(self.path), "path", "a video file path is required")
+
+
+@dataclass(frozen=True)
+class ImageFolderSourceConfig(_SourceBase):
+    """Images of a folder in name order; every image is processed."""
+
+    type: Literal["images"] = "images"
+    path: str = ""
+    patterns: tuple[str, ...] = ("*.jpg", "*.jpeg", "*.png", "*.bmp")
+    loop: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(bool(self.path), "path", "an image folder is required")
+
+
+@dataclass(frozen=True)
+class _LiveBase(_SourceBase):
+    # A camera that fails to open or stops delivering is reopened with exponential backoff.
+    retry_initial_s: float = 0.5
+    retry_max_s: float = 10.0
+    stall_timeout_s: float = 2.0  # no new frame for this long counts as a failure
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.retry_initial_s > 0, "retry_initial_s", "must be > 0")
+        check(self.retry_max_s >= self.retry_initial_s, "retry_max_s", "must be >= retry_initial_s")
+        check(self.stall_timeout_s > 0, "stall_timeout_s", "must be > 0")
+
+
+@dataclass(frozen=True)
+class V4L2SourceConfig(_LiveBase):
+    """A USB/V4L2 camera through OpenCV's V4L2 backend."""
+
+    type: Literal["v4l2"] = "v4l2"
+    device: str = "/dev/video0"
+    width: int = 0  # 0: the camera's default
+    height: int = 0
+    fps: float = 0.0
+
+
+@dataclass(frozen=True)
+class RtspSourceConfig(_LiveBase):
+    """An RTSP stream through OpenCV (FFmpeg backend by default)."""
+
+    type: Literal["rtsp"] = "rtsp"
+    url: str = ""
+    transport: Literal["tcp", "udp"] = "tcp"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.url.startswith(("rtsp://", "rtsps://")), "url", "must start with rtsp://")
+
+
+@dataclass(frozen=True)
+class GStreamerSourceConfig(_LiveBase):
+    """A GStreamer pipeline string ending in appsink (CSI cameras via nvarguscamerasrc)."""
+
+    type: Literal["gstreamer"] = "gstreamer"
+    pipeline: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check("appsink" in self.pipeline, "pipeline", "must end in an appsink element")
+
+
+SourceConfig = (
+    SyntheticSourceConfig
+    | VideoSourceConfig
+    | ImageFolderSourceConfig
+    | V4L2SourceConfig
+    | RtspSourceConfig
+    | GStreamerSourceConfig
+)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which model to run. Thresholds left unset come from the model's manifest."""
+
+    path: str = ""  # empty: the bundled detector
+    manifest: str = ""  # empty: manifest.yaml beside the model, else read from the ONNX
+    score_threshold: float | None = None
+    iou_threshold: float | None = None
+    max_detections: int = 100
+
+    def __post_init__(self) -> None:
+        for key in ("score_threshold", "iou_threshold"):
+            v = getattr(self, key)
+            check(v is None or 0.0 <= v <= 1.0, key, "must be within 0..1")
+        check(1 <= self.max_detections <= 10000, "max_detections", "must be within 1..10000")
+
+
+@dataclass(frozen=True)
+class OnnxRuntimeConfig:
+    type: Literal["onnxruntime"] = "onnxruntime"
+    # CPU by default; on a Jetson with onnxruntime-gpu: CUDAExecutionProvider or
+    # TensorrtExecutionProvider ahead of CPUExecutionProvider.
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+    intra_op_threads: int = 0  # 0: ONNX Runtime's choice (one per physical core)
+    inter_op_threads: int = 1
+    graph_optimization: Literal["disabled", "basic", "extended", "all"] = "all"
+    execution_mode: Literal["sequential", "parallel"] = "sequential"
+    # Spinning worker threads trade CPU for latency; off, they leave the cores to the
+    # capture and postprocessing threads between frames.
+    allow_spinning: bool = False
+
+    def __post_init__(self) -> None:
+        check(len(self.providers) > 0, "providers", "at least one execution provider")
+        check(self.intra_op_threads >= 0, "intra_op_threads", "must be >= 0")
+        check(self.inter_op_threads >= 0, "inter_op_threads", "must be >= 0")
+
+
+# One entry today; the TensorRT backend joins as `OnnxRuntimeConfig | TensorRTConfig`.
+BackendConfig = OnnxRuntimeConfig
+
+
+@dataclass(frozen=True)
+class PublishConfig:
+    endpoint: str = "tcp://127.0.0.1:5556"
+    topic: str = "det"  # messages go out as "<topic>.<source name>"
+    send_hwm: int = 100  # messages queued per subscriber before ZeroMQ drops for it
+
+    def __post_init__(self) -> None:
+        check("://" in self.endpoint, "endpoint", "expected a ZeroMQ endpoint like tcp://host:port")
+        check(_name_ok(self.topic), "topic", "use letters, digits, '-' and '_' only")
+        check(self.send_hwm >= 1, "send_hwm", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class DeadlineConfig:
+    budget_ms: float = 50.0  # capture to publish
+
+    def __post_init__(self) -> None:
+        check(self.budget_ms > 0, "budget_ms", "must be > 0")
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    device_id: str = field(default_factory=socket.gethostname)
+    source: SourceConfig = field(default_factory=SyntheticSourceConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    backend: BackendConfig = field(default_factory=OnnxRuntimeConfig)
+    publish: PublishConfig = field(default_factory=PublishConfig)
+    deadline: DeadlineConfig = field(default_factory=DeadlineConfig)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+def load_config(path: str | None) -> AgentConfig:
+    """The config of file ``path``, or the embedded default when ``path`` is None.
+
+    Raises ``ConfigError`` naming file, line and key path of every problem.
+    """
+    if path is None:
+        return AgentConfig()
+    return configload.load_file(AgentConfig, path)

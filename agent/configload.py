@@ -1,0 +1,286 @@
+"""YAML → frozen dataclasses, with errors that name the file, line and key path.
+
+The YAML is composed (not constructed) so every value keeps its position; the dataclass
+fields' type hints drive the conversion. Every problem in a document is collected before
+one ``ConfigError`` is raised, so a user fixes them all in one pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, Literal, Union
+
+import yaml
+from yaml.constructor import SafeConstructor
+
+
+@dataclass(frozen=True)
+class Problem:
+    file: str
+    line: int  # 1-based; 0 when unknown
+    column: int
+    path: str  # dotted key path, e.g. "source.fps"
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}:{self.column}" if self.line else self.file
+        key = f" {self.path}:" if self.path else ""
+        return f"{where}:{key} {self.message}"
+
+
+class ConfigError(ValueError):
+    """One or more problems in a configuration document."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+class FieldError(ValueError):
+    """Raised by a config dataclass's ``__post_init__`` to blame one of its keys."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(message)
+
+
+def check(ok: bool, key: str, message: str) -> None:
+    """Validation helper for ``__post_init__``: raise ``FieldError`` unless ``ok``."""
+    if not ok:
+        raise FieldError(key, message)
+
+
+def compose(text: str, file: str) -> yaml.Node | None:
+    """Parse YAML into a node tree that keeps line numbers; syntax errors → ConfigError."""
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
+        raise ConfigError([Problem(file, line, col, "", f"YAML syntax: {e.problem}")]) from None
+
+
+def load(cls: type, text: str, file: str) -> Any:
+    """Build dataclass ``cls`` from YAML ``text``; an empty document gives the defaults."""
+    node = compose(text, file)
+    builder = Builder(file)
+    value = cls() if node is None else builder.build(cls, node, "")
+    if builder.problems:
+        raise ConfigError(builder.problems)
+    return value
+
+
+def load_file(cls: type, path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError([Problem(path, 0, 0, "", f"cannot read: {e.strerror}")]) from None
+    return load(cls, text, path)
+
+
+_MISSING = object()
+_scalars = SafeConstructor()
+
+
+def _type_name(t: Any) -> str:
+    if t is type(None):
+        return "null"
+    if typing.get_origin(t) is Literal:
+        return " | ".join(repr(a) for a in typing.get_args(t))
+    if dataclasses.is_dataclass(t):
+        return "a mapping"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
+        t, getattr(t, "__name__", str(t))
+    )
+
+
+def _is_union(t: Any) -> bool:
+    return typing.get_origin(t) in (Union, types.UnionType)
+
+
+class Builder:
+    """Converts YAML nodes to typed values, collecting problems instead of stopping."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.problems: list[Problem] = []
+
+    def fail(self, node: yaml.Node | None, path: str, message: str) -> object:
+        mark = node.start_mark if node is not None else None
+        line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
+        self.problems.append(Problem(self.file, line, col, path, message))
+        return _MISSING
+
+    def build(self, t: Any, node: yaml.Node, path: str) -> Any:
+        origin = typing.get_origin(t)
+        if dataclasses.is_dataclass(t):
+            return self._dataclass(t, node, path)
+        if _is_union(t):
+            return self._union(t, node, path)
+        if origin in (list, tuple):
+            return self._sequence(t, node, path)
+        if origin is dict:
+            return self._mapping(t, node, path)
+        return self._scalar(t, node, path)
+
+    def _scalar(self, t: Any, node: yaml.Node, path: str) -> Any:
+        if not isinstance(node, yaml.ScalarNode):
+            return self.fail(node, path, f"expected {_type_name(t)}, got a {_kind(node)}")
+        value = _scalars.construct_object(node)
+        if t is Any:
+            return value
+        if typing.get_origin(t) is Literal:
+            if value in typing.get_args(t):
+                return value
+            return self.fail(node, path, f"expected one of {_type_name(t)}, got {value!r}")
+        if t is float and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        if t is type(None) and value is None:
+            return None
+        if isinstance(value, t) and not (t is int and isinstance(value, bool)):
+            return value
+        hint = " (quote it to make it a string)" if t is str and value is not None else ""
+        return self.fail(node, path, f"expected {_type_name(t)}, got {value!r}{hint}")
+
+    def _union(self, t: Any, node: yaml.Node, path: str) -> Any:
+        options = typing.get_args(t)
+        tagged = [o for o in options if dataclasses.is_dataclass(o)]
+        if tagged and isinstance(node, yaml.MappingNode):
+            return self._tagged(tagged, node, path)
+        is_null = isinstance(node, yaml.ScalarNode) and _scalars.construct_object(node) is None
+        if is_null and type(None) in options:
+            return None
+        for option in options:
+            if option is type(None) or dataclasses.is_dataclass(option):
+                continue
+            trial = Builder(self.file)
+            value = trial.build(option, node, path)
+            if not trial.problems:
+                return value
+        names = " or ".join(_type_name(o) for o in options)
+        return self.fail(node, path, f"expected {names}")
+
+    def _tagged(self, options: list[type], node: yaml.MappingNode, path: str) -> Any:
+        """A union of dataclasses is told apart by its ``type`` key (a Literal field)."""
+        by_tag = {}
+        for cls in options:
+            hint = typing.get_type_hints(cls)["type"]
+            for tag in typing.get_args(hint):
+                by_tag[tag] = cls
+        tag_node = _lookup(node, "type")
+        tags = ", ".join(repr(k) for k in by_tag)
+        if tag_node is None:
+            return self.fail(node, path, f"missing key 'type' (one of {tags})")
+        tag = _scalars.construct_object(tag_node) if isinstance(tag_node, yaml.ScalarNode) else None
+        if tag not in by_tag:
+            return self.fail(tag_node, _join(path, "type"), f"unknown type {tag!r} (one of {tags})")
+        return self._dataclass(by_tag[tag], node, path)
+
+    def _sequence(self, t: Any, node: yaml.Node, path: str) -> Any:
+        if not isinstance(node, yaml.SequenceNode):
+            return self.fail(node, path, f"expected a list, got a {_kind(node)}")
+        args = typing.get_args(t) or (Any,)
+        if typing.get_origin(t) is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            if len(node.value) != len(args):
+                return self.fail(node, path, f"expected a list of {len(args)} items")
+            items = [self.build(a, n, f"{path}[{i}]") for i, (a, n) in enumerate(zip(args, node.value))]
+        else:
+            item_t = args[0]
+            items = [self.build(item_t, n, f"{path}[{i}]") for i, n in enumerate(node.value)]
+        if any(v is _MISSING for v in items):
+            return _MISSING
+        return tuple(items) if typing.get_origin(t) is tuple else items
+
+    def _mapping(self, t: Any, node: yaml.Node, path: str) -> Any:
+        if not isinstance(node, yaml.MappingNode):
+            return self.fail(node, path, f"expected a mapping, got a {_kind(node)}")
+        key_t, value_t = typing.get_args(t) or (str, Any)
+        out = {}
+        for k_node, v_node in node.value:
+            key = self.build(key_t, k_node, path)
+            value = self.build(value_t, v_node, _join(path, str(key)))
+            if key is not _MISSING and value is not _MISSING:
+                out[key] = value
+        return out
+
+    def _dataclass(self, cls: type, node: yaml.Node, path: str) -> Any:
+        if not isinstance(node, yaml.MappingNode):
+            return self.fail(node, path, f"expected a mapping, got a {_kind(node)}")
+        hints = typing.get_type_hints(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+        values: dict[str, Any] = {}
+        nodes: dict[str, yaml.Node] = {}
+        ok = True
+        for k_node, v_node in node.value:
+            key = _scalars.construct_object(k_node) if isinstance(k_node, yaml.ScalarNode) else None
+            if key not in fields:
+                known = ", ".join(fields)
+                self.fail(k_node, _join(path, str(key)), f"unknown key (expected one of: {known})")
+                ok = False
+                continue
+            if key in nodes:
+                self.fail(k_node, _join(path, key), "duplicate key")
+                ok = False
+                continue
+            nodes[key] = v_node
+            value = self.build(hints[key], v_node, _join(path, key))
+            if value is _MISSING:
+                ok = False
+            else:
+                values[key] = value
+        for name, f in fields.items():
+            if (
+                name not in nodes
+                and f.default is dataclasses.MISSING
+                and (f.default_factory is dataclasses.MISSING)
+            ):
+                self.fail(node, _join(path, name), f"missing required key ({_type_name(hints[name])})")
+                ok = False
+        if not ok:
+            return _MISSING
+        try:
+            return cls(**values)
+        except FieldError as e:
+            return self.fail(nodes.get(e.key, node), _join(path, e.key), str(e))
+        except (ValueError, TypeError) as e:
+            return self.fail(node, path, str(e))
+
+
+def _lookup(node: yaml.MappingNode, key: str) -> yaml.Node | None:
+    for k_node, v_node in node.value:
+        if isinstance(k_node, yaml.ScalarNode) and k_node.value == key:
+            return v_node
+    return None
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _kind(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "list"
+    return f"scalar {_scalars.construct_object(node)!r}"
+
+
+def to_plain(value: Any) -> Any:
+    """A config dataclass as plain dicts/lists, in field order (for YAML/JSON output)."""
+    if dataclasses.is_dataclass(value):
+        # The discriminator first, so a dumped section reads as "type: ..., then its keys".
+        names = sorted((f.name for f in dataclasses.fields(value)), key=lambda n: n != "type")
+        return {n: to_plain(getattr(value, n)) for n in names}
+    if isinstance(value, (list, tuple)):
+        return [to_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: to_plain(v) for k, v in value.items()}
+    return value
+
+
+def dump(value: Any) -> str:
+    return yaml.safe_dump(to_plain(value), sort_keys=False, default_flow_style=False)

@@ -1,0 +1,141 @@
+"""Detection accuracy: VOC-style mAP@IoU on held-out synthetic scenes.
+
+The held-out set is fixed (seeds 1_000_000..1_000_009, frames 0, 7, ..., 343 of each:
+500 frames); the bundled detector is trained on seeds below 1_000_000 only. Ground-truth
+objects less than half visible are "difficult": matching one is neither a true nor a
+false positive, and they are not in the recall denominator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from edge_agent.config import BackendConfig, ModelConfig
+from edge_agent.pipelines.decode import box_iou
+from edge_agent.pipelines.preprocess import boxes_to_source
+
+HELDOUT_SEED = 1_000_000
+HELDOUT_SEEDS = 10
+HELDOUT_STEP = 7
+MIN_VISIBILITY = 0.5
+
+
+def heldout_frames(frames: int = 500) -> Iterator[tuple[int, int]]:
+    """(seed, frame index) pairs of the held-out set, ``frames`` of them."""
+    per_seed = max(1, -(-frames // HELDOUT_SEEDS))
+    count = 0
+    for k in range(HELDOUT_SEEDS):
+        for j in range(per_seed):
+            if count == frames:
+                return
+            yield HELDOUT_SEED + k, j * HELDOUT_STEP
+            count += 1
+
+
+@dataclass
+class FrameResult:
+    xyxy: np.ndarray  # (K, 4) detections, source pixels
+    scores: np.ndarray  # (K,)
+    class_ids: np.ndarray  # (K,)
+    gt: np.ndarray  # (M, 6): class, x1, y1, x2, y2, visibility
+
+
+def average_precision(recall: np.ndarray, precision: np.ndarray) -> float:
+    """Area under the precision-recall curve, all-point interpolated (VOC 2010+)."""
+    r = np.concatenate([[0.0], recall, [1.0]])
+    p = np.concatenate([[0.0], precision, [0.0]])
+    p = np.maximum.accumulate(p[::-1])[::-1]
+    steps = np.flatnonzero(r[1:] != r[:-1])
+    return float(np.sum((r[steps + 1] - r[steps]) * p[steps + 1]))
+
+
+def mean_average_precision(
+    results: list[FrameResult], num_classes: int, iou_threshold: float = 0.5
+) -> tuple[float, list[float]]:
+    """mAP over classes that have ground truth, and AP per class (nan without truth)."""
+    aps: list[float] = []
+    for c in range(num_classes):
+        scores: list[np.ndarray] = []
+        hits: list[np.ndarray] = []
+        n_pos = 0
+        for r in results:
+            gt = r.gt[r.gt[:, 0] == c]
+            easy = gt[:, 5] >= MIN_VISIBILITY
+            n_pos += int(easy.sum())
+            sel = r.class_ids == c
+            det, sc = r.xyxy[sel], r.scores[sel]
+            order = np.argsort(-sc, kind="stable")
+            det, sc = det[order], sc[order]
+            outcome = np.zeros(len(sc), np.int8)  # 1 TP, 0 FP, -1 ignored (difficult)
+            if len(gt) and len(det):
+                iou = box_iou(det.astype(np.float64), gt[:, 1:5].astype(np.float64))
+                taken = np.zeros(len(gt), bool)
+                for i in range(len(det)):
+                    j = int(np.argmax(iou[i]))
+                    if iou[i, j] < iou_threshold:
+                        continue
+                    if not easy[j]:
+                        outcome[i] = -1
+                    elif not taken[j]:
+                        taken[j] = True
+                        outcome[i] = 1
+            keep = outcome >= 0
+            scores.append(sc[keep])
+            hits.append(outcome[keep])
+        if n_pos == 0:
+            aps.append(float("nan"))
+            continue
+        all_scores = np.concatenate(scores) if scores else np.empty(0)
+        all_hits = np.concatenate(hits) if hits else np.empty(0, np.int8)
+        order = np.argsort(-all_scores, kind="stable")
+        tp = np.cumsum(all_hits[order] == 1)
+        fp = np.cumsum(all_hits[order] == 0)
+        recall = tp / n_pos
+        precision = tp / np.maximum(tp + fp, 1)
+        aps.append(average_precision(recall, precision))
+    valid = [a for a in aps if not np.isnan(a)]
+    return (float(np.mean(valid)) if valid else 0.0), aps
+
+
+def evaluate(model: ModelConfig, backend: BackendConfig, frames: int = 500) -> dict:
+    """Score a model on ``frames`` held-out synthetic frames; returns mAP@0.5 and details."""
+    import time
+
+    from edge_agent.pipelines.preprocess import Letterbox
+    from edge_agent.pipelines.synthetic import CLASSES, SceneSpec, SyntheticScene
+    from edge_agent.runner import load_model
+
+    # AP integrates over all scores, so keep nearly every candidate.
+    loaded = load_model(replace(model, score_threshold=0.001, max_detections=300), backend)
+    io = loaded.backend.allocate()
+    loaded.backend.warmup(io)
+    spec = SceneSpec()
+    image = np.empty((spec.height, spec.width, 3), np.uint8)
+    gt = np.zeros((spec.num_objects, 6), np.float32)
+    geo = Letterbox()
+    scenes: dict[int, SyntheticScene] = {}
+    results: list[FrameResult] = []
+    infer_ns = 0
+    for seed, index in heldout_frames(frames):
+        scene = scenes.get(seed) or scenes.setdefault(seed, SyntheticScene(replace(spec, seed=seed)))
+        scene.render(index, image, gt)
+        t = time.perf_counter_ns()
+        xyxy, scores, classes = loaded.run_one(image, io, geo)
+        infer_ns += time.perf_counter_ns() - t
+        xyxy = boxes_to_source(xyxy.copy(), geo)
+        results.append(FrameResult(xyxy, scores, classes, gt.copy()))
+    labels = loaded.manifest.labels
+    if tuple(labels) != CLASSES:
+        raise ValueError(f"model labels {labels} are not the synthetic scene's classes {CLASSES}")
+    m_ap, per_class = mean_average_precision(results, len(labels))
+    loaded.backend.close()
+    return {
+        "model": loaded.resolved.path,
+        "frames": len(results),
+        "map50": round(m_ap, 4),
+        "ap50_per_class": {name: round(ap, 4) for name, ap in zip(labels, per_class)},
+        "mean_frame_ms": round(infer_ns / max(len(results), 1) / 1e6, 3),
+    }

@@ -1,0 +1,76 @@
+"""Latency histograms with fixed logarithmic buckets: O(1) memory, percentiles on demand.
+
+Buckets grow by 2 % from 1 µs to ~100 s, so any percentile read back is within 2 % of
+the true value, however many frames were recorded; no list of samples is ever kept.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+_MIN_NS = 1_000
+_GROWTH = 1.02
+_LOG_GROWTH = math.log(_GROWTH)
+_BUCKETS = int(math.log(1e11 / _MIN_NS) / _LOG_GROWTH) + 2
+# Upper edge of each bucket in ns; a value is reported as its bucket's upper edge.
+_UPPER = _MIN_NS * np.power(_GROWTH, np.arange(1, _BUCKETS + 1))
+
+
+class LatencyHistogram:
+    """Records durations in ns; one writer thread, any number of readers."""
+
+    __slots__ = ("count", "counts", "max_ns", "min_ns", "total_ns")
+
+    def __init__(self) -> None:
+        self.counts = np.zeros(_BUCKETS, np.int64)
+        self.count = 0
+        self.total_ns = 0
+        self.max_ns = 0
+        self.min_ns = 0
+
+    def record(self, ns: int) -> None:
+        i = 0 if ns <= _MIN_NS else min(int(math.log(ns / _MIN_NS) / _LOG_GROWTH), _BUCKETS - 1)
+        self.counts[i] += 1
+        if self.count == 0 or ns < self.min_ns:
+            self.min_ns = ns
+        self.count += 1
+        self.total_ns += ns
+        if ns > self.max_ns:
+            self.max_ns = ns
+
+    def percentile_ns(self, q: float) -> float:
+        """The ``q``-th percentile (0..100) in ns; 0 when empty. Exact max for q=100."""
+        if self.count == 0:
+            return 0.0
+        if q >= 100:
+            return float(self.max_ns)
+        rank = max(1, math.ceil(self.count * q / 100.0))
+        i = int(np.searchsorted(np.cumsum(self.counts), rank))
+        return float(min(_UPPER[i], self.max_ns))
+
+    def percentile_ms(self, q: float) -> float:
+        return self.percentile_ns(q) / 1e6
+
+    def mean_ms(self) -> float:
+        return self.total_ns / self.count / 1e6 if self.count else 0.0
+
+    def merge(self, other: LatencyHistogram) -> None:
+        self.counts += other.counts
+        if other.count:
+            self.min_ns = other.min_ns if self.count == 0 else min(self.min_ns, other.min_ns)
+        self.count += other.count
+        self.total_ns += other.total_ns
+        self.max_ns = max(self.max_ns, other.max_ns)
+
+    def summary_ms(self) -> dict[str, float]:
+        return {
+            "count": self.count,
+            "mean": round(self.mean_ms(), 3),
+            "p50": round(self.percentile_ms(50), 3),
+            "p90": round(self.percentile_ms(90), 3),
+            "p99": round(self.percentile_ms(99), 3),
+            "p99.9": round(self.percentile_ms(99.9), 3),
+            "max": round(self.max_ns / 1e6, 3),
+        }

@@ -1,0 +1,182 @@
+"""Builds the agent from its config and owns the lifetime of every component.
+
+Components start in order (publisher, source, pipeline) and stop in reverse; every
+failure to build names the file, device or key at fault before anything is started.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edge_agent.config import AgentConfig, BackendConfig, ModelConfig
+from edge_agent.models.manifest import ModelError, ModelManifest, ResolvedModel, resolve_model
+from edge_agent.pipelines.backends.base import InferenceBackend, TensorSpec
+from edge_agent.pipelines.backends.registry import create_backend
+from edge_agent.pipelines.decode import DECODERS, Decoded, DecodeParams
+from edge_agent.pipelines.pipeline import Pipeline
+from edge_agent.pipelines.preprocess import Preprocessor
+from edge_agent.pipelines.publish import MessageBuilder, ZmqPublisher
+from edge_agent.pipelines.sources import create_source
+
+log = logging.getLogger(__name__)
+
+_DTYPE = {"float32": np.float32, "float16": np.float16, "uint8": np.uint8}
+
+
+@dataclass
+class LoadedModel:
+    resolved: ResolvedModel
+    backend: InferenceBackend
+    preprocessor: Preprocessor
+    decode: Any
+    params: DecodeParams
+    input_name: str
+    output_index: int
+
+    @property
+    def manifest(self) -> ModelManifest:
+        return self.resolved.manifest
+
+    def run_one(self, image_bgr: np.ndarray, io: Any, geo: Any) -> Decoded:
+        """Preprocess, infer and decode one frame (tools and evaluation, not the hot path)."""
+        self.preprocessor(image_bgr, io.inputs[self.input_name], geo)
+        self.backend.infer(io)
+        return self.decode(io.outputs[self.output_index], self.params)
+
+
+def check_io(
+    m: ModelManifest, path: str, inputs: list[TensorSpec], outputs: list[TensorSpec]
+) -> tuple[str, int]:
+    """Check the model's tensors against its manifest; returns (input name, output index).
+
+    Raises ModelError naming the model file and the mismatch.
+    """
+    spec = m.input
+    by_name = {t.name: t for t in inputs}
+    if spec.name and spec.name not in by_name:
+        raise ModelError(
+            f"{path}: manifest input {spec.name!r} is not an input of the model ({list(by_name)})"
+        )
+    tin = by_name[spec.name] if spec.name else inputs[0]
+    want = (None, spec.height, spec.width, 3) if spec.layout == "NHWC" else (None, 3, spec.height, spec.width)
+    got = tin.shape
+    if len(got) != 4 or any(w is not None and g is not None and w != g for w, g in zip(want, got)):
+        raise ModelError(
+            f"{path}: input {tin.name!r} has shape {got}, but the manifest says "
+            f"{spec.layout} {spec.width}x{spec.height} with 3 channels"
+        )
+    if tin.dtype != np.dtype(_DTYPE[spec.dtype]):
+        raise ModelError(f"{path}: input {tin.name!r} is {tin.dtype}, but the manifest says {spec.dtype}")
+    names = [t.name for t in outputs]
+    if m.output.name and m.output.name not in names:
+        raise ModelError(f"{path}: manifest output {m.output.name!r} is not an output of the model ({names})")
+    index = names.index(m.output.name) if m.output.name else 0
+    oshape = outputs[index].shape
+    n_cls = len(m.labels)
+    expect = {"yolov8": (1, 4 + n_cls), "yolov5": (2, 5 + n_cls)}[m.output.decoder]
+    axis, size = expect
+    if len(oshape) != 3 or (oshape[axis] is not None and oshape[axis] != size):
+        raise ModelError(
+            f"{path}: output {names[index]!r} has shape {oshape}; a {m.output.decoder} output with "
+            f"{n_cls} labels needs {size} on axis {axis}"
+        )
+    return tin.name, index
+
+
+def load_model(model: ModelConfig, backend_config: BackendConfig) -> LoadedModel:
+    """Resolve, load and check a model. Raises ModelError, ConfigError or BackendError."""
+    resolved = resolve_model(model.path, model.manifest)
+    for note in resolved.assumptions:
+        log.warning("model %s has no manifest; assumed: %s", resolved.path, note)
+    m = resolved.manifest
+    backend = create_backend(backend_config)
+    backend.load(resolved.path)
+    input_name, output_index = check_io(m, resolved.path, backend.inputs, backend.outputs)
+    params = DecodeParams(
+        score_threshold=model.score_threshold if model.score_threshold is not None else m.score_threshold,
+        iou_threshold=model.iou_threshold if model.iou_threshold is not None else m.iou_threshold,
+        max_detections=model.max_detections,
+    )
+    return LoadedModel(
+        resolved,
+        backend,
+        Preprocessor(m.input.format()),
+        DECODERS[m.output.decoder],
+        params,
+        input_name,
+        output_index,
+    )
+
+
+class Agent:
+    """One configured agent: source → pipeline → result stream."""
+
+    def __init__(self, config: AgentConfig, max_frames: int = 0) -> None:
+        self.config = config
+        self.max_frames = max_frames
+        self.model: LoadedModel | None = None
+        self.pipeline: Pipeline | None = None
+        self.publisher: ZmqPublisher | None = None
+        self._started: list[Any] = []
+
+    def build(self) -> None:
+        cfg = self.config
+        self.model = load_model(cfg.model, cfg.backend)
+        m = self.model.manifest
+        source = create_source(cfg.source)
+        self.publisher = ZmqPublisher(cfg.publish.endpoint, cfg.publish.send_hwm)
+        builder = MessageBuilder(cfg.device_id, m.name, m.labels, cfg.deadline.budget_ms)
+        self.pipeline = Pipeline(
+            source,
+            self.model.preprocessor,
+            self.model.backend,
+            self.model.decode,
+            self.model.params,
+            self.model.output_index,
+            builder,
+            self.publisher,
+            cfg.publish.topic,
+            self.max_frames,
+        )
+        self.pipeline.allocate(self.model.input_name)
+
+    def start(self) -> None:
+        """Open the stream, the source, then start the stages; on failure undo what started."""
+        assert self.pipeline is not None and self.publisher is not None, "build() first"
+        try:
+            self.publisher.open()
+            self._started.append(self.publisher)
+            self.pipeline.source.open()
+            self._started.append(self.pipeline.source)
+            self.pipeline.start()
+            self._started.append(self.pipeline)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self, timeout_s: float = 1.5) -> bool:
+        """Stop everything that started, in reverse order; True if every thread ended."""
+        clean = True
+        while self._started:
+            part = self._started.pop()
+            if part is self.pipeline:
+                clean = self.pipeline.stop(timeout_s) and clean
+            else:
+                part.close()
+        if self.model is not None:
+            self.model.backend.close()
+        return clean
+
+    def describe(self) -> dict[str, Any]:
+        assert self.model is not None and self.pipeline is not None
+        return {
+            "model": self.model.resolved.path,
+            "manifest": self.model.resolved.manifest_path or "(read from the ONNX)",
+            **self.model.backend.describe(),
+            "source": self.pipeline.source.describe(),
+            "endpoint": self.config.publish.endpoint,
+        }

@@ -1,0 +1,1 @@
+"""Model files with their manifests, and the code that reads them."""

@@ -1,0 +1,1 @@
+"""Frame sources, preprocessing, inference backends, decoding and the staged pipeline."""

@@ -1,0 +1,1 @@
+"""Inference backends behind one interface (see base.py), registered in registry.py."""

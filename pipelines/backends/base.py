@@ -1,0 +1,88 @@
+"""The one interface every inference backend implements.
+
+A backend owns the model session. The pipeline asks it for one set of preallocated IO
+buffers per frame slot (``allocate``) and then calls ``infer`` on a slot's set; the
+backend writes outputs into those arrays, so nothing is allocated per frame. Backends
+that run on an accelerator keep per-set streams and device buffers in ``IOSet.handle``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+class BackendError(RuntimeError):
+    """The backend cannot load or run the model; the message says which file and why."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int | None, ...]  # None for a dynamic axis
+    dtype: np.dtype
+
+    def concrete(self, batch: int = 1) -> tuple[int, ...]:
+        """The shape with a dynamic leading (batch) axis set to ``batch``.
+
+        Raises BackendError when another axis is dynamic: the pipeline needs fixed sizes.
+        """
+        dims = list(self.shape)
+        if dims and dims[0] is None:
+            dims[0] = batch
+        if any(d is None for d in dims):
+            raise BackendError(
+                f"tensor {self.name!r} has dynamic axes {self.shape}: export it with a fixed size"
+            )
+        return tuple(int(d) for d in dims)
+
+
+@dataclass
+class IOSet:
+    """One preallocated set of model inputs and outputs (one per frame slot)."""
+
+    inputs: dict[str, np.ndarray]
+    outputs: list[np.ndarray]
+    handle: Any = None  # backend-specific binding (ORT IOBinding, TensorRT stream, ...)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class InferenceBackend(ABC):
+    """load → allocate (per slot) → warmup → infer (per frame) → close."""
+
+    name: str = "backend"
+
+    @abstractmethod
+    def load(self, model_path: str) -> None:
+        """Open the model. Raises BackendError naming the file on failure."""
+
+    @property
+    @abstractmethod
+    def inputs(self) -> list[TensorSpec]: ...
+
+    @property
+    @abstractmethod
+    def outputs(self) -> list[TensorSpec]: ...
+
+    @abstractmethod
+    def allocate(self) -> IOSet:
+        """A new set of input and output buffers bound to this backend."""
+
+    @abstractmethod
+    def infer(self, io: IOSet) -> None:
+        """Run the model on ``io.inputs`` and write ``io.outputs`` in place."""
+
+    def warmup(self, io: IOSet, runs: int = 3) -> None:
+        # The first runs pay for lazy initialisation (memory arenas, kernel selection);
+        # doing them before the first frame keeps that cost out of frame latencies.
+        for _ in range(runs):
+            self.infer(io)
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name}
+
+    def close(self) -> None:  # noqa: B027 - optional for backends holding nothing
+        pass

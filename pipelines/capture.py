@@ -1,0 +1,191 @@
+"""Live cameras through OpenCV: V4L2 devices, RTSP URLs and GStreamer pipelines.
+
+A reader thread owns the ``cv2.VideoCapture`` and decodes into three reused buffers: one
+being written, the newest complete frame, and the one the pipeline is reading. The
+pipeline always gets the newest frame; frames it had no time for are overwritten
+(counted in ``skipped``). A camera that fails to open, errors or stalls is reopened with
+exponential backoff and jitter, without stopping the agent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import cv2
+import numpy as np
+
+from edge_agent.config import GStreamerSourceConfig, RtspSourceConfig, V4L2SourceConfig
+from edge_agent.pipelines.sources import BufferPolicy, Source, SourceError, SourceFrame
+
+log = logging.getLogger(__name__)
+
+LiveConfig = V4L2SourceConfig | RtspSourceConfig | GStreamerSourceConfig
+
+
+def has_gstreamer() -> bool:
+    for line in cv2.getBuildInformation().splitlines():
+        if line.strip().startswith("GStreamer:"):
+            return "YES" in line
+    return False
+
+
+def open_capture(config: LiveConfig) -> cv2.VideoCapture:
+    """Open the device, URL or pipeline a live config names. Raises SourceError."""
+    timeout_ms = int(config.stall_timeout_s * 1000)
+    if config.type == "gstreamer":
+        if not has_gstreamer():
+            raise SourceError(
+                "this OpenCV build has no GStreamer support (cv2.getBuildInformation() shows "
+                "'GStreamer: NO'); on a Jetson use JetPack's OpenCV: create the venv with "
+                "--system-site-packages and do not install the opencv extra"
+            )
+        cap = cv2.VideoCapture(config.pipeline, cv2.CAP_GSTREAMER)
+        what = f"GStreamer pipeline {config.pipeline!r}"
+    elif config.type == "rtsp":
+        # FFmpeg reads its RTSP options from the environment at open time.
+        os.environ["OPENCV_FFMPEG_CAPTURE_OPTIONS"] = f"rtsp_transport;{config.transport}"
+        params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, timeout_ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, timeout_ms]
+        cap = cv2.VideoCapture(config.url, cv2.CAP_FFMPEG, params)
+        what = f"RTSP stream {config.url}"
+    else:
+        device: Any = int(config.device) if config.device.isdigit() else config.device
+        cap = cv2.VideoCapture(device, cv2.CAP_V4L2)
+        what = f"V4L2 device {config.device}"
+        if cap.isOpened():
+            cap.set(cv2.CAP_PROP_BUFFERSIZE, 1)  # the driver's queue would add latency
+            if config.width:
+                cap.set(cv2.CAP_PROP_FRAME_WIDTH, config.width)
+            if config.height:
+                cap.set(cv2.CAP_PROP_FRAME_HEIGHT, config.height)
+            if config.fps:
+                cap.set(cv2.CAP_PROP_FPS, config.fps)
+    if not cap.isOpened():
+        cap.release()
+        raise SourceError(f"cannot open {what}")
+    return cap
+
+
+class Backoff:
+    """Exponential backoff with full jitter, reset after a success."""
+
+    def __init__(self, initial_s: float, max_s: float, rng: random.Random | None = None) -> None:
+        self.initial_s, self.max_s = initial_s, max_s
+        self.attempt = 0
+        self._rng = rng or random.Random()
+
+    def next_delay(self) -> float:
+        ceiling = min(self.max_s, self.initial_s * (2**self.attempt))
+        self.attempt += 1
+        return self._rng.uniform(ceiling / 2, ceiling)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class OpenCvCapture(Source):
+    policy = BufferPolicy.NEWEST
+
+    def __init__(self, config: LiveConfig, opener: Callable[[], cv2.VideoCapture] | None = None) -> None:
+        super().__init__(config.name)
+        self.config = config
+        self._opener = opener or (lambda: open_capture(config))
+        self._bufs: list[np.ndarray] = []
+        self._cond = threading.Condition()
+        self._latest = -1  # index of the newest complete buffer
+        self._reading = -1  # index the consumer holds
+        self._seq = 0  # complete frames written
+        self._taken = 0  # seq of the last frame handed out
+        self._ids = [0, 0, 0]
+        self._stamps = [0, 0, 0]
+        self._frame = SourceFrame()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.failures = 0
+        self.connected = False
+        self.last_error = ""
+
+    def open(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=f"capture-{self.name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        backoff = Backoff(self.config.retry_initial_s, self.config.retry_max_s)
+        frame_id = 0
+        while not self._stop.is_set():
+            try:
+                cap = self._opener()
+            except SourceError as e:
+                self._failed(str(e), backoff)
+                continue
+            self.connected = True
+            log.info("source %s: connected", self.name)
+            try:
+                while not self._stop.is_set():
+                    slot = self._free_slot()
+                    ok, img = cap.read(self._bufs[slot] if self._bufs else None)
+                    if not ok:
+                        raise SourceError("read failed (camera gone, stream ended or stalled)")
+                    if not self._bufs or img is not self._bufs[slot]:
+                        # First frame, or the camera changed resolution: (re)allocate.
+                        self._bufs = [img, np.empty_like(img), np.empty_like(img)]
+                        slot = 0
+                    self._publish(slot, frame_id)
+                    frame_id += 1
+                    backoff.reset()
+            except SourceError as e:
+                self._failed(str(e), backoff)
+            finally:
+                self.connected = False
+                cap.release()
+
+    def _failed(self, error: str, backoff: Backoff) -> None:
+        self.failures += 1
+        self.last_error = error
+        delay = backoff.next_delay()
+        log.warning("source %s: %s; retrying in %.1f s", self.name, error, delay)
+        self._stop.wait(delay)
+
+    def _free_slot(self) -> int:
+        with self._cond:
+            for i in range(3):
+                if i != self._latest and i != self._reading:
+                    return i
+        return 0
+
+    def _publish(self, slot: int, frame_id: int) -> None:
+        with self._cond:
+            self._ids[slot] = frame_id
+            self._stamps[slot] = time.monotonic_ns()
+            self._latest = slot
+            self._seq += 1
+            self._cond.notify()
+
+    def read(self, timeout_s: float) -> SourceFrame | None:
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._seq > self._taken, timeout_s):
+                return None
+            self.skipped += self._seq - self._taken - 1
+            self._taken = self._seq
+            self._reading = self._latest
+            slot = self._reading
+            f = self._frame
+            f.image, f.frame_id, f.capture_ns = self._bufs[slot], self._ids[slot], self._stamps[slot]
+        return f
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.config.stall_timeout_s + 1.0)
+            if self._thread.is_alive():
+                log.warning("source %s: capture thread still blocked in the driver", self.name)
+            self._thread = None
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "connected": self.connected, "failures": self.failures}

@@ -1,0 +1,123 @@
+"""Decoders for YOLO output layouts, and class-aware non-maximum suppression.
+
+Pure functions over numpy arrays; each decoder keeps only the candidates above the score
+threshold before touching boxes, so the cost follows the number of objects, not anchors.
+All boxes are ``xyxy`` in model-input pixels; the caller maps them to source pixels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+#: More candidates than this after the score threshold are cut to the best-scoring ones,
+#: which bounds NMS (quadratic) when a model fires everywhere.
+MAX_CANDIDATES = 1024
+
+
+@dataclass(frozen=True)
+class DecodeParams:
+    score_threshold: float = 0.25
+    iou_threshold: float = 0.45
+    max_detections: int = 100
+
+
+Decoded = tuple[np.ndarray, np.ndarray, np.ndarray]  # xyxy (K, 4) f32, scores (K,), class ids (K,)
+
+
+def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU between every box of ``a`` (N, 4) and of ``b`` (M, 4), xyxy → (N, M)."""
+    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
+    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+    w = np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0])
+    h = np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1])
+    inter = np.clip(w, 0, None) * np.clip(h, 0, None)
+    union = area_a[:, None] + area_b[None, :] - inter
+    return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+
+
+def nms(xyxy: np.ndarray, scores: np.ndarray, iou_threshold: float) -> np.ndarray:
+    """Greedy NMS: indices of kept boxes, best score first.
+
+    A box is suppressed when its IoU with a kept, higher-scoring box is above
+    ``iou_threshold`` (the rule of ``cv2.dnn.NMSBoxes``; equal scores keep input order).
+    """
+    if len(scores) == 0:
+        return np.empty(0, np.int64)
+    order = np.argsort(-scores, kind="stable")
+    iou = box_iou(xyxy[order], xyxy[order])
+    suppressed = np.zeros(len(order), bool)
+    keep = []
+    for i in range(len(order)):
+        if suppressed[i]:
+            continue
+        keep.append(i)
+        suppressed |= iou[i] > iou_threshold
+    return order[np.asarray(keep, np.int64)]
+
+
+def batched_nms(
+    xyxy: np.ndarray, scores: np.ndarray, class_ids: np.ndarray, iou_threshold: float
+) -> np.ndarray:
+    """Class-aware NMS in one pass: boxes of different classes never suppress each other.
+
+    Each class's boxes are shifted by a disjoint offset so one greedy pass handles all
+    classes at once instead of a Python loop per class.
+    """
+    if len(scores) == 0:
+        return np.empty(0, np.int64)
+    span = float(np.max(xyxy)) - float(min(np.min(xyxy), 0.0)) + 1.0
+    shifted = xyxy + (class_ids.astype(xyxy.dtype) * span)[:, None]
+    return nms(shifted, scores, iou_threshold)
+
+
+def _finish(cxcywh: np.ndarray, scores: np.ndarray, class_ids: np.ndarray, p: DecodeParams) -> Decoded:
+    if len(scores) > MAX_CANDIDATES:
+        top = np.argpartition(-scores, MAX_CANDIDATES)[:MAX_CANDIDATES]
+        cxcywh, scores, class_ids = cxcywh[top], scores[top], class_ids[top]
+    xyxy = np.empty((len(scores), 4), np.float32)
+    half_w, half_h = cxcywh[:, 2] * 0.5, cxcywh[:, 3] * 0.5
+    xyxy[:, 0] = cxcywh[:, 0] - half_w
+    xyxy[:, 1] = cxcywh[:, 1] - half_h
+    xyxy[:, 2] = cxcywh[:, 0] + half_w
+    xyxy[:, 3] = cxcywh[:, 1] + half_h
+    keep = batched_nms(xyxy, scores, class_ids, p.iou_threshold)[: p.max_detections]
+    return xyxy[keep], scores[keep].astype(np.float32), class_ids[keep].astype(np.int32)
+
+
+def decode_yolov8(output: np.ndarray, p: DecodeParams) -> Decoded:
+    """Decode one image of the YOLOv8/YOLO11 export layout, ``(4 + C, N)`` or ``(1, 4 + C, N)``.
+
+    Rows are cx, cy, w, h (input pixels) then C class scores (already sigmoid).
+    """
+    out = output[0] if output.ndim == 3 else output
+    cls_scores = out[4:]
+    best = cls_scores.max(axis=0)
+    idx = np.flatnonzero(best > p.score_threshold)
+    class_ids = cls_scores[:, idx].argmax(axis=0)
+    return _finish(out[:4, idx].T, best[idx], class_ids, p)
+
+
+def decode_yolov5(output: np.ndarray, p: DecodeParams) -> Decoded:
+    """Decode one image of the YOLOv5 layout, ``(N, 5 + C)`` or ``(1, N, 5 + C)``.
+
+    Columns are cx, cy, w, h, objectness, then C class probabilities; the score of a
+    class is objectness × probability, so anchors with objectness below the threshold
+    are skipped before any multiplication.
+    """
+    out = output[0] if output.ndim == 3 else output
+    idx = np.flatnonzero(out[:, 4] > p.score_threshold)
+    rows = out[idx]
+    conf = rows[:, 5:] * rows[:, 4:5]
+    class_ids = conf.argmax(axis=1)
+    scores = conf[np.arange(len(idx)), class_ids]
+    ok = scores > p.score_threshold
+    return _finish(rows[ok, :4], scores[ok], class_ids[ok], p)
+
+
+DECODERS: dict[str, Callable[[np.ndarray, DecodeParams], Decoded]] = {
+    "yolov8": decode_yolov8,
+    "yolov5": decode_yolov5,
+}

@@ -1,0 +1,1 @@
+"""Power manager (clock locking, save/restore, telemetry): not built yet, see issue 5."""

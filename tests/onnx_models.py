@@ -1,0 +1,95 @@
+"""Small real ONNX models built for tests with onnx.helper (run by real ONNX Runtime)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def constant_detector(
+    path: str,
+    output: np.ndarray,
+    height: int = 320,
+    width: int = 320,
+    layout: str = "NHWC",
+    dtype: int = TensorProto.UINT8,
+    input_name: str = "images",
+    output_name: str = "output0",
+    metadata: dict[str, str] | None = None,
+    conv_channels: int = 0,
+) -> str:
+    """A model whose output is ``output`` (its batch axis dynamic) whatever the image.
+
+    ``conv_channels`` > 0 adds a 3x3 convolution stack over the image whose result is
+    multiplied by zero and added, so the output stays exact while the model costs real
+    compute (a deliberately slow model, its cost set by its size).
+    """
+    in_shape = ["batch", height, width, 3] if layout == "NHWC" else ["batch", 3, height, width]
+    x = helper.make_tensor_value_info(input_name, dtype, in_shape)
+    y = helper.make_tensor_value_info(output_name, TensorProto.FLOAT, ["batch", *output.shape[1:]])
+    const = numpy_helper.from_array(output[:1].astype(np.float32), "const")
+    nodes = [helper.make_node("Cast", [input_name], ["xf"], to=TensorProto.FLOAT)]
+    inits = [const, numpy_helper.from_array(np.array([0.0], np.float32), "zero")]
+    src = "xf"
+    if layout == "NHWC":
+        nodes.append(helper.make_node("Transpose", ["xf"], ["xt"], perm=[0, 3, 1, 2]))
+        src = "xt"
+    if conv_channels:
+        rng = np.random.default_rng(0)
+        c_in = 3
+        for i in range(4):
+            w = rng.normal(0, 0.1, (conv_channels, c_in, 3, 3)).astype(np.float32)
+            inits.append(numpy_helper.from_array(w, f"w{i}"))
+            nodes.append(helper.make_node("Conv", [src, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]))
+            src, c_in = f"c{i}", conv_channels
+    nodes += [
+        helper.make_node("ReduceMean", [src], ["m"], keepdims=0),
+        helper.make_node("Mul", ["m", "zero"], ["z"]),
+        helper.make_node("Add", ["const", "z"], ["one"]),
+        # Expand the constant over the input's batch axis.
+        helper.make_node("Shape", [input_name], ["s"], start=0, end=1),
+        helper.make_node("Concat", ["s", "tail"], ["shape"], axis=0),
+        helper.make_node("Expand", ["one", "shape"], [output_name]),
+    ]
+    inits.append(numpy_helper.from_array(np.array(output.shape[1:], np.int64), "tail"))
+    graph = helper.make_graph(nodes, "test-detector", [x], [y], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    for k, v in (metadata or {}).items():
+        model.metadata_props.append(onnx.StringStringEntryProto(key=k, value=v))
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def yolov8_output(
+    boxes_cxcywh: list[tuple[float, float, float, float]],
+    classes: list[int],
+    scores: list[float],
+    num_classes: int,
+    anchors: int,
+) -> np.ndarray:
+    """A [1, 4 + C, N] tensor with the given boxes in its first anchors, zeros elsewhere."""
+    out = np.zeros((1, 4 + num_classes, anchors), np.float32)
+    for i, (box, c, s) in enumerate(zip(boxes_cxcywh, classes, scores)):
+        out[0, :4, i] = box
+        out[0, 4 + c, i] = s
+    return out
+
+
+def yolov5_output(
+    boxes_cxcywh: list[tuple[float, float, float, float]],
+    classes: list[int],
+    obj: list[float],
+    cls_prob: list[float],
+    num_classes: int,
+    anchors: int,
+) -> np.ndarray:
+    """A [1, N, 5 + C] tensor: box, objectness, class probabilities per anchor."""
+    out = np.zeros((1, anchors, 5 + num_classes), np.float32)
+    for i, (box, c, o, p) in enumerate(zip(boxes_cxcywh, classes, obj, cls_prob)):
+        out[0, i, :4] = box
+        out[0, i, 4] = o
+        out[0, i, 5 + c] = p
+    return out

@@ -1,0 +1,230 @@
+"""Sources on real files, real OpenCV decoding and the real synthetic renderer."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from edge_agent.config import (
+    GStreamerSourceConfig,
+    ImageFolderSourceConfig,
+    RtspSourceConfig,
+    SyntheticSourceConfig,
+    VideoSourceConfig,
+)
+from edge_agent.pipelines.capture import Backoff, OpenCvCapture, has_gstreamer, open_capture
+from edge_agent.pipelines.sources import (
+    BufferPolicy,
+    EndOfStream,
+    ImageFolderSource,
+    SourceError,
+    SyntheticSource,
+    VideoFileSource,
+    create_source,
+)
+from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
+
+
+def write_video(path: Path, frames: int, size=(160, 120)) -> Path:
+    w, h = size
+    vw = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 30.0, (w, h))
+    assert vw.isOpened(), "OpenCV cannot write MJPG here"
+    for i in range(frames):
+        img = np.full((h, w, 3), (i * 20) % 250, np.uint8)
+        cv2.putText(img, str(i), (10, 60), cv2.FONT_HERSHEY_SIMPLEX, 1.0, (255, 255, 255), 2)
+        vw.write(img)
+    vw.release()
+    return path
+
+
+def render(spec: SceneSpec, index: int):
+    scene = SyntheticScene(spec)
+    img = np.empty((spec.height, spec.width, 3), np.uint8)
+    gt = np.zeros((spec.num_objects, 6), np.float32)
+    scene.render(index, img, gt)
+    return img, gt
+
+
+def test_synthetic_scene_is_a_function_of_seed_and_index():
+    spec = SceneSpec(seed=5)
+    a_img, a_gt = render(spec, 40)
+    # A second instance, rendering other frames first, gives the same frame 40.
+    scene = SyntheticScene(spec)
+    img = np.empty_like(a_img)
+    gt = np.zeros_like(a_gt)
+    for i in (3, 99, 40):
+        scene.render(i, img, gt)
+    assert np.array_equal(img, a_img)
+    assert np.array_equal(gt, a_gt)
+    b_img, _ = render(SceneSpec(seed=6), 40)
+    assert not np.array_equal(a_img, b_img), "different seeds must give different scenes"
+
+
+def test_synthetic_ground_truth_is_inside_the_frame_and_objects_move():
+    spec = SceneSpec(seed=2, num_objects=8)
+    _, gt0 = render(spec, 0)
+    _, gt1 = render(spec, 30)
+    for gt in (gt0, gt1):
+        assert np.all(gt[:, 1] >= 0) and np.all(gt[:, 3] <= spec.width)
+        assert np.all(gt[:, 2] >= 0) and np.all(gt[:, 4] <= spec.height)
+        assert np.all((gt[:, 5] >= 0) & (gt[:, 5] <= 1))
+    assert not np.array_equal(gt0[:, 1:5], gt1[:, 1:5]), "objects should move between frames"
+
+
+def test_synthetic_occlusion_lowers_visibility():
+    # Over many frames of a crowded scene some object must be partly hidden by another.
+    spec = SceneSpec(seed=1, num_objects=20)
+    scene = SyntheticScene(spec)
+    img = np.empty((spec.height, spec.width, 3), np.uint8)
+    gt = np.zeros((spec.num_objects, 6), np.float32)
+    seen = []
+    for i in range(0, 200, 10):
+        scene.render(i, img, gt)
+        seen.append(gt[:, 5].min())
+    assert min(seen) < 0.9
+
+
+def test_unpaced_synthetic_source_delivers_every_frame_with_truth():
+    src = SyntheticSource(SyntheticSourceConfig(fps=0, seed=3))
+    assert src.policy is BufferPolicy.WAIT
+    src.open()
+    ids = []
+    for _ in range(5):
+        f = src.read(1.0)
+        ids.append(f.frame_id)
+        assert f.gt is not None and f.gt.shape == (6, 6)
+        assert f.image.shape == (480, 640, 3)
+    _, gt = render(SceneSpec(seed=3), 4)
+    assert np.array_equal(f.gt, gt)
+    assert ids == [0, 1, 2, 3, 4]
+
+
+def test_paced_synthetic_source_skips_to_the_newest_frame():
+    src = SyntheticSource(SyntheticSourceConfig(fps=200, seed=3))
+    assert src.policy is BufferPolicy.NEWEST
+    src.open()
+    first = src.read(1.0).frame_id
+    time.sleep(0.05)  # ~10 frame periods pass without a read
+    f = src.read(1.0)
+    assert f.frame_id >= first + 3, "a late reader must get the newest frame, not the next one"
+    assert src.skipped == f.frame_id - first - 1
+    assert f.capture_ns <= time.monotonic_ns()
+
+
+def test_paced_source_times_out_before_the_next_frame():
+    src = SyntheticSource(SyntheticSourceConfig(fps=1, seed=3))
+    src.open()
+    assert src.read(1.0).frame_id == 0
+    assert src.read(0.01) is None
+
+
+def test_video_file_source_delivers_every_frame_in_order(tmp_path):
+    path = write_video(tmp_path / "clip.avi", 12)
+    src = create_source(VideoSourceConfig(path=str(path)))
+    assert src.policy is BufferPolicy.WAIT
+    src.open()
+    ids, buffers = [], set()
+    with pytest.raises(EndOfStream):
+        while True:
+            f = src.read(1.0)
+            ids.append(f.frame_id)
+            buffers.add(f.image.ctypes.data)
+    src.close()
+    assert ids == list(range(12))
+    assert len(buffers) == 1, "decoding must reuse one buffer"
+
+
+def test_video_file_source_loops(tmp_path):
+    path = write_video(tmp_path / "clip.avi", 3)
+    src = VideoFileSource(VideoSourceConfig(path=str(path), loop=True))
+    src.open()
+    ids = [src.read(1.0).frame_id for _ in range(7)]
+    src.close()
+    assert ids == [0, 1, 2, 0, 1, 2, 0]
+
+
+def test_missing_video_file_is_named(tmp_path):
+    src = VideoFileSource(VideoSourceConfig(path=str(tmp_path / "nope.mp4")))
+    with pytest.raises(SourceError, match=r"nope\.mp4"):
+        src.open()
+
+
+def test_image_folder_in_name_order_skipping_unreadable(tmp_path):
+    for i in (2, 0, 1):
+        cv2.imwrite(str(tmp_path / f"img{i}.png"), np.full((40, 50, 3), i * 50, np.uint8))
+    (tmp_path / "img15_broken.png").write_bytes(b"not a png")
+    src = ImageFolderSource(ImageFolderSourceConfig(path=str(tmp_path)))
+    src.open()
+    values = []
+    with pytest.raises(EndOfStream):
+        while True:
+            values.append(int(src.read(1.0).image[0, 0, 0]))
+    assert values == [0, 50, 100]
+    assert src.unreadable == 1
+
+
+def test_empty_image_folder_is_an_error(tmp_path):
+    with pytest.raises(SourceError, match="no images"):
+        ImageFolderSource(ImageFolderSourceConfig(path=str(tmp_path))).open()
+
+
+def test_live_capture_hands_out_the_newest_frame(tmp_path):
+    path = write_video(tmp_path / "clip.avi", 200)
+    cfg = RtspSourceConfig(url="rtsp://test/x", retry_initial_s=0.01, retry_max_s=0.05)
+    src = OpenCvCapture(cfg, opener=lambda: cv2.VideoCapture(str(path)))
+    src.open()
+    try:
+        first = src.read(2.0)
+        assert first is not None
+        first_id = first.frame_id
+        time.sleep(0.1)  # the reader decodes ahead; the consumer must get the newest
+        later = src.read(2.0)
+        assert later.frame_id > first_id
+        assert src.skipped >= 0
+    finally:
+        src.close()
+    assert not src._thread, "close() must join the reader thread"
+
+
+def test_live_capture_retries_with_backoff_until_the_camera_appears(tmp_path):
+    path = tmp_path / "late.avi"
+    attempts = []
+
+    def opener():
+        attempts.append(time.monotonic())
+        if len(attempts) < 3:
+            raise SourceError("camera not there yet")
+        return cv2.VideoCapture(str(write_video(path, 50)))
+
+    cfg = RtspSourceConfig(url="rtsp://test/x", retry_initial_s=0.01, retry_max_s=0.02)
+    src = OpenCvCapture(cfg, opener=opener)
+    src.open()
+    try:
+        f = src.read(5.0)
+        assert f is not None, "the source must recover once the camera appears"
+        assert src.failures >= 2
+        assert "camera not there yet" in src.last_error
+    finally:
+        src.close()
+
+
+def test_backoff_grows_exponentially_with_jitter_and_resets():
+    b = Backoff(0.5, 4.0, random.Random(1))
+    delays = [b.next_delay() for _ in range(6)]
+    ceilings = [0.5, 1.0, 2.0, 4.0, 4.0, 4.0]
+    for d, c in zip(delays, ceilings):
+        assert c / 2 <= d <= c, (d, c)
+    b.reset()
+    assert 0.25 <= b.next_delay() <= 0.5
+
+
+@pytest.mark.skipif(has_gstreamer(), reason="this OpenCV has GStreamer")
+def test_gstreamer_source_without_gstreamer_says_so():
+    cfg = GStreamerSourceConfig(pipeline="videotestsrc ! videoconvert ! appsink")
+    with pytest.raises(SourceError, match="no GStreamer support"):
+        open_capture(cfg)
