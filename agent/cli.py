@@ -40,27 +40,30 @@ def _fail(message: str, code: int = EXIT_FAILED) -> int:
 # -- run ----------------------------------------------------------------------
 
 
-def _status_line(elapsed_s: float, stats: Any, fps: float, window: Any) -> str:
+def _status_line(beat: dict[str, Any]) -> str:
+    """One line from the latest heartbeat."""
+    w, c = beat["latency_ms"]["window"], beat["counts"]
+    ladder = beat["ladder"]
+    step = f" | ladder: {ladder['name']}" if ladder["step"] else ""
     return (
-        f"[{elapsed_s:7.1f}s] {fps:6.1f} fps | e2e p50 {window.percentile_ms(50):6.2f} ms "
-        f"p99 {window.percentile_ms(99):6.2f} ms | published {stats.published} "
-        f"late {stats.late} dropped {stats.dropped_total()}"
+        f"[{beat['uptime_s']:7.1f}s] {beat['fps']:6.1f} fps"
+        f" | e2e p50 {w['p50']:6.2f} ms p99 {w['p99']:6.2f} ms"
+        f" | on time {c['on_time']} late {c['late']} dropped {c['dropped']}{step}"
     )
 
 
-def _summary(stats: Any, elapsed_s: float, skipped: int) -> str:
+def _summary(stats: Any, elapsed_s: float) -> str:
+    c = stats.counts()
+    reasons = ", ".join(f"{k} {v}" for k, v in c["dropped_by_reason"].items() if v) or "none"
     lines = [
-        f"frames: captured {stats.captured}, published {stats.published} "
-        f"({stats.published - stats.late} on time, {stats.late} late), "
-        f"dropped {stats.dropped_total()} {dict((k, v) for k, v in stats.dropped.items() if v)}, "
-        f"skipped at source {skipped}",
+        f"frames: captured {c['captured']} = {c['on_time']} on time + {c['late']} late"
+        f" + {c['dropped']} dropped ({reasons})",
         f"throughput: {stats.published / elapsed_s if elapsed_s > 0 else 0.0:.1f} fps over {elapsed_s:.1f} s",
-        f"{'stage':<12}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}",
+        f"{'stage':<12}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}",
     ]
     for name, hist in [*stats.stages.items(), ("end-to-end", stats.total)]:
-        lines.append(
-            f"{name:<12}{hist.percentile_ms(50):9.3f}{hist.percentile_ms(99):9.3f}{hist.max_ns / 1e6:9.3f}"
-        )
+        p50, p90, p99 = (hist.percentile_ms(q) for q in (50, 90, 99))
+        lines.append(f"{name:<12}{p50:9.3f}{p90:9.3f}{p99:9.3f}{hist.max_ns / 1e6:9.3f}")
     return "\n".join(lines)
 
 
@@ -90,25 +93,23 @@ def cmd_run(args: argparse.Namespace) -> int:
         agent.start()
     except (RuntimeError, OSError) as e:
         return _fail(str(e))
-    assert agent.pipeline is not None
-    pipeline, stats = agent.pipeline, agent.pipeline.stats
+    assert agent.pipeline is not None and agent.health is not None
+    pipeline, health = agent.pipeline, agent.health
     log.info("running: %s", json.dumps(agent.describe()))
     t0 = time.monotonic()
-    last_t, last_published = t0, 0
+    shown = 0
     while not stop.is_set():
-        stop.wait(min(1.0, args.status_interval))
-        now = time.monotonic()
+        stop.wait(0.2)
         if pipeline.finished.is_set():
             break
-        if args.duration and now - t0 >= args.duration:
+        if args.duration and time.monotonic() - t0 >= args.duration:
             break
-        if now - last_t >= args.status_interval and not args.quiet:
-            fps = (stats.published - last_published) / (now - last_t)
-            print(_status_line(now - t0, stats, fps, stats.take_window()), file=sys.stderr, flush=True)
-            last_t, last_published = now, stats.published
+        if health.beats > shown and not args.quiet:
+            shown = health.beats
+            print(_status_line(health.latest), file=sys.stderr, flush=True)
     clean = agent.stop()
     elapsed = time.monotonic() - t0
-    print(_summary(stats, elapsed, pipeline.source.skipped), file=sys.stderr, flush=True)
+    print(_summary(pipeline.stats, elapsed), file=sys.stderr, flush=True)
     if pipeline.error:
         return _fail(pipeline.error)
     return EXIT_OK if clean else EXIT_FAILED
@@ -212,6 +213,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- bench --------------------------------------------------------------------
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from edge_agent.bench import format_report, run_bench
+    from edge_agent.configload import ConfigError
+
+    try:
+        config = _load_config(args.config)
+    except ConfigError as e:
+        return _fail(f"invalid config:\n{e}", EXIT_USAGE)
+    _setup_logging("warning")
+    try:
+        result = run_bench(config, args.frames, args.source_fps, args.live_seconds)
+    except (ConfigError, RuntimeError, OSError, ValueError) as e:
+        return _fail(str(e))
+    print(json.dumps(result, indent=2) if args.json else format_report(result))
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edge-agent", description=__doc__)
     p.add_argument("--version", action="version", version=f"edge-agent {__version__}")
@@ -221,7 +242,6 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", "-c", help="YAML config file (default: the embedded default)")
     run.add_argument("--frames", type=int, default=0, help="stop after N frames captured")
     run.add_argument("--duration", type=float, default=0.0, help="stop after S seconds")
-    run.add_argument("--status-interval", type=float, default=1.0, help="seconds between status lines")
     run.add_argument("--quiet", "-q", action="store_true", help="no status lines, only the summary")
     run.set_defaults(func=cmd_run)
 
@@ -240,6 +260,16 @@ def build_parser() -> argparse.ArgumentParser:
     s = cfg_sub.add_parser("show", help="print the effective config (defaults filled in)")
     s.add_argument("file", nargs="?", default=None)
     cfg.set_defaults(func=cmd_config)
+
+    bench = sub.add_parser("bench", help="measure inference, sequential, pipelined and live latency")
+    bench.add_argument("--config", "-c", help="YAML config (model, backend, deadline; synthetic source)")
+    bench.add_argument("--frames", type=int, default=1000, help="frames per phase")
+    bench.add_argument(
+        "--source-fps", type=float, default=None, help="live phase camera rate (default: the config's)"
+    )
+    bench.add_argument("--live-seconds", type=float, default=10.0, help="length of the live phase")
+    bench.add_argument("--json", action="store_true", help="machine-readable result (schema in README)")
+    bench.set_defaults(func=cmd_bench)
 
     ev = sub.add_parser("eval", help="score a model on held-out synthetic frames (mAP@0.5)")
     ev.add_argument("--config", "-c", help="YAML config (its model and backend sections)")

@@ -182,19 +182,67 @@ class PublishConfig:
     endpoint: str = "tcp://127.0.0.1:5556"
     topic: str = "det"  # messages go out as "<topic>.<source name>"
     send_hwm: int = 100  # messages queued per subscriber before ZeroMQ drops for it
+    health_interval_s: float = 1.0  # heartbeat on topic "health"; also the ladder's clock
 
     def __post_init__(self) -> None:
+        check(0.05 <= self.health_interval_s <= 1.0, "health_interval_s", "must be within 0.05..1.0")
         check("://" in self.endpoint, "endpoint", "expected a ZeroMQ endpoint like tcp://host:port")
         check(_name_ok(self.topic), "topic", "use letters, digits, '-' and '_' only")
         check(self.send_hwm >= 1, "send_hwm", "must be >= 1")
 
 
 @dataclass(frozen=True)
-class DeadlineConfig:
-    budget_ms: float = 50.0  # capture to publish
+class LadderStep:
+    """One rung of the degradation ladder; the first rung is normal operation."""
+
+    name: str = "full"
+    frame_stride: int = 1  # process every Nth frame; the others are dropped as "ladder"
+    model: str = ""  # another ONNX (e.g. the same network at a smaller input); empty: the main model
+    manifest: str = ""  # its manifest; empty: beside it
+    infer: bool = True  # false: alert only (frames are counted and dropped, health goes on)
 
     def __post_init__(self) -> None:
+        check(_name_ok(self.name), "name", "use letters, digits, '-' and '_' only")
+        check(self.frame_stride >= 1, "frame_stride", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class DeadlineConfig:
+    budget_ms: float = 50.0  # capture to publish
+    # Per-stage budgets (stage names as in the message's latency_ms); a stage over its
+    # budget is counted per stage, so the health stream shows which stage broke the total.
+    stage_budgets_ms: dict[str, float] = field(default_factory=dict)
+    admission: bool = True  # drop, before inference, frames too old to finish in time
+    miss_window_s: float = 2.0  # sliding window for the miss rate
+    step_down_miss_rate: float = 0.2  # above this, step down the ladder
+    step_up_miss_rate: float = 0.02  # at or below this for step_up_after_s, step back up
+    step_up_after_s: float = 5.0
+    ladder: tuple[LadderStep, ...] = (LadderStep(),)
+
+    def __post_init__(self) -> None:
+        from edge_agent.pipelines.handoff import STAGES
+
         check(self.budget_ms > 0, "budget_ms", "must be > 0")
+        for name, ms in self.stage_budgets_ms.items():
+            check(name in STAGES, "stage_budgets_ms", f"unknown stage {name!r} (stages: {', '.join(STAGES)})")
+            check(ms > 0, "stage_budgets_ms", f"budget of {name!r} must be > 0")
+        check(self.miss_window_s >= 0.5, "miss_window_s", "must be >= 0.5")
+        check(0 < self.step_down_miss_rate <= 1, "step_down_miss_rate", "must be within (0, 1]")
+        check(
+            0 <= self.step_up_miss_rate < self.step_down_miss_rate,
+            "step_up_miss_rate",
+            "must be >= 0 and below step_down_miss_rate (the gap is the hysteresis)",
+        )
+        check(self.step_up_after_s > 0, "step_up_after_s", "must be > 0")
+        check(len(self.ladder) >= 1, "ladder", "at least one step (normal operation)")
+        names = [s.name for s in self.ladder]
+        check(len(set(names)) == len(names), "ladder", "step names must be unique")
+        first = self.ladder[0]
+        check(
+            first.frame_stride == 1 and first.infer and not first.model,
+            "ladder",
+            "the first step is normal operation: frame_stride 1, infer true, the main model",
+        )
 
 
 @dataclass(frozen=True)

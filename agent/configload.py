@@ -8,6 +8,7 @@ one ``ConfigError`` is raised, so a user fixes them all in one pass.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import types
 import typing
 from dataclasses import dataclass
@@ -47,10 +48,21 @@ class FieldError(ValueError):
         super().__init__(message)
 
 
+_collecting = threading.local()
+
+
 def check(ok: bool, key: str, message: str) -> None:
-    """Validation helper for ``__post_init__``: raise ``FieldError`` unless ``ok``."""
-    if not ok:
+    """Validation helper for ``__post_init__``: raise ``FieldError`` unless ``ok``.
+
+    While a document is being loaded the failures are collected instead, so one pass
+    reports every bad value of a section, not only the first.
+    """
+    if ok:
+        return
+    sink = getattr(_collecting, "errors", None)
+    if sink is None:
         raise FieldError(key, message)
+    sink.append(FieldError(key, message))
 
 
 def compose(text: str, file: str) -> yaml.Node | None:
@@ -66,6 +78,8 @@ def compose(text: str, file: str) -> yaml.Node | None:
 def load(cls: type, text: str, file: str) -> Any:
     """Build dataclass ``cls`` from YAML ``text``; an empty document gives the defaults."""
     node = compose(text, file)
+    if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
+        node = None  # "---" alone, or a sample config with every line commented out
     builder = Builder(file)
     value = cls() if node is None else builder.build(cls, node, "")
     if builder.problems:
@@ -161,7 +175,12 @@ class Builder:
             value = trial.build(option, node, path)
             if not trial.problems:
                 return value
-        names = " or ".join(_type_name(o) for o in options)
+        if tagged:
+            tags = ", ".join(
+                repr(t) for cls in tagged for t in typing.get_args(typing.get_type_hints(cls)["type"])
+            )
+            return self.fail(node, path, f"expected a mapping with a 'type' key (one of {tags})")
+        names = " or ".join(dict.fromkeys(_type_name(o) for o in options))
         return self.fail(node, path, f"expected {names}")
 
     def _tagged(self, options: list[type], node: yaml.MappingNode, path: str) -> Any:
@@ -242,12 +261,19 @@ class Builder:
                 ok = False
         if not ok:
             return _MISSING
+        outer = getattr(_collecting, "errors", None)
+        _collecting.errors = errors = []
         try:
-            return cls(**values)
+            value = cls(**values)
         except FieldError as e:
-            return self.fail(nodes.get(e.key, node), _join(path, e.key), str(e))
+            errors.append(e)
         except (ValueError, TypeError) as e:
             return self.fail(node, path, str(e))
+        finally:
+            _collecting.errors = outer
+        for e in errors:
+            self.fail(nodes.get(e.key, node), _join(path, e.key), str(e))
+        return _MISSING if errors else value
 
 
 def _lookup(node: yaml.MappingNode, key: str) -> yaml.Node | None:

@@ -7,7 +7,7 @@ failure to build names the file, device or key at fault before anything is start
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -16,8 +16,10 @@ from edge_agent.config import AgentConfig, BackendConfig, ModelConfig
 from edge_agent.models.manifest import ModelError, ModelManifest, ResolvedModel, resolve_model
 from edge_agent.pipelines.backends.base import InferenceBackend, TensorSpec
 from edge_agent.pipelines.backends.registry import create_backend
+from edge_agent.pipelines.deadline import DeadlineMonitor
 from edge_agent.pipelines.decode import DECODERS, Decoded, DecodeParams
-from edge_agent.pipelines.pipeline import Pipeline
+from edge_agent.pipelines.health import HealthReporter
+from edge_agent.pipelines.pipeline import Pipeline, Profile
 from edge_agent.pipelines.preprocess import Preprocessor
 from edge_agent.pipelines.publish import MessageBuilder, ZmqPublisher
 from edge_agent.pipelines.sources import create_source
@@ -113,39 +115,65 @@ def load_model(model: ModelConfig, backend_config: BackendConfig) -> LoadedModel
 
 
 class Agent:
-    """One configured agent: source → pipeline → result stream."""
+    """One configured agent: source → pipeline → result stream, with its heartbeat."""
 
     def __init__(self, config: AgentConfig, max_frames: int = 0) -> None:
         self.config = config
         self.max_frames = max_frames
-        self.model: LoadedModel | None = None
+        self.models: dict[str, LoadedModel] = {}
         self.pipeline: Pipeline | None = None
         self.publisher: ZmqPublisher | None = None
+        self.health: HealthReporter | None = None
         self._started: list[Any] = []
 
+    @property
+    def model(self) -> LoadedModel | None:
+        return next(iter(self.models.values()), None)
+
     def build(self) -> None:
+        """Load every model the config names (the ladder's too) and allocate all buffers.
+
+        Ladder models are loaded now, not when the ladder reaches them: a switch under
+        overload must be instant, and a broken fallback must fail at start, not then.
+        """
         cfg = self.config
-        self.model = load_model(cfg.model, cfg.backend)
-        m = self.model.manifest
+        main = load_model(cfg.model, cfg.backend)
+        profiles = {main.manifest.name: Profile.allocate(main.manifest.name, main)}
+        self.models[main.manifest.name] = main
+        ladder = []
+        for step in cfg.deadline.ladder:
+            if step.model and step.model not in profiles:
+                alt_cfg = replace(cfg.model, path=step.model, manifest=step.manifest)
+                alt = load_model(alt_cfg, cfg.backend)
+                if alt.manifest.labels != main.manifest.labels:
+                    raise ModelError(
+                        f"ladder step {step.name!r}: {step.model} has other labels than the main model"
+                    )
+                profiles[step.model] = Profile.allocate(alt.manifest.name, alt)
+                self.models[step.model] = alt
+            ladder.append(step)
         source = create_source(cfg.source)
         self.publisher = ZmqPublisher(cfg.publish.endpoint, cfg.publish.send_hwm)
-        builder = MessageBuilder(cfg.device_id, m.name, m.labels, cfg.deadline.budget_ms)
+        builder = MessageBuilder(cfg.device_id, main.manifest.labels, cfg.deadline.budget_ms)
+        # The pipeline looks profiles up by the ladder's model path; the main one is first.
         self.pipeline = Pipeline(
             source,
-            self.model.preprocessor,
-            self.model.backend,
-            self.model.decode,
-            self.model.params,
-            self.model.output_index,
+            profiles,
+            DeadlineMonitor(cfg.deadline),
             builder,
             self.publisher,
             cfg.publish.topic,
             self.max_frames,
         )
-        self.pipeline.allocate(self.model.input_name)
+        self.health = HealthReporter(
+            self.pipeline, self.publisher, cfg.device_id, cfg.publish.health_interval_s
+        )
 
     def start(self) -> None:
-        """Open the stream, the source, then start the stages; on failure undo what started."""
+        """Open the stream and the source, start the stages and the heartbeat.
+
+        On failure, whatever already started is stopped again.
+        """
         assert self.pipeline is not None and self.publisher is not None, "build() first"
         try:
             self.publisher.open()
@@ -154,6 +182,9 @@ class Agent:
             self._started.append(self.pipeline.source)
             self.pipeline.start()
             self._started.append(self.pipeline)
+            assert self.health is not None
+            self.health.start()
+            self._started.append(self.health)
         except BaseException:
             self.stop()
             raise
@@ -167,8 +198,8 @@ class Agent:
                 clean = self.pipeline.stop(timeout_s) and clean
             else:
                 part.close()
-        if self.model is not None:
-            self.model.backend.close()
+        for model in self.models.values():
+            model.backend.close()
         return clean
 
     def describe(self) -> dict[str, Any]:
@@ -179,4 +210,5 @@ class Agent:
             **self.model.backend.describe(),
             "source": self.pipeline.source.describe(),
             "endpoint": self.config.publish.endpoint,
+            "ladder": [step.name for step in self.config.deadline.ladder],
         }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -37,13 +38,17 @@ class FrameSlot:
         "gt_count",
         "index",
         "io",
+        "profile",
         "source",
         "stamps",
         "tensor",
     )
 
-    def __init__(self, index: int, io: IOSet, input_name: str, max_det: int, max_gt: int) -> None:
+    def __init__(
+        self, index: int, io: IOSet, input_name: str, max_det: int, max_gt: int, profile: Any = None
+    ) -> None:
         self.index = index
+        self.profile = profile  # the model profile whose buffers these are
         self.io = io
         self.tensor = io.inputs[input_name]
         self.geo = Letterbox()

@@ -6,6 +6,9 @@ publishing: each pair is sub-millisecond, and a thread hand-off costs tens of
 microseconds, so splitting them would add latency without adding throughput. OpenCV and
 ONNX Runtime release the GIL, so the stages do overlap on separate cores.
 
+Every frame the source produced ends exactly once: published (on time or late) or
+dropped with a reason (see ``deadline.DROP_REASONS``).
+
 Shutdown: ``stop`` ends capture; the hand-offs are closed behind the last frame, so the
 frames in flight are drained and published before the threads exit.
 """
@@ -15,13 +18,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-
-import numpy as np
+from dataclasses import dataclass
+from typing import Any
 
 from edge_agent.latency import LatencyHistogram
-from edge_agent.pipelines.backends.base import InferenceBackend
-from edge_agent.pipelines.decode import Decoded, DecodeParams
+from edge_agent.pipelines.deadline import DROP_REASONS, DeadlineMonitor
 from edge_agent.pipelines.handoff import (
     CAPTURED,
     INFER_END,
@@ -37,7 +38,7 @@ from edge_agent.pipelines.handoff import (
     Handoff,
     SlotPool,
 )
-from edge_agent.pipelines.preprocess import Preprocessor, boxes_to_source
+from edge_agent.pipelines.preprocess import boxes_to_source
 from edge_agent.pipelines.publish import MessageBuilder, ZmqPublisher
 from edge_agent.pipelines.sources import BufferPolicy, EndOfStream, Source, SourceError
 
@@ -48,27 +49,70 @@ SLOTS = 5
 _POLL_S = 0.1
 
 
+@dataclass
+class Profile:
+    """A loaded model with its own preallocated frame slots.
+
+    The degradation ladder may switch models at a frame boundary; each frame carries the
+    profile it was preprocessed for, so frames already in flight finish on their model.
+    """
+
+    name: str
+    model: Any  # runner.LoadedModel: backend, preprocessor, decode, params
+    pool: SlotPool
+
+    @classmethod
+    def allocate(cls, name: str, model: Any, slots: int = SLOTS, max_gt: int = 64) -> Profile:
+        """Preallocate every slot's buffers and warm the backend up on one of them."""
+        max_det = model.params.max_detections
+        made = [
+            FrameSlot(i, model.backend.allocate(), model.input_name, max_det, max_gt) for i in range(slots)
+        ]
+        model.backend.warmup(made[0].io)
+        profile = cls(name, model, SlotPool(made))
+        for s in made:
+            s.profile = profile
+        return profile
+
+
 class PipelineStats:
     """Frame counts and latency histograms. Each counter has a single writer thread."""
 
     def __init__(self) -> None:
-        self.captured = 0
-        self.published = 0
+        self.captured = 0  # frames the source produced, including those it skipped
+        self.published = 0  # on time + late
         self.late = 0  # published after the deadline
-        self.dropped: dict[str, int] = {"superseded": 0, "error": 0, "shutdown": 0}
+        self.dropped: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
         self.stages = {name: LatencyHistogram() for name in STAGES}
         self.total = LatencyHistogram()
         self.send = LatencyHistogram()  # JSON encoding + socket send, after the publish stamp
-        self.window = LatencyHistogram()  # end-to-end since the last status line
+        # The agent's own cost around the model: end to end (through the send) minus the
+        # capture and inference stages.
+        self.overhead = LatencyHistogram()
+        self.window = LatencyHistogram()  # end-to-end since the health thread last took it
         self._lock = threading.Lock()
 
-    def drop(self, reason: str) -> None:
+    def drop(self, reason: str, n: int = 1) -> None:
         with self._lock:
-            self.dropped[reason] = self.dropped.get(reason, 0) + 1
+            self.dropped[reason] += n
 
     def dropped_total(self) -> int:
         with self._lock:
             return sum(self.dropped.values())
+
+    def counts(self) -> dict[str, Any]:
+        with self._lock:
+            dropped = dict(self.dropped)
+        captured, published, late = self.captured, self.published, self.late
+        n_dropped = sum(dropped.values())
+        return {
+            "captured": captured,
+            "on_time": published - late,
+            "late": late,
+            "dropped": n_dropped,
+            "in_flight": captured - published - n_dropped,  # 0 once the pipeline has drained
+            "dropped_by_reason": dropped,
+        }
 
     def take_window(self) -> LatencyHistogram:
         window, self.window = self.window, LatencyHistogram()
@@ -79,22 +123,17 @@ class Pipeline:
     def __init__(
         self,
         source: Source,
-        preprocessor: Preprocessor,
-        backend: InferenceBackend,
-        decode: Callable[[np.ndarray, DecodeParams], Decoded],
-        decode_params: DecodeParams,
-        output_index: int,
+        profiles: dict[str, Profile],
+        monitor: DeadlineMonitor,
         builder: MessageBuilder,
         publisher: ZmqPublisher,
         topic: str,
         max_frames: int = 0,
     ) -> None:
         self.source = source
-        self.preprocessor = preprocessor
-        self.backend = backend
-        self.decode = decode
-        self.params = decode_params
-        self.output_index = output_index
+        self.profiles = profiles
+        self.primary = next(iter(profiles.values()))
+        self.monitor = monitor
         self.builder = builder
         self.publisher = publisher
         self.topic = f"{topic}.{source.name}".encode()
@@ -105,24 +144,13 @@ class Pipeline:
         self._stop = threading.Event()
         self._abort = threading.Event()
         self._threads: list[threading.Thread] = []
-        self.pool: SlotPool | None = None
         newest = source.policy is BufferPolicy.NEWEST
-        self._to_infer = Handoff("infer", newest_wins=newest, on_replace=self._superseded)
-        self._to_post = Handoff("post", newest_wins=False, on_replace=self._superseded)
+        self._to_infer = Handoff("infer", newest_wins=newest, on_replace=self._overrun)
+        self._to_post = Handoff("post", newest_wins=False, on_replace=self._overrun)
         self._seq = 0
-
-    def allocate(self, input_name: str, max_gt: int = 64) -> None:
-        """Preallocate every slot and warm the backend up on one of them."""
-        slots = [
-            FrameSlot(i, self.backend.allocate(), input_name, self.params.max_detections, max_gt)
-            for i in range(SLOTS)
-        ]
-        self.backend.warmup(slots[0].io)
-        self.pool = SlotPool(slots)
+        self._stride_count = 0
 
     def start(self) -> None:
-        if self.pool is None:
-            raise RuntimeError("allocate() before start()")
         for name, target in (("capture", self._capture), ("infer", self._infer), ("post", self._post)):
             t = threading.Thread(target=target, name=f"{name}-{self.source.name}")
             t.start()
@@ -146,25 +174,37 @@ class Pipeline:
                 log.error("pipeline: threads still running after abort: %s", alive)
         return not alive
 
-    # -- stages ---------------------------------------------------------------
+    # -- accounting ---------------------------------------------------------------
 
-    def _superseded(self, slot: FrameSlot) -> None:
-        self.stats.drop("superseded")
-        self._release(slot)
+    def _drop(self, slot: FrameSlot | None, reason: str) -> None:
+        self.stats.drop(reason)
+        self.monitor.dropped(reason, time.monotonic_ns())
+        if slot is not None:
+            slot.profile.pool.release(slot)
 
-    def _release(self, slot: FrameSlot) -> None:
-        assert self.pool is not None
-        self.pool.release(slot)
+    def _overrun(self, slot: FrameSlot) -> None:
+        self._drop(slot, "overrun")
+
+    def _profile(self) -> Profile | None:
+        """The profile the ladder asks for, or None when this frame is not processed."""
+        step = self.monitor.current
+        if not step.infer:
+            return None
+        self._stride_count += 1
+        if step.frame_stride > 1 and self._stride_count % step.frame_stride:
+            return None
+        return self.profiles[step.model] if step.model else self.primary
+
+    # -- stages -------------------------------------------------------------------
 
     def _capture(self) -> None:
-        assert self.pool is not None
-        source, stats = self.source, self.stats
+        source = self.source
         try:
             while not self._stop.is_set():
-                if self.max_frames and stats.captured >= self.max_frames:
+                if self.max_frames and self.stats.captured >= self.max_frames:
                     break
                 try:
-                    frame = source.read(_POLL_S)
+                    frame = self.read_frame()
                 except EndOfStream:
                     break
                 except SourceError as e:
@@ -173,32 +213,9 @@ class Pipeline:
                     break
                 if frame is None:
                     continue
-                slot = None
-                while slot is None and not self._stop.is_set():
-                    slot = self.pool.acquire(_POLL_S)
-                if slot is None:
-                    break
-                st = slot.stamps
-                st[CAPTURED] = frame.capture_ns
-                st[PRE_START] = time.monotonic_ns()
-                slot.source = source.name
-                slot.frame_id = frame.frame_id
-                if frame.gt is not None:
-                    n = min(len(frame.gt), len(slot.gt))
-                    slot.gt[:n] = frame.gt[:n]
-                    slot.gt_count = n
-                stats.captured += 1
-                try:
-                    self.preprocessor(frame.image, slot.tensor, slot.geo)
-                except Exception:
-                    log.exception("pipeline: preprocessing failed for frame %d", frame.frame_id)
-                    stats.drop("error")
-                    self._release(slot)
-                    continue
-                st[PRE_END] = time.monotonic_ns()
-                if not self._to_infer.put(slot, self._abort):
-                    stats.drop("shutdown")
-                    self._release(slot)
+                slot = self.prepare(frame)
+                if slot is not None and not self._to_infer.put(slot, self._abort):
+                    self._drop(slot, "shutdown")
         finally:
             self._to_infer.close()
 
@@ -209,20 +226,8 @@ class Pipeline:
                     slot = self._to_infer.get(_POLL_S)
                 except Closed:
                     break
-                if slot is None:
-                    continue
-                slot.stamps[INFER_START] = time.monotonic_ns()
-                try:
-                    self.backend.infer(slot.io)
-                except Exception:
-                    log.exception("pipeline: inference failed for frame %d", slot.frame_id)
-                    self.stats.drop("error")
-                    self._release(slot)
-                    continue
-                slot.stamps[INFER_END] = time.monotonic_ns()
-                if not self._to_post.put(slot, self._abort):
-                    self.stats.drop("shutdown")
-                    self._release(slot)
+                if slot is not None and self.infer_one(slot) and not self._to_post.put(slot, self._abort):
+                    self._drop(slot, "shutdown")
         finally:
             self._to_post.close()
 
@@ -233,22 +238,91 @@ class Pipeline:
                     slot = self._to_post.get(_POLL_S)
                 except Closed:
                     break
-                if slot is None:
-                    continue
-                try:
-                    self._publish(slot)
-                except Exception:
-                    log.exception("pipeline: postprocessing failed for frame %d", slot.frame_id)
-                    self.stats.drop("error")
-                finally:
-                    self._release(slot)
+                if slot is not None:
+                    self.publish_one(slot)
         finally:
             self.finished.set()
+
+    # -- one frame, one stage (the threads above, and the sequential benchmark) ----
+
+    def read_frame(self) -> Any:
+        """The next source frame (or None on timeout); counts frames the source skipped."""
+        source, stats = self.source, self.stats
+        before = source.skipped
+        frame = source.read(_POLL_S)
+        gap = source.skipped - before
+        if gap:
+            stats.captured += gap
+            stats.drop("source_gap", gap)
+        if frame is not None:
+            stats.captured += 1
+        return frame
+
+    def prepare(self, frame: Any) -> FrameSlot | None:
+        """Take a slot of the current profile and preprocess ``frame`` into it.
+
+        Returns None when the frame is not processed (ladder, error, shutdown).
+        """
+        profile = self._profile()
+        if profile is None:
+            self._drop(None, "ladder")
+            return None
+        # Try at least once: a frame read just before stop is still processed.
+        slot = profile.pool.acquire(_POLL_S)
+        while slot is None and not self._stop.is_set():
+            slot = profile.pool.acquire(_POLL_S)
+        if slot is None:
+            self._drop(None, "shutdown")
+            return None
+        st = slot.stamps
+        st[CAPTURED] = frame.capture_ns
+        st[PRE_START] = time.monotonic_ns()
+        slot.source = self.source.name
+        slot.frame_id = frame.frame_id
+        if frame.gt is not None:
+            n = min(len(frame.gt), len(slot.gt))
+            slot.gt[:n] = frame.gt[:n]
+            slot.gt_count = n
+        try:
+            profile.model.preprocessor(frame.image, slot.tensor, slot.geo)
+        except Exception:
+            log.exception("pipeline: preprocessing failed for frame %d", frame.frame_id)
+            self._drop(slot, "error")
+            return None
+        st[PRE_END] = time.monotonic_ns()
+        return slot
+
+    def infer_one(self, slot: FrameSlot) -> bool:
+        """Admit and infer one frame; False if it was dropped (stale or error)."""
+        now = time.monotonic_ns()
+        if not self.monitor.admit(slot.stamps, now):
+            self._drop(slot, "stale")
+            return False
+        slot.stamps[INFER_START] = now
+        try:
+            slot.profile.model.backend.infer(slot.io)
+        except Exception:
+            log.exception("pipeline: inference failed for frame %d", slot.frame_id)
+            self._drop(slot, "error")
+            return False
+        slot.stamps[INFER_END] = time.monotonic_ns()
+        return True
+
+    def publish_one(self, slot: FrameSlot) -> None:
+        """Decode, publish and account one frame, then give its slot back."""
+        try:
+            self._publish(slot)
+        except Exception:
+            log.exception("pipeline: postprocessing failed for frame %d", slot.frame_id)
+            self._drop(slot, "error")
+        else:
+            slot.profile.pool.release(slot)
 
     def _publish(self, slot: FrameSlot) -> None:
         st = slot.stamps
         st[POST_START] = time.monotonic_ns()
-        xyxy, scores, classes = self.decode(slot.io.outputs[self.output_index], self.params)
+        model = slot.profile.model
+        xyxy, scores, classes = model.decode(slot.io.outputs[model.output_index], model.params)
         n = min(len(scores), len(slot.det_score))
         slot.det_xyxy[:n] = xyxy[:n]
         slot.det_score[:n] = scores[:n]
@@ -256,7 +330,7 @@ class Pipeline:
         slot.det_count = n
         boxes_to_source(slot.det_xyxy[:n], slot.geo)
         st[POST_END] = time.monotonic_ns()
-        message = self.builder.build(slot, self._seq)
+        message = self.builder.build(slot, self._seq, slot.profile.name)
         st[PUBLISH] = time.monotonic_ns()
         total = int(st[PUBLISH] - st[CAPTURED])
         message["latency_ms"] = self.builder.latencies(slot)
@@ -264,11 +338,13 @@ class Pipeline:
         self.publisher.send(self.topic, self.builder.encode(message))
         self._seq += 1
         stats = self.stats
-        stats.send.record(time.monotonic_ns() - int(st[PUBLISH]))
+        end = time.monotonic_ns()
+        stats.send.record(end - int(st[PUBLISH]))
         for i, hist in enumerate(stats.stages.values()):
             hist.record(int(st[i + 1] - st[i]))
         stats.total.record(total)
+        stats.overhead.record(end - int(st[PRE_START]) - int(st[INFER_END] - st[INFER_START]))
         stats.window.record(total)
         stats.published += 1
-        if total > self.builder.budget_ns:
+        if self.monitor.published(st, end):
             stats.late += 1

@@ -134,8 +134,8 @@ class Preprocessor:
         if self._rgb is not None:
             cv2.cvtColor(img, cv2.COLOR_BGR2RGB, dst=self._rgb)
             img = self._rgb
-        if fmt.layout == "NHWC" and fmt.dtype == "uint8":
-            np.copyto(tensor[0], img)
+        if fmt.dtype == "uint8":  # normalisation is the model's own business
+            np.copyto(tensor[0] if fmt.layout == "NHWC" else tensor[0].transpose(1, 2, 0), img)
             return geo
         f = self._float
         if self._identity_affine:

@@ -10,6 +10,7 @@ the agent does not wait for it.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
@@ -26,6 +27,9 @@ class ZmqPublisher:
         self.send_hwm = send_hwm
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
+        # Results come from the post thread and heartbeats from the health thread; a
+        # ZeroMQ socket must not be used by two threads at once.
+        self._lock = threading.Lock()
         self.sent = 0
 
     def open(self) -> None:
@@ -44,14 +48,17 @@ class ZmqPublisher:
         self._sock = sock
 
     def send(self, topic: bytes, body: bytes) -> None:
-        assert self._sock is not None, "send() before open()"
-        self._sock.send(topic + b" " + body, zmq.NOBLOCK)
-        self.sent += 1
+        with self._lock:
+            if self._sock is None:
+                raise RuntimeError("result stream is not open")
+            self._sock.send(topic + b" " + body, zmq.NOBLOCK)
+            self.sent += 1
 
     def close(self) -> None:
-        if self._sock is not None:
-            self._sock.close(linger=0)
-            self._sock = None
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close(linger=0)
+                self._sock = None
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
@@ -60,9 +67,8 @@ class ZmqPublisher:
 class MessageBuilder:
     """Turns a finished frame slot into the JSON body of its result message."""
 
-    def __init__(self, device_id: str, model: str, labels: tuple[str, ...], budget_ms: float) -> None:
+    def __init__(self, device_id: str, labels: tuple[str, ...], budget_ms: float) -> None:
         self.device_id = device_id
-        self.model = model
         self.labels = labels
         self.budget_ms = budget_ms
         self.budget_ns = int(budget_ms * 1e6)
@@ -70,7 +76,7 @@ class MessageBuilder:
         # so a clock step (NTP) never makes latencies negative.
         self._unix_offset_ns = time.time_ns() - time.monotonic_ns()
 
-    def build(self, slot: FrameSlot, seq: int) -> dict[str, Any]:
+    def build(self, slot: FrameSlot, seq: int, model: str) -> dict[str, Any]:
         """The message without its latencies, which are filled in at the publish stamp."""
         n = slot.det_count
         dets = [
@@ -94,7 +100,7 @@ class MessageBuilder:
             "capture_mono_ns": captured,
             "capture_unix_s": round((captured + self._unix_offset_ns) / 1e9, 6),
             "image_wh": [slot.geo.src_w, slot.geo.src_h],
-            "model": self.model,
+            "model": model,
             "latency_ms": {},
             "deadline_ms": self.budget_ms,
             "deadline_missed": False,

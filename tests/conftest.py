@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from onnx_models import constant_detector, yolov8_output
+from edge_agent.models.testmodels import constant_detector, yolov8_output
 
 LABELS = ["circle", "square", "triangle", "cross"]
 

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from conftest import LABELS, write_manifest
 from onnx import TensorProto
-from onnx_models import constant_detector, yolov5_output, yolov8_output
 
 from edge_agent.config import ModelConfig, OnnxRuntimeConfig
 from edge_agent.configload import ConfigError
 from edge_agent.models.manifest import ModelError, bundled_model_path, resolve_model
+from edge_agent.models.testmodels import constant_detector, yolov5_output, yolov8_output
 from edge_agent.runner import load_model
 
 

@@ -1,6 +1,17 @@
-"""Small real ONNX models built for tests with onnx.helper (run by real ONNX Runtime)."""
+"""Small real ONNX models built with onnx.helper, for tests and load benchmarks.
+
+They run in real ONNX Runtime sessions. A "load model" reports fixed boxes but costs real
+compute, set by its input size and width, so latency behaviour (overload, the deadline
+ladder) can be measured without a trained network of that size. Needs the ``onnx``
+package (the ``test`` extra); the agent itself never imports this module.
+
+    python -m edge_agent.models.testmodels --size 640 --channels 16 --out /tmp/load640
+"""
 
 from __future__ import annotations
+
+import argparse
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -93,3 +104,41 @@ def yolov5_output(
         out[0, i, 4] = o
         out[0, i, 5 + c] = p
     return out
+
+
+LOAD_LABELS = ("circle", "square", "triangle", "cross")
+
+
+def write_load_model(out_dir: str, size: int, channels: int) -> Path:
+    """A load model with a manifest in ``out_dir``: uint8 NHWC BGR input of ``size``².
+
+    Its output has the bundled detector's layout (4 labels, strides 8 and 16) with one box
+    in the middle of the input.
+    """
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    anchors = (size // 8) ** 2 + (size // 16) ** 2
+    c = size / 2
+    out = yolov8_output([(c, c, size / 8, size / 8)], [0], [0.9], len(LOAD_LABELS), anchors)
+    constant_detector(str(d / "model.onnx"), out, height=size, width=size, conv_channels=channels)
+    (d / "manifest.yaml").write_text(
+        f"name: load-{size}-c{channels}\n"
+        f"description: load model (fixed output, {channels}-channel 3x3 conv stack at {size}x{size})\n"
+        f"input: {{name: images, height: {size}, width: {size}, layout: NHWC, dtype: uint8, color: bgr}}\n"
+        "output: {name: output0, decoder: yolov8}\n"
+        f"labels: [{', '.join(LOAD_LABELS)}]\n"
+    )
+    return d / "model.onnx"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="write a load model (fixed output, real compute)")
+    p.add_argument("--size", type=int, default=640, help="square input size")
+    p.add_argument("--channels", type=int, default=16, help="width of the conv stack (cost grows ~ squared)")
+    p.add_argument("--out", required=True, help="output folder (model.onnx + manifest.yaml)")
+    a = p.parse_args()
+    print(write_load_model(a.out, a.size, a.channels))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""``edge-agent bench``: where every millisecond goes, measured in one run.
+
+Four phases on the real pipeline code and the synthetic camera:
+
+1. **pure inference**: the backend alone on one fixed, preprocessed input;
+2. **sequential**: capture → preprocess → infer → postprocess → publish one frame after
+   another on one thread (what a hand-written loop does);
+3. **pipelined, saturated**: the three stage threads with an unpaced source, for the
+   highest throughput (frames queue in the hand-offs by design);
+4. **pipelined, live**: a paced source (the config's fps, or ``--source-fps``), so the
+   latency and the overhead around the model are those a camera would see, including
+   admission drops and the degradation ladder under overload.
+
+``overhead`` is each frame's end-to-end time minus its capture and inference stages:
+preprocessing, hand-offs, postprocessing and publishing (JSON + socket send included).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+from edge_agent.config import AgentConfig, SyntheticSourceConfig
+from edge_agent.latency import LatencyHistogram
+from edge_agent.pipelines.handoff import STAGES
+from edge_agent.pipelines.pipeline import PipelineStats
+from edge_agent.runner import Agent
+
+BENCH_SCHEMA = 1
+
+
+def _hist_ms(h: LatencyHistogram) -> dict[str, float]:
+    return h.summary_ms()
+
+
+def _synthetic(config: AgentConfig, fps: float) -> AgentConfig:
+    src = config.source
+    if not isinstance(src, SyntheticSourceConfig):
+        src = SyntheticSourceConfig()
+    return replace(config, source=replace(src, fps=fps))
+
+
+def _stage_table(stats: PipelineStats) -> dict[str, Any]:
+    means = {name: stats.stages[name].mean_ms() for name in STAGES}
+    total = sum(means.values()) or 1.0
+    return {
+        name: {
+            "p50_ms": round(stats.stages[name].percentile_ms(50), 3),
+            "p99_ms": round(stats.stages[name].percentile_ms(99), 3),
+            "mean_ms": round(means[name], 3),
+            "share": round(means[name] / total, 4),
+        }
+        for name in STAGES
+    }
+
+
+def _run_agent(config: AgentConfig, frames: int) -> tuple[Agent, float]:
+    agent = Agent(config, max_frames=frames)
+    agent.build()
+    assert agent.pipeline is not None
+    agent.start()
+    t0 = time.monotonic()
+    agent.pipeline.finished.wait()
+    elapsed = time.monotonic() - t0
+    agent.stop()
+    return agent, elapsed
+
+
+def pure_inference(agent: Agent, runs: int) -> LatencyHistogram:
+    """The backend alone, on one slot whose input holds a preprocessed synthetic frame."""
+    assert agent.pipeline is not None
+    p = agent.pipeline
+    p.source.open()
+    frame = p.source.read(1.0)
+    slot = p.prepare(frame)
+    p.source.close()
+    assert slot is not None
+    backend = slot.profile.model.backend
+    hist = LatencyHistogram()
+    for _ in range(runs):
+        t = time.perf_counter_ns()
+        backend.infer(slot.io)
+        hist.record(time.perf_counter_ns() - t)
+    slot.profile.pool.release(slot)
+    return hist
+
+
+def sequential(config: AgentConfig, frames: int) -> tuple[LatencyHistogram, float]:
+    """Each frame through every stage on this thread, none overlapping."""
+    agent = Agent(_synthetic(config, 0.0))
+    agent.build()
+    assert agent.pipeline is not None and agent.publisher is not None
+    p = agent.pipeline
+    agent.publisher.open()
+    p.source.open()
+    hist = LatencyHistogram()
+    t0 = time.monotonic()
+    try:
+        for _ in range(frames):
+            t = time.perf_counter_ns()
+            frame = p.read_frame()
+            slot = p.prepare(frame)
+            if slot is not None and p.infer_one(slot):
+                p.publish_one(slot)
+            hist.record(time.perf_counter_ns() - t)
+    finally:
+        elapsed = time.monotonic() - t0
+        p.source.close()
+        agent.publisher.close()
+        for m in agent.models.values():
+            m.backend.close()
+    return hist, elapsed
+
+
+def run_bench(
+    config: AgentConfig, frames: int = 1000, source_fps: float | None = None, live_s: float = 10.0
+) -> dict[str, Any]:
+    """All four phases; returns the result documented in the README (schema 1).
+
+    ``frames`` sizes the inference, sequential and saturated phases; the live phase
+    lasts ``live_s`` seconds of source time (at most ``frames`` frames).
+    """
+    warm = min(50, max(frames // 10, 1))
+    saturated_cfg = _synthetic(config, 0.0)
+    probe = Agent(saturated_cfg)
+    probe.build()
+    pure = pure_inference(probe, max(frames // 2, 100))
+    model = probe.model
+    assert model is not None
+    for m in probe.models.values():
+        m.backend.close()
+
+    seq, seq_s = sequential(config, frames)
+    sat, sat_s = _run_agent(saturated_cfg, frames + warm)
+    sat_stats = sat.pipeline.stats  # type: ignore[union-attr]
+
+    live_fps = source_fps
+    if live_fps is None:
+        src = config.source
+        live_fps = src.fps if isinstance(src, SyntheticSourceConfig) and src.fps > 0 else 30.0
+    live_frames = max(1, min(frames, round(live_fps * live_s)))
+    live, live_elapsed = _run_agent(_synthetic(config, live_fps), live_frames)
+    live_stats = live.pipeline.stats  # type: ignore[union-attr]
+    monitor = live.pipeline.monitor  # type: ignore[union-attr]
+
+    pure_p50 = pure.percentile_ms(50)
+    slowest = max(sat_stats.stages[s].mean_ms() for s in ("preprocess", "infer", "postprocess"))
+    sat_fps = sat_stats.published / sat_s if sat_s else 0.0
+    seq_fps = frames / seq_s if seq_s else 0.0
+    overhead = live_stats.overhead
+    pre_inf_post = sum(live_stats.stages[s].percentile_ms(50) for s in ("preprocess", "infer", "postprocess"))
+    return {
+        "schema": BENCH_SCHEMA,
+        "model": model.resolved.path,
+        "model_input_hw": [model.manifest.input.height, model.manifest.input.width],
+        "backend": model.backend.describe(),
+        "frames": frames,
+        "pure_inference_ms": _hist_ms(pure),
+        "sequential": {
+            "per_frame_ms": _hist_ms(seq),
+            "throughput_fps": round(seq_fps, 2),
+        },
+        "pipelined": {
+            "throughput_fps": round(sat_fps, 2),
+            "gain_over_sequential": round(sat_fps / seq_fps, 3) if seq_fps else None,
+            "slowest_stage_ms": round(slowest, 3),
+            "efficiency": round(sat_fps * slowest / 1000.0, 3),
+            "end_to_end_ms": _hist_ms(sat_stats.total),
+            "stages": _stage_table(sat_stats),
+        },
+        "live": {
+            "source_fps": live_fps,
+            "seconds": round(live_elapsed, 2),
+            "throughput_fps": round(live_stats.published / live_elapsed, 2) if live_elapsed else 0.0,
+            "end_to_end_ms": _hist_ms(live_stats.total),
+            "overhead_ms": _hist_ms(overhead),
+            "overhead_minus_pure_p50_ms": round(live_stats.total.percentile_ms(50) - pure_p50, 3),
+            "p99_over_pre_infer_post_p50": round(live_stats.total.percentile_ms(99) / pre_inf_post, 3)
+            if pre_inf_post
+            else None,
+            "stages": _stage_table(live_stats),
+            "counts": live_stats.counts(),
+            "ladder": {
+                "final_step": monitor.current.name,
+                "changes": monitor.changes,
+                "history": list(monitor.history),
+            },
+        },
+    }
+
+
+def _pq(h: dict[str, float]) -> str:
+    return f"p50 {h['p50']:8.3f} ms   p99 {h['p99']:8.3f} ms   max {h['max']:8.3f} ms"
+
+
+def format_report(r: dict[str, Any]) -> str:
+    """The human-readable form of a ``run_bench`` result."""
+    pure, seq, pipe, live = r["pure_inference_ms"], r["sequential"], r["pipelined"], r["live"]
+    h, w = r["model_input_hw"]
+    backend = r["backend"]
+    lines = [
+        f"model {r['model']} ({w}x{h}), {backend.get('backend')} {backend.get('providers', '')}",
+        f"pure inference            {_pq(pure)}",
+        f"sequential, per frame     {_pq(seq['per_frame_ms'])}   {seq['throughput_fps']:.1f} fps",
+        f"pipelined, saturated      {pipe['throughput_fps']:.1f} fps"
+        f" = {pipe['gain_over_sequential']}x sequential; slowest stage"
+        f" {pipe['slowest_stage_ms']:.3f} ms, {pipe['efficiency']:.0%} of its bound",
+        f"  end to end (queueing)   {_pq(pipe['end_to_end_ms'])}",
+        f"live at {live['source_fps']:g} fps, end to end {_pq(live['end_to_end_ms'])}",
+        f"  overhead around model   {_pq(live['overhead_ms'])}   (end to end - capture - inference)",
+        f"  p99 / (pre + infer + post p50) = {live['p99_over_pre_infer_post_p50']}",
+        f"  frames: {live['counts']}",
+        f"  ladder: final step {live['ladder']['final_step']!r}, {live['ladder']['changes']} change(s)",
+        "",
+        f"{'stage (live)':<14}{'p50 ms':>9}{'p99 ms':>9}{'share':>8}",
+    ]
+    for name, st in live["stages"].items():
+        lines.append(f"{name:<14}{st['p50_ms']:9.3f}{st['p99_ms']:9.3f}{st['share']:8.1%}")
+    for change in live["ladder"]["history"]:
+        lines.append(f"ladder: {change['from']} -> {change['to']} ({change['reason']})")
+    return "\n".join(lines)

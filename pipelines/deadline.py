@@ -1,0 +1,188 @@
+"""The deadline monitor: admission by age, miss accounting, and the degradation ladder.
+
+Every frame ends as exactly one of: published on time, published late (a miss), or
+dropped with a reason. The monitor decides the one drop that needs judgement: before
+inference, a frame whose age plus the current estimate of the remaining stages would
+already exceed the budget is dropped as ``stale`` instead of being processed late.
+
+The ladder is evaluated once a second (by the health thread) on the miss rate of a
+sliding window: too many misses step it down (fewer frames, a lighter model, alerts
+only); a long enough healthy period steps it back up. After any change the ladder waits
+a full window before judging again, so it never acts on frames from the previous step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from edge_agent.config import DeadlineConfig, LadderStep
+from edge_agent.pipelines.handoff import CAPTURED, INFER_START, N_STAMPS, PUBLISH, STAGES
+
+log = logging.getLogger(__name__)
+
+#: Why a frame was dropped. ``overrun``: a newer frame replaced it while it waited (live
+#: sources); ``stale``: too old to finish in time; ``source_gap``: the source skipped it;
+#: ``ladder``: the degradation ladder throttles the frame rate; ``error``: a stage raised;
+#: ``shutdown``: the agent stopped while it was in flight.
+DROP_REASONS = ("overrun", "stale", "source_gap", "ladder", "error", "shutdown")
+
+_EWMA_ALPHA = 0.1
+_BUCKET_NS = 100_000_000  # the miss window is kept in 100 ms buckets
+
+
+@dataclass
+class LadderChange:
+    step: int
+    name: str
+    previous: str
+    miss_rate: float
+    reason: str
+
+
+class MissWindow:
+    """Frames ended and frames missed over the last ``window_s``, in O(1) memory."""
+
+    def __init__(self, window_s: float) -> None:
+        self.n = max(1, round(window_s * 1e9 / _BUCKET_NS))
+        self.ended = np.zeros(self.n, np.int64)
+        self.missed = np.zeros(self.n, np.int64)
+        self._bucket = -1
+
+    def _advance(self, now_ns: int) -> int:
+        b = now_ns // _BUCKET_NS
+        if self._bucket < 0:
+            self._bucket = b
+        gap = b - self._bucket
+        if gap > 0:
+            for k in range(1, min(gap, self.n) + 1):
+                i = (self._bucket + k) % self.n
+                self.ended[i] = 0
+                self.missed[i] = 0
+            self._bucket = b
+        return int(b % self.n)
+
+    def add(self, now_ns: int, missed: bool) -> None:
+        i = self._advance(now_ns)
+        self.ended[i] += 1
+        if missed:
+            self.missed[i] += 1
+
+    def rate(self, now_ns: int) -> tuple[float, int]:
+        """(miss rate, frames ended) over the window ending at ``now_ns``."""
+        self._advance(now_ns)
+        ended = int(self.ended.sum())
+        return (int(self.missed.sum()) / ended if ended else 0.0), ended
+
+
+class DeadlineMonitor:
+    """Shared by the stage threads; each method is called from one known thread."""
+
+    def __init__(self, config: DeadlineConfig) -> None:
+        self.config = config
+        self.budget_ns = int(config.budget_ms * 1e6)
+        self.stage_budget_ns = {k: int(v * 1e6) for k, v in config.stage_budgets_ms.items()}
+        self.stage_overruns = {k: 0 for k in config.stage_budgets_ms}
+        self.estimate_ns = np.zeros(N_STAMPS - 1, np.float64)
+        self._last_admit_ns = 0
+        self._window = MissWindow(config.miss_window_s)
+        self._lock = threading.Lock()
+        self.ladder: tuple[LadderStep, ...] = config.ladder
+        self.step = 0
+        self._changed_ns: int | None = None  # None: no change yet, the window is all ours
+        self._healthy_since_ns = 0
+        self.changes = 0
+        self.history: deque[dict] = deque(maxlen=32)  # the latest ladder changes
+
+    @property
+    def current(self) -> LadderStep:
+        return self.ladder[self.step]
+
+    # -- hot path ---------------------------------------------------------------
+
+    def remaining_ns(self) -> float:
+        """Estimated time from the start of inference to the publish stamp."""
+        return float(self.estimate_ns[INFER_START:PUBLISH].sum())
+
+    def admit(self, stamps: np.ndarray, now_ns: int) -> bool:
+        """Inference thread: False if the frame cannot be published within the budget.
+
+        One frame per miss window is admitted regardless: the estimates are only updated
+        by published frames, so without a probe a model that got fast again (thermals,
+        another process gone) would never be noticed.
+        """
+        if not self.config.admission:
+            return True
+        fits = (now_ns - int(stamps[CAPTURED])) + self.remaining_ns() <= self.budget_ns
+        if fits or now_ns - self._last_admit_ns >= self.config.miss_window_s * 1e9:
+            self._last_admit_ns = now_ns
+            return True
+        return False
+
+    def published(self, stamps: np.ndarray, now_ns: int) -> bool:
+        """Post thread, after publishing: update estimates; True if the frame was late."""
+        durations = np.diff(stamps)
+        # The first frame seeds the estimates, later ones move them by a fraction.
+        if not self.estimate_ns.any():
+            self.estimate_ns[:] = durations
+        else:
+            self.estimate_ns += _EWMA_ALPHA * (durations - self.estimate_ns)
+        for name, budget in self.stage_budget_ns.items():
+            if durations[STAGES.index(name)] > budget:
+                self.stage_overruns[name] += 1
+        late = int(stamps[PUBLISH] - stamps[CAPTURED]) > self.budget_ns
+        with self._lock:
+            self._window.add(now_ns, late)
+        return late
+
+    def dropped(self, reason: str, now_ns: int) -> None:
+        """A frame that will never be published. Stale drops count as misses."""
+        if reason in ("stale", "error"):
+            with self._lock:
+                self._window.add(now_ns, True)
+
+    # -- once a second ------------------------------------------------------------
+
+    def miss_rate(self, now_ns: int) -> tuple[float, int]:
+        with self._lock:
+            return self._window.rate(now_ns)
+
+    def tick(self, now_ns: int) -> LadderChange | None:
+        """Health thread: step the ladder if the window says so; returns the change."""
+        c = self.config
+        rate, ended = self.miss_rate(now_ns)
+        settled = self._changed_ns is None or now_ns - self._changed_ns >= c.miss_window_s * 1e9
+        unhealthy = rate > c.step_down_miss_rate and ended > 0
+        if rate > c.step_up_miss_rate or ended == 0:
+            self._healthy_since_ns = 0
+        elif self._healthy_since_ns == 0:
+            self._healthy_since_ns = now_ns
+        if unhealthy and settled and self.step < len(self.ladder) - 1:
+            return self._move(
+                self.step + 1, now_ns, rate, f"miss rate {rate:.0%} > {c.step_down_miss_rate:.0%}"
+            )
+        healthy_for = (now_ns - self._healthy_since_ns) / 1e9 if self._healthy_since_ns else 0.0
+        if self.step > 0 and settled and healthy_for >= c.step_up_after_s:
+            return self._move(self.step - 1, now_ns, rate, f"healthy for {healthy_for:.1f} s")
+        return None
+
+    def _move(self, step: int, now_ns: int, rate: float, reason: str) -> LadderChange:
+        previous = self.current.name
+        self.step = step
+        self._changed_ns = now_ns
+        self._healthy_since_ns = 0
+        self.changes += 1
+        with self._lock:
+            # Frames of the old step must not judge the new one.
+            self._window = MissWindow(self.config.miss_window_s)
+        change = LadderChange(step, self.current.name, previous, rate, reason)
+        self.history.append(
+            {"at_unix_s": round(time.time(), 3), "from": previous, "to": change.name, "reason": reason}
+        )
+        log.warning("deadline ladder: %s -> %s (%s)", previous, change.name, reason)
+        return change

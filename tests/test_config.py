@@ -1,0 +1,615 @@
+"""Agent configuration: YAML loading, error reporting, dump and the `config` CLI.
+
+(agent/config.py, agent/configload.py, agent/cli.py `config validate|show`)
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from edge_agent.config import (
+    AgentConfig,
+    DeadlineConfig,
+    GStreamerSourceConfig,
+    ImageFolderSourceConfig,
+    ModelConfig,
+    OnnxRuntimeConfig,
+    PublishConfig,
+    RtspSourceConfig,
+    SyntheticSourceConfig,
+    V4L2SourceConfig,
+    VideoSourceConfig,
+    load_config,
+)
+from edge_agent.configload import ConfigError, Problem, dump, load
+
+FILE = "agent.yaml"
+
+
+def doc(text: str) -> str:
+    return textwrap.dedent(text).lstrip("\n")
+
+
+def problems_of(text: str) -> list[Problem]:
+    with pytest.raises(ConfigError) as info:
+        load(AgentConfig, text, FILE)
+    problems = info.value.problems
+    assert problems, "ConfigError without problems"
+    return problems
+
+
+def write(tmp_path: Path, text: str, name: str = FILE) -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# -- defaults --------------------------------------------------------------------------------
+
+
+def test_no_file_gives_the_embedded_default():
+    cfg = load_config(None)
+    assert cfg == AgentConfig()
+    assert isinstance(cfg.source, SyntheticSourceConfig)
+    assert isinstance(cfg.backend, OnnxRuntimeConfig)
+    assert cfg.model == ModelConfig() and cfg.model.path == ""
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n"], ids=["empty", "blank", "comment"])
+def test_empty_file_gives_the_defaults(tmp_path, text):
+    assert load_config(str(write(tmp_path, text))) == AgentConfig()
+
+
+@pytest.mark.parametrize(
+    "text", ["---\n", "---\n# model:\n#   path: m.onnx\n"], ids=["doc-start", "commented-out"]
+)
+def test_empty_document_with_start_marker_gives_the_defaults(tmp_path, text):
+    assert load_config(str(write(tmp_path, text))) == AgentConfig()
+
+
+def test_partial_document_keeps_other_defaults():
+    cfg = load(AgentConfig, "model:\n  score_threshold: 0.4\n", FILE)
+    assert cfg == replace(AgentConfig(), model=ModelConfig(score_threshold=0.4))
+
+
+def test_backend_type_may_be_omitted():
+    cfg = load(AgentConfig, "backend:\n  intra_op_threads: 2\n", FILE)
+    assert cfg.backend == OnnxRuntimeConfig(intra_op_threads=2)
+
+
+def test_missing_file_is_a_config_error(tmp_path):
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path))
+    [p] = info.value.problems
+    assert p.file == str(path) and p.line == 0 and "cannot read" in p.message
+    assert str(info.value).startswith(f"{path}: cannot read: "), str(info.value)
+
+
+# -- errors: one per document ----------------------------------------------------------------
+
+# (document, line, key path, message pattern)
+BAD = [
+    pytest.param(
+        """
+        source:
+          type: synthetic
+          widht: 320
+        """,
+        3,
+        "source.widht",
+        r"unknown key \(expected one of: .*\bwidth\b",
+        id="typo-in-section",
+    ),
+    pytest.param(
+        """
+        device_id: edge-1
+        modle:
+          path: m.onnx
+        """,
+        2,
+        "modle",
+        r"unknown key \(expected one of: .*\bmodel\b",
+        id="typo-top-level",
+    ),
+    pytest.param(
+        """
+        source:
+          type: synthetic
+          fps: fast
+        """,
+        3,
+        "source.fps",
+        r"expected a number, got 'fast'",
+        id="wrong-type-number",
+    ),
+    pytest.param(
+        """
+        model:
+          max_detections: 10.5
+        """,
+        2,
+        "model.max_detections",
+        r"expected an integer, got 10\.5",
+        id="wrong-type-float-for-int",
+    ),
+    pytest.param(
+        """
+        source:
+          type: synthetic
+          width: true
+        """,
+        3,
+        "source.width",
+        r"expected an integer, got True",
+        id="wrong-type-bool-for-int",
+    ),
+    pytest.param(
+        """
+        deadline:
+          budget_ms: yes
+        """,
+        2,
+        "deadline.budget_ms",
+        r"expected a number, got True",
+        id="wrong-type-bool-for-float",
+    ),
+    pytest.param(
+        """
+        source:
+          type: video
+          path: a.mp4
+          loop: 1
+        """,
+        4,
+        "source.loop",
+        r"expected true or false, got 1",
+        id="wrong-type-int-for-bool",
+    ),
+    pytest.param(
+        "device_id: 12\n",
+        1,
+        "device_id",
+        r"expected a string, got 12 \(quote it",
+        id="wrong-type-number-for-string",
+    ),
+    pytest.param(
+        """
+        backend:
+          type: onnxruntime
+          providers: CPUExecutionProvider
+        """,
+        3,
+        "backend.providers",
+        r"expected a list",
+        id="wrong-type-scalar-for-list",
+    ),
+    pytest.param(
+        """
+        model:
+          path: m.onnx
+          score_threshold: 1.5
+        """,
+        3,
+        "model.score_threshold",
+        r"must be within 0\.\.1",
+        id="range-score-threshold",
+    ),
+    pytest.param(
+        """
+        source:
+          type: synthetic
+          width: 640
+          fps: -1
+        """,
+        4,
+        "source.fps",
+        r"must be >= 0",
+        id="range-fps",
+    ),
+    pytest.param(
+        """
+        deadline:
+          budget_ms: 0
+        """,
+        2,
+        "deadline.budget_ms",
+        r"must be > 0",
+        id="range-budget",
+    ),
+    pytest.param(
+        """
+        publish:
+          endpoint: tcp://0.0.0.0:5556
+          send_hwm: 0
+        """,
+        3,
+        "publish.send_hwm",
+        r"must be >= 1",
+        id="range-send-hwm",
+    ),
+    pytest.param(
+        """
+        source:
+          type: synthetic
+          name: front door
+        """,
+        3,
+        "source.name",
+        r"letters, digits",
+        id="bad-name",
+    ),
+    pytest.param(
+        """
+        source:
+          type: rtsp
+          url: http://cam/stream
+        """,
+        3,
+        "source.url",
+        r"must start with rtsp://",
+        id="rtsp-url",
+    ),
+    pytest.param(
+        """
+        source:
+          type: rtsp
+          url: rtsp://cam/stream
+          retry_initial_s: 5
+          retry_max_s: 1
+        """,
+        5,
+        "source.retry_max_s",
+        r"must be >= retry_initial_s",
+        id="cross-field",
+    ),
+    pytest.param(
+        """
+        backend:
+          type: onnxruntime
+          graph_optimization: max
+        """,
+        3,
+        "backend.graph_optimization",
+        r"expected one of 'disabled' \| 'basic' \| 'extended' \| 'all', got 'max'",
+        id="bad-literal",
+    ),
+    pytest.param("log_level: loud\n", 1, "log_level", r"got 'loud'", id="bad-literal-top-level"),
+    pytest.param(
+        """
+        source:
+          type: rtsp
+          url: rtsp://cam/stream
+          transport: quic
+        """,
+        4,
+        "source.transport",
+        r"expected one of 'tcp' \| 'udp', got 'quic'",
+        id="bad-literal-in-source",
+    ),
+    pytest.param(
+        """
+        device_id: edge-1
+        source:
+          width: 320
+          height: 240
+        """,
+        3,
+        "source",
+        r"missing key 'type' \(one of 'synthetic', 'video', .*'rtsp'",
+        id="missing-source-type",
+    ),
+    pytest.param(
+        """
+        source:
+          type: webcam
+        """,
+        2,
+        "source.type",
+        r"unknown type 'webcam' \(one of 'synthetic', 'video'",
+        id="unknown-source-type",
+    ),
+    pytest.param(
+        "source: {type: video}\n",
+        1,
+        "source.path",
+        r"a video file path is required",
+        id="required-video-path",
+    ),
+    pytest.param(
+        """
+        source:
+          type: images
+          loop: true
+        """,
+        2,
+        "source.path",
+        r"an image folder is required",
+        id="required-images-path",
+    ),
+    pytest.param(
+        """
+        model:
+          path: a.onnx
+          path: b.onnx
+        """,
+        3,
+        "model.path",
+        r"duplicate key",
+        id="duplicate-key",
+    ),
+    pytest.param(
+        """
+        model:
+          - a.onnx
+        """,
+        2,
+        "model",
+        r"expected a mapping, got a list",
+        id="list-for-section",
+    ),
+    pytest.param("- a\n- b\n", 1, "", r"expected a mapping, got a list", id="list-document"),
+]
+
+
+@pytest.mark.parametrize(("text", "line", "path", "message"), BAD)
+def test_bad_document_names_key_and_line(text, line, path, message):
+    problems = problems_of(doc(text))
+    assert len(problems) == 1, f"expected one problem, got {[str(p) for p in problems]}"
+    [p] = problems
+    assert (p.file, p.path, p.line) == (FILE, path, line), f"reported as {p}"
+    assert p.column >= 1
+    assert re.search(message, p.message), f"message {p.message!r} does not match {message!r}"
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        pytest.param("model:\n  path: a\n   bad: [1\n", 3, id="indentation"),
+        pytest.param("model: {path: a\nsource: 1\n", 2, id="unclosed-flow-mapping"),
+        pytest.param("device_id: a\nlog_level: [info\n", 3, id="unclosed-list-at-eof"),
+        pytest.param("device_id: a\n\tmodel: {}\n", 2, id="tab"),
+    ],
+)
+def test_yaml_syntax_error_reports_its_line(tmp_path, text, line):
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path))
+    [p] = info.value.problems
+    assert p.file == str(path) and p.path == ""
+    assert p.line == line, f"syntax error reported at line {p.line}: {p}"
+    assert p.message.startswith("YAML syntax:")
+
+
+def test_column_points_at_the_value():
+    [p] = problems_of("source:\n  type: synthetic\n  fps: -1\n")
+    assert (p.line, p.column) == (3, 8)
+    assert str(p) == f"{FILE}:3:8: source.fps: must be >= 0"
+
+
+def test_several_errors_are_all_reported_at_once():
+    text = doc(
+        """
+        device_id: edge-1
+        source:
+          type: synthetic
+          fps: -1
+        model:
+          iou_thresh: 0.5
+        backend:
+          graph_optimization: max
+        log_level: loud
+        publish:
+          send_hwm: 0
+        deadline:
+          budget_ms: fast
+        """
+    )
+    got = [(p.line, p.path) for p in problems_of(text)]
+    expected = [
+        (4, "source.fps"),
+        (6, "model.iou_thresh"),
+        (8, "backend.graph_optimization"),
+        (9, "log_level"),
+        (11, "publish.send_hwm"),
+        (13, "deadline.budget_ms"),
+    ]
+    assert got == expected
+    with pytest.raises(ConfigError) as info:
+        load(AgentConfig, text, FILE)
+    lines = str(info.value).splitlines()
+    assert len(lines) == len(expected), "one line per problem in the error text"
+    assert all(line.startswith(f"{FILE}:") for line in lines)
+
+
+def test_several_range_errors_in_one_section_are_all_reported():
+    text = "model:\n  score_threshold: 1.5\n  iou_threshold: 2\n  max_detections: 0\n"
+    got = sorted(p.path for p in problems_of(text))
+    assert got == ["model.iou_threshold", "model.max_detections", "model.score_threshold"]
+
+
+def test_scalar_for_source_section_has_a_readable_message():
+    [p] = problems_of("source: cam0\n")
+    assert p.path == "source" and p.line == 1
+    assert "a mapping or a mapping" not in p.message, p.message
+
+
+# -- valid documents -------------------------------------------------------------------------
+
+GST = "nvarguscamerasrc ! video/x-raw(memory:NVMM), width=1280 ! nvvidconv ! appsink drop=1"
+
+GOOD = [
+    pytest.param(
+        """
+        device_id: jetson-07
+        source:
+          type: rtsp
+          name: gate
+          url: rtsp://10.0.0.5:554/stream1
+          transport: udp
+          retry_initial_s: 1
+          retry_max_s: 30
+        model:
+          path: /opt/models/yolo.onnx
+          score_threshold: 0.4
+          max_detections: 50
+        backend:
+          type: onnxruntime
+          providers: [CUDAExecutionProvider, CPUExecutionProvider]
+          intra_op_threads: 4
+          graph_optimization: extended
+          allow_spinning: true
+        publish:
+          endpoint: tcp://0.0.0.0:6000
+          topic: detections
+          send_hwm: 10
+        deadline:
+          budget_ms: 33.3
+        log_level: debug
+        """,
+        AgentConfig(
+            device_id="jetson-07",
+            source=RtspSourceConfig(
+                name="gate",
+                url="rtsp://10.0.0.5:554/stream1",
+                transport="udp",
+                retry_initial_s=1.0,
+                retry_max_s=30.0,
+            ),
+            model=ModelConfig(path="/opt/models/yolo.onnx", score_threshold=0.4, max_detections=50),
+            backend=OnnxRuntimeConfig(
+                providers=("CUDAExecutionProvider", "CPUExecutionProvider"),
+                intra_op_threads=4,
+                graph_optimization="extended",
+                allow_spinning=True,
+            ),
+            publish=PublishConfig(endpoint="tcp://0.0.0.0:6000", topic="detections", send_hwm=10),
+            deadline=DeadlineConfig(budget_ms=33.3),
+            log_level="debug",
+        ),
+        id="rtsp-full",
+    ),
+    pytest.param(
+        "device_id: a\nsource: {type: video, path: /data/clip.mp4, loop: true, realtime: true}\n",
+        AgentConfig(device_id="a", source=VideoSourceConfig(path="/data/clip.mp4", loop=True, realtime=True)),
+        id="video",
+    ),
+    pytest.param(
+        "device_id: a\nsource: {type: images, path: imgs, patterns: ['*.png']}\n",
+        AgentConfig(device_id="a", source=ImageFolderSourceConfig(path="imgs", patterns=("*.png",))),
+        id="images",
+    ),
+    pytest.param(
+        "device_id: a\nsource: {type: v4l2, device: /dev/video2, width: 1280, height: 720, fps: 30}\n",
+        AgentConfig(
+            device_id="a", source=V4L2SourceConfig(device="/dev/video2", width=1280, height=720, fps=30.0)
+        ),
+        id="v4l2",
+    ),
+    pytest.param(
+        f'device_id: a\nsource:\n  type: gstreamer\n  pipeline: "{GST}"\n',
+        AgentConfig(device_id="a", source=GStreamerSourceConfig(pipeline=GST)),
+        id="gstreamer",
+    ),
+    pytest.param(
+        "device_id: '123'\nsource: {type: synthetic, fps: 0, seed: 9, num_objects: 0, noise_sigma: 0}\n"
+        "model: {iou_threshold: 0.6, score_threshold: null}\n",
+        AgentConfig(
+            device_id="123",
+            source=SyntheticSourceConfig(fps=0.0, seed=9, num_objects=0, noise_sigma=0.0),
+            model=ModelConfig(iou_threshold=0.6),
+        ),
+        id="synthetic-edge-values",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), GOOD)
+def test_valid_document_loads(text, expected):
+    assert load(AgentConfig, doc(text), FILE) == expected
+
+
+@pytest.mark.parametrize(("text", "expected"), GOOD)
+def test_dump_load_round_trip(text, expected):
+    dumped = dump(expected)
+    assert load(AgentConfig, dumped, "dumped.yaml") == expected, f"round trip changed the config:\n{dumped}"
+
+
+def test_dump_puts_the_type_first_and_fills_defaults():
+    plain = yaml.safe_load(dump(AgentConfig(source=RtspSourceConfig(url="rtsp://x"))))
+    assert next(iter(plain["source"])) == "type"
+    assert plain["source"]["type"] == "rtsp"
+    assert plain["source"]["transport"] == "tcp"
+    assert plain["backend"]["providers"] == ["CPUExecutionProvider"]
+
+
+# -- CLI -------------------------------------------------------------------------------------
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "edge_agent", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+GOOD_FILE = GOOD[0].values[0]
+
+
+def test_cli_validate_good_file(tmp_path):
+    path = write(tmp_path, doc(GOOD_FILE))
+    r = cli("config", "validate", str(path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"{path}: OK"
+    assert r.stderr == ""
+
+
+def test_cli_validate_bad_file(tmp_path):
+    path = write(
+        tmp_path,
+        doc(
+            """
+            source:
+              type: synthetic
+              fps: -1
+            backend:
+              graph_optimization: max
+            """
+        ),
+    )
+    r = cli("config", "validate", str(path))
+    assert r.returncode != 0
+    assert "OK" not in r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert lines == [
+        f"{path}:3:8: source.fps: must be >= 0",
+        f"{path}:5:23: backend.graph_optimization: "
+        "expected one of 'disabled' | 'basic' | 'extended' | 'all', got 'max'",
+    ], r.stderr
+
+
+def test_cli_validate_syntax_error(tmp_path):
+    path = write(tmp_path, "model: {path: a\nsource: 1\n")
+    r = cli("config", "validate", str(path))
+    assert r.returncode != 0
+    assert re.fullmatch(rf"{re.escape(str(path))}:2:\d+: YAML syntax: .+\n", r.stderr), r.stderr
+
+
+def test_cli_show_prints_yaml_that_loads_back(tmp_path):
+    path = write(tmp_path, doc(GOOD_FILE))
+    r = cli("config", "show", str(path))
+    assert r.returncode == 0, r.stderr
+    assert load(AgentConfig, r.stdout, "shown.yaml") == load_config(str(path))
+
+
+def test_cli_show_without_file_prints_the_default():
+    r = cli("config", "show")
+    assert r.returncode == 0, r.stderr
+    assert load(AgentConfig, r.stdout, "shown.yaml") == AgentConfig()

@@ -1,0 +1,171 @@
+"""The deadline monitor's decisions, driven with explicit timestamps (no clocks, no sleeps)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edge_agent.config import DeadlineConfig, LadderStep
+from edge_agent.configload import FieldError
+from edge_agent.pipelines.deadline import DeadlineMonitor, MissWindow
+from edge_agent.pipelines.handoff import CAPTURED, INFER_START, N_STAMPS, PUBLISH
+
+MS = 1_000_000
+S = 1_000_000_000
+LADDER = (LadderStep("full"), LadderStep("half", frame_stride=2), LadderStep("alert", infer=False))
+
+
+def stamps(captured_ns: int, stage_ms: float) -> np.ndarray:
+    """Stamps of a frame whose seven stages each took ``stage_ms``."""
+    return captured_ns + np.arange(N_STAMPS, dtype=np.int64) * int(stage_ms * MS)
+
+
+def monitor(**kw) -> DeadlineMonitor:
+    base = dict(budget_ms=50.0, miss_window_s=1.0, step_down_miss_rate=0.2, step_up_miss_rate=0.02,
+                step_up_after_s=3.0, ladder=LADDER)
+    base.update(kw)
+    return DeadlineMonitor(DeadlineConfig(**base))
+
+
+def feed(m: DeadlineMonitor, start_ns: int, seconds: float, fps: int, late: bool) -> int:
+    """Publish frames at ``fps`` for ``seconds``; 7 x 10 ms = 70 ms (late) or 7 x 1 ms."""
+    t = start_ns
+    for _ in range(int(seconds * fps)):
+        st = stamps(t, 10.0 if late else 1.0)
+        m.published(st, int(st[PUBLISH]))
+        t += S // fps
+    return t
+
+
+def test_miss_window_counts_only_recent_frames():
+    w = MissWindow(1.0)
+    for i in range(10):
+        w.add(i * 10 * MS, missed=i % 2 == 0)
+    assert w.rate(100 * MS) == (0.5, 10)
+    # 1.5 s later every bucket has expired.
+    assert w.rate(1600 * MS) == (0.0, 0)
+
+
+@pytest.mark.parametrize(
+    "age_ms, estimate_ms, admitted",
+    [(0, 10, True), (30, 10, True), (41, 10, False), (49, 0, True), (60, 0, False)],
+)
+def test_admission_by_age_plus_estimated_remaining_time(age_ms, estimate_ms, admitted):
+    m = monitor()
+    m.estimate_ns[INFER_START:PUBLISH] = estimate_ms * MS / (PUBLISH - INFER_START)
+    fresh = np.zeros(N_STAMPS, np.int64)
+    fresh[CAPTURED] = 1 * S
+    assert m.admit(fresh, 1 * S), "a fresh frame is admitted"
+    st = np.zeros(N_STAMPS, np.int64)
+    st[CAPTURED] = 1 * S
+    assert m.admit(st, 1 * S + age_ms * MS) is admitted
+
+
+def test_one_frame_per_window_is_admitted_to_refresh_the_estimates():
+    m = monitor(miss_window_s=1.0)
+    m.estimate_ns[INFER_START:PUBLISH] = 100 * MS  # far over budget
+    admitted = []
+    for i in range(30):  # 3 s of frames at 10 fps, each captured right now
+        now = 5 * S + i * 100 * MS
+        st = np.zeros(N_STAMPS, np.int64)
+        st[CAPTURED] = now
+        admitted.append(m.admit(st, now))
+    assert sum(admitted) == 3, admitted
+
+
+def test_admission_can_be_turned_off():
+    m = monitor(admission=False)
+    st = np.zeros(N_STAMPS, np.int64)
+    assert m.admit(st, 10 * S)
+
+
+def test_published_frames_are_late_exactly_when_over_budget():
+    m = monitor(budget_ms=50.0)
+    on_time = stamps(0, 50 / 7)  # 49.99 ms after rounding down
+    late = stamps(0, 51 / 7)
+    assert m.published(on_time, int(on_time[PUBLISH])) is False
+    assert m.published(late, int(late[PUBLISH])) is True
+
+
+def test_estimates_follow_the_stage_durations():
+    m = monitor()
+    st = stamps(0, 2.0)
+    m.published(st, int(st[PUBLISH]))
+    np.testing.assert_allclose(m.estimate_ns, 2.0 * MS)
+    for _ in range(100):
+        st = stamps(0, 4.0)
+        m.published(st, int(st[PUBLISH]))
+    np.testing.assert_allclose(m.estimate_ns, 4.0 * MS, rtol=1e-3)
+
+
+def test_stage_budget_overruns_are_counted_per_stage():
+    m = monitor(stage_budgets_ms={"infer": 5.0, "preprocess": 20.0})
+    st = stamps(0, 10.0)
+    m.published(st, int(st[PUBLISH]))
+    assert m.stage_overruns == {"infer": 1, "preprocess": 0}
+
+
+def test_ladder_steps_down_under_sustained_misses_and_back_up_after_recovery():
+    m = monitor()
+    t = feed(m, 10 * S, 1.0, 30, late=True)
+    change = m.tick(t)
+    assert change is not None and (change.previous, change.name) == ("full", "half")
+    # Still missing right after the change: the new step gets a full window first.
+    t = feed(m, t, 0.5, 30, late=True)
+    assert m.tick(t) is None
+    # Recovered: on time for longer than step_up_after_s → back to full, once.
+    changes = []
+    for _ in range(8):
+        t = feed(m, t, 1.0, 30, late=False)
+        c = m.tick(t)
+        if c:
+            changes.append((c.previous, c.name))
+    assert changes == [("half", "full")]
+    assert m.step == 0 and m.changes == 2
+    assert [h["to"] for h in m.history] == ["half", "full"]
+
+
+def test_ladder_does_not_flap_between_thresholds():
+    """A miss rate between step_up and step_down moves the ladder neither way."""
+    m = monitor()
+    t = feed(m, 10 * S, 1.0, 30, late=True)
+    assert m.tick(t).name == "half"
+    for _ in range(10):
+        # 1 frame in 10 late: 10 %, above step_up (2 %) and below step_down (20 %).
+        for i in range(10):
+            t = feed(m, t, 0.1, 10, late=(i == 0))
+        assert m.tick(t) is None
+    assert m.step == 1
+
+
+def test_ladder_stops_at_its_last_step():
+    m = monitor()
+    t = 10 * S
+    for _ in range(10):
+        t = feed(m, t, 1.0, 30, late=True)
+        m.tick(t)
+    assert m.current.name == "alert" and m.changes == 2
+
+
+def test_stale_drops_count_as_misses():
+    m = monitor()
+    for i in range(20):
+        m.dropped("stale", 10 * S + i * MS)
+    assert m.miss_rate(10 * S + 30 * MS) == (1.0, 20)
+    m.dropped("overrun", 10 * S + 31 * MS)  # a newer frame replaced it: not a miss
+    assert m.miss_rate(10 * S + 32 * MS) == (1.0, 20)
+
+
+@pytest.mark.parametrize(
+    "kw, key",
+    [
+        ({"stage_budgets_ms": {"inference": 3.0}}, "stage_budgets_ms"),
+        ({"step_up_miss_rate": 0.5}, "step_up_miss_rate"),
+        ({"ladder": (LadderStep("slow", frame_stride=2),)}, "ladder"),
+        ({"ladder": (LadderStep("full"), LadderStep("full", frame_stride=2))}, "ladder"),
+    ],
+)
+def test_bad_deadline_configs_name_the_key(kw, key):
+    with pytest.raises(FieldError) as e:
+        DeadlineConfig(**kw)
+    assert e.value.key == key

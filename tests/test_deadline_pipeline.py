@@ -1,0 +1,180 @@
+"""The deadline on the real pipeline: real ONNX Runtime made slow, real ZeroMQ health.
+
+A model is made slow with a wrapper that sleeps before each real inference; its delay
+can be changed while the agent runs, to stage an overload and its recovery.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from conftest import write_manifest
+from edge_agent.config import (
+    AgentConfig,
+    DeadlineConfig,
+    LadderStep,
+    ModelConfig,
+    PublishConfig,
+    SyntheticSourceConfig,
+)
+from edge_agent.models.testmodels import constant_detector, yolov8_output
+from edge_agent.runner import Agent
+from test_pipeline import Subscriber
+
+
+class DelayedBackend:
+    """A real backend that sleeps ``delay_s`` before each inference and counts calls."""
+
+    def __init__(self, inner, delay_s: float) -> None:
+        self.inner = inner
+        self.delay_s = delay_s
+        self.calls = 0
+
+    def infer(self, io) -> None:
+        time.sleep(self.delay_s)
+        self.inner.infer(io)
+        self.calls += 1
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def build(model: Path, endpoint: str, deadline: DeadlineConfig, fps: float, delay_s: float) -> Agent:
+    cfg = AgentConfig(
+        device_id="dl",
+        source=SyntheticSourceConfig(fps=fps, seed=2),
+        model=ModelConfig(path=str(model)),
+        publish=PublishConfig(endpoint=endpoint, health_interval_s=0.1),
+        deadline=deadline,
+    )
+    agent = Agent(cfg)
+    agent.build()
+    primary = agent.pipeline.primary.model
+    primary.backend = DelayedBackend(primary.backend, delay_s)
+    return agent
+
+
+def light_model(tmp_path: Path) -> Path:
+    d = tmp_path / "light"
+    d.mkdir()
+    out = yolov8_output([(160, 160, 40, 40)], [1], [0.9], 4, 2100)
+    constant_detector(str(d / "model.onnx"), out)
+    write_manifest(d / "manifest.yaml", name="light")
+    return d / "model.onnx"
+
+
+def run_for(agent: Agent, seconds: float, sub: Subscriber | None = None) -> None:
+    agent.start()
+    try:
+        time.sleep(seconds)
+    finally:
+        assert agent.stop()
+
+
+def assert_accounted(agent: Agent) -> dict:
+    c = agent.pipeline.stats.counts()
+    assert c["in_flight"] == 0, c
+    assert c["captured"] == c["on_time"] + c["late"] + c["dropped"], c
+    assert c["dropped"] == sum(c["dropped_by_reason"].values()), c
+    return c
+
+
+def test_late_frames_are_published_as_misses_never_as_on_time(const_model, endpoint):
+    sub = Subscriber(endpoint, "det")
+    agent = build(const_model, endpoint, DeadlineConfig(budget_ms=20, admission=False), fps=10, delay_s=0.03)
+    run_for(agent, 1.2)
+    sub.close()
+    c = assert_accounted(agent)
+    assert c["late"] >= 5 and c["on_time"] == 0, c
+    assert sub.messages, "results must still be published"
+    for m in sub.messages:
+        assert m["latency_ms"]["total"] > 20
+        assert m["deadline_missed"] is True, m["latency_ms"]
+
+
+def test_stale_frames_are_dropped_before_inference(const_model, endpoint):
+    deadline = DeadlineConfig(budget_ms=20, miss_window_s=1.0)
+    agent = build(const_model, endpoint, deadline, fps=20, delay_s=0.04)
+    backend = agent.pipeline.primary.model.backend
+    run_for(agent, 1.5)
+    c = assert_accounted(agent)
+    assert c["dropped_by_reason"]["stale"] >= 10, c
+    # Once the estimate knows inference takes 40 ms of a 20 ms budget, only the probe
+    # frame of each window (1 s) reaches the model; the stale ones never do.
+    assert backend.calls <= 4, f"{backend.calls} inferences for {c}"
+    assert c["on_time"] == 0
+
+
+def test_ladder_switches_to_the_light_model_under_overload_and_back_after_recovery(const_model, endpoint, tmp_path):
+    light = light_model(tmp_path)
+    deadline = DeadlineConfig(
+        budget_ms=50,
+        miss_window_s=0.5,
+        step_down_miss_rate=0.3,
+        step_up_miss_rate=0.05,
+        step_up_after_s=1.0,
+        ladder=(LadderStep("full"), LadderStep("light", model=str(light))),
+    )
+    health = Subscriber(endpoint, "health")
+    results = Subscriber(endpoint, "det")
+    agent = build(const_model, endpoint, deadline, fps=20, delay_s=0.08)
+    monitor = agent.pipeline.monitor
+    agent.start()
+    try:
+        end = time.monotonic() + 10
+        while monitor.current.name != "light" and time.monotonic() < end:
+            time.sleep(0.05)
+        assert monitor.current.name == "light", "sustained misses must step the ladder down"
+        switched_at = len(results.messages)
+        time.sleep(0.5)
+        on_light = [m for m in results.messages[switched_at:] if m["model"] == "light"]
+        assert on_light and all(not m["deadline_missed"] for m in on_light[1:]), [
+            m["latency_ms"]["total"] for m in on_light
+        ]
+        agent.pipeline.primary.model.backend.delay_s = 0.0  # the main model recovers
+        end = time.monotonic() + 10
+        while monitor.current.name != "full" and time.monotonic() < end:
+            time.sleep(0.05)
+        assert monitor.current.name == "full", "a healthy period must step the ladder back up"
+        time.sleep(1.5)  # healthy on full: nothing more may change
+    finally:
+        assert agent.stop()
+        health.close()
+        results.close()
+    assert [(h["from"], h["to"]) for h in monitor.history] == [("full", "light"), ("light", "full")]
+    events = [m["event"] for m in health.messages if "event" in m]
+    assert [(e["from"], e["to"]) for e in events] == [("full", "light"), ("light", "full")]
+    assert health.messages[-1]["ladder"]["name"] == "full"
+    assert_accounted(agent)
+
+
+def test_health_heartbeats_arrive_with_consistent_counts(const_model, endpoint):
+    health = Subscriber(endpoint, "health")
+    agent = build(const_model, endpoint, DeadlineConfig(), fps=30, delay_s=0.0)
+    run_for(agent, 1.0)
+    health.close()
+    beats = health.messages
+    assert len(beats) >= 5, f"{len(beats)} heartbeats in 1 s at a 0.1 s interval"
+    assert set(health.topics) == {"health"}
+    for b in beats:
+        c = b["counts"]
+        assert c["captured"] == c["on_time"] + c["late"] + c["dropped"] + c["in_flight"], c
+        assert 0 <= c["in_flight"] <= 5, c
+        assert b["ladder"]["name"] == "full" and b["deadline"]["budget_ms"] == 50
+        assert set(b["latency_ms"]["window"]) >= {"p50", "p90", "p99", "p99.9", "max"}
+    assert beats[-1]["counts"]["on_time"] > 0 and beats[-1]["fps"] > 0
+    assert [b["uptime_s"] for b in beats] == sorted(b["uptime_s"] for b in beats)
+
+
+def test_overload_keeps_no_queue_newest_frame_wins(const_model, endpoint):
+    """A 100 fps camera and a 30 ms model: frames in between are dropped as overrun."""
+    sub = Subscriber(endpoint, "det")
+    agent = build(const_model, endpoint, DeadlineConfig(budget_ms=200), fps=100, delay_s=0.03)
+    run_for(agent, 1.2)
+    sub.close()
+    c = assert_accounted(agent)
+    assert c["dropped_by_reason"]["overrun"] + c["dropped_by_reason"]["source_gap"] > 30, c
+    ids = [m["frame_id"] for m in sub.messages]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert max(b - a for a, b in zip(ids, ids[1:])) >= 2, "published frames must skip the ones it had no time for"
