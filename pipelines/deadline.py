@@ -88,7 +88,9 @@ class DeadlineMonitor:
         self.budget_ns = int(config.budget_ms * 1e6)
         self.stage_budget_ns = {k: int(v * 1e6) for k, v in config.stage_budgets_ms.items()}
         self.stage_overruns = {k: 0 for k in config.stage_budgets_ms}
-        self.estimate_ns = np.zeros(N_STAMPS - 1, np.float64)
+        # Stage-time estimates per model profile: after a ladder switch, the frames of the
+        # new model must be judged by its own times, not by those of the model it replaced.
+        self._estimates: dict[str, np.ndarray] = {}
         self._last_admit_ns = 0
         self._window = MissWindow(config.miss_window_s)
         self._lock = threading.Lock()
@@ -105,11 +107,24 @@ class DeadlineMonitor:
 
     # -- hot path ---------------------------------------------------------------
 
-    def remaining_ns(self) -> float:
-        """Estimated time from the start of inference to the publish stamp."""
-        return float(self.estimate_ns[INFER_START:PUBLISH].sum())
+    def estimates(self, profile: str = "") -> np.ndarray:
+        """Per-stage duration estimates (ns) of a profile's frames; zeros until one is seen."""
+        est = self._estimates.get(profile)
+        if est is None:
+            est = self._estimates[profile] = np.zeros(N_STAMPS - 1, np.float64)
+        return est
 
-    def admit(self, stamps: np.ndarray, now_ns: int) -> bool:
+    def estimates_ms(self) -> dict[str, dict[str, float]]:
+        return {
+            p: {s: round(float(v) / 1e6, 3) for s, v in zip(STAGES, est)}
+            for p, est in list(self._estimates.items())
+        }
+
+    def remaining_ns(self, profile: str = "") -> float:
+        """Estimated time from the start of inference to the publish stamp."""
+        return float(self.estimates(profile)[INFER_START:PUBLISH].sum())
+
+    def admit(self, stamps: np.ndarray, now_ns: int, profile: str = "") -> bool:
         """Inference thread: False if the frame cannot be published within the budget.
 
         One frame per miss window is admitted regardless: the estimates are only updated
@@ -118,20 +133,21 @@ class DeadlineMonitor:
         """
         if not self.config.admission:
             return True
-        fits = (now_ns - int(stamps[CAPTURED])) + self.remaining_ns() <= self.budget_ns
+        fits = (now_ns - int(stamps[CAPTURED])) + self.remaining_ns(profile) <= self.budget_ns
         if fits or now_ns - self._last_admit_ns >= self.config.miss_window_s * 1e9:
             self._last_admit_ns = now_ns
             return True
         return False
 
-    def published(self, stamps: np.ndarray, now_ns: int) -> bool:
+    def published(self, stamps: np.ndarray, now_ns: int, profile: str = "") -> bool:
         """Post thread, after publishing: update estimates; True if the frame was late."""
         durations = np.diff(stamps)
         # The first frame seeds the estimates, later ones move them by a fraction.
-        if not self.estimate_ns.any():
-            self.estimate_ns[:] = durations
+        est = self.estimates(profile)
+        if not est.any():
+            est[:] = durations
         else:
-            self.estimate_ns += _EWMA_ALPHA * (durations - self.estimate_ns)
+            est += _EWMA_ALPHA * (durations - est)
         for name, budget in self.stage_budget_ns.items():
             if durations[STAGES.index(name)] > budget:
                 self.stage_overruns[name] += 1
@@ -178,8 +194,11 @@ class DeadlineMonitor:
         self._healthy_since_ns = 0
         self.changes += 1
         with self._lock:
-            # Frames of the old step must not judge the new one.
+            # Frames of the old step must not judge the new one: neither its misses nor
+            # its stage times (estimates of a profile unused for a while are stale, and
+            # would drop every frame of a model that has recovered in the meantime).
             self._window = MissWindow(self.config.miss_window_s)
+            self._estimates.clear()
         change = LadderChange(step, self.current.name, previous, rate, reason)
         self.history.append(
             {"at_unix_s": round(time.time(), 3), "from": previous, "to": change.name, "reason": reason}

@@ -99,7 +99,7 @@ class HealthReporter:
                 "stage_budgets_ms": dict(monitor.config.stage_budgets_ms),
                 "stage_overruns": dict(monitor.stage_overruns),
                 "admission": monitor.config.admission,
-                "estimate_ms": {s: round(float(v) / 1e6, 3) for s, v in zip(STAGES, monitor.estimate_ns)},
+                "estimate_ms": monitor.estimates_ms(),
             },
             "ladder": {
                 "step": monitor.step,

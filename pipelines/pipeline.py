@@ -295,7 +295,7 @@ class Pipeline:
     def infer_one(self, slot: FrameSlot) -> bool:
         """Admit and infer one frame; False if it was dropped (stale or error)."""
         now = time.monotonic_ns()
-        if not self.monitor.admit(slot.stamps, now):
+        if not self.monitor.admit(slot.stamps, now, slot.profile.name):
             self._drop(slot, "stale")
             return False
         slot.stamps[INFER_START] = now
@@ -346,5 +346,5 @@ class Pipeline:
         stats.overhead.record(end - int(st[PRE_START]) - int(st[INFER_END] - st[INFER_START]))
         stats.window.record(total)
         stats.published += 1
-        if self.monitor.published(st, end):
+        if self.monitor.published(st, end, slot.profile.name):
             stats.late += 1

@@ -6,10 +6,13 @@ can be changed while the agent runs, to stage an overload and its recovery.
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
 from conftest import write_manifest
+from test_pipeline import Subscriber
+
 from edge_agent.config import (
     AgentConfig,
     DeadlineConfig,
@@ -20,7 +23,6 @@ from edge_agent.config import (
 )
 from edge_agent.models.testmodels import constant_detector, yolov8_output
 from edge_agent.runner import Agent
-from test_pipeline import Subscriber
 
 
 class DelayedBackend:
@@ -106,7 +108,9 @@ def test_stale_frames_are_dropped_before_inference(const_model, endpoint):
     assert c["on_time"] == 0
 
 
-def test_ladder_switches_to_the_light_model_under_overload_and_back_after_recovery(const_model, endpoint, tmp_path):
+def test_ladder_switches_to_the_light_model_under_overload_and_back_after_recovery(
+    const_model, endpoint, tmp_path
+):
     light = light_model(tmp_path)
     deadline = DeadlineConfig(
         budget_ms=50,
@@ -177,4 +181,6 @@ def test_overload_keeps_no_queue_newest_frame_wins(const_model, endpoint):
     assert c["dropped_by_reason"]["overrun"] + c["dropped_by_reason"]["source_gap"] > 30, c
     ids = [m["frame_id"] for m in sub.messages]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
-    assert max(b - a for a, b in zip(ids, ids[1:])) >= 2, "published frames must skip the ones it had no time for"
+    assert max(b - a for a, b in itertools.pairwise(ids)) >= 2, (
+        "published frames must skip the ones it had no time for"
+    )
