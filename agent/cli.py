@@ -68,19 +68,12 @@ def _summary(stats: Any, elapsed_s: float) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from edge_agent.configload import ConfigError
     from edge_agent.runner import Agent
 
-    try:
-        config = _load_config(args.config)
-    except ConfigError as e:
-        return _fail(f"invalid config:\n{e}", EXIT_USAGE)
+    config = _load_config(args.config)
     _setup_logging(config.log_level)
     agent = Agent(config, max_frames=args.frames or 0)
-    try:
-        agent.build()
-    except (ConfigError, RuntimeError, OSError, ValueError) as e:
-        return _fail(str(e))
+    agent.build()
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -89,10 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
-    try:
-        agent.start()
-    except (RuntimeError, OSError) as e:
-        return _fail(str(e))
+    agent.start()
     assert agent.pipeline is not None and agent.health is not None
     pipeline, health = agent.pipeline, agent.health
     log.info("running: %s", json.dumps(agent.describe()))
@@ -185,22 +175,15 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from edge_agent.configload import ConfigError
+    from dataclasses import replace
+
     from edge_agent.evaluation import evaluate
 
-    try:
-        config = _load_config(args.config)
-    except ConfigError as e:
-        return _fail(f"invalid config:\n{e}", EXIT_USAGE)
+    config = _load_config(args.config)
     model = config.model
     if args.model:
-        from dataclasses import replace
-
         model = replace(model, path=args.model, manifest=args.manifest or "")
-    try:
-        result = evaluate(model, config.backend, args.frames)
-    except (RuntimeError, ValueError, OSError) as e:
-        return _fail(str(e))
+    result = evaluate(model, config.backend, args.frames)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -218,17 +201,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from edge_agent.bench import format_report, run_bench
-    from edge_agent.configload import ConfigError
 
-    try:
-        config = _load_config(args.config)
-    except ConfigError as e:
-        return _fail(f"invalid config:\n{e}", EXIT_USAGE)
+    config = _load_config(args.config)
     _setup_logging("warning")
-    try:
-        result = run_bench(config, args.frames, args.source_fps, args.live_seconds)
-    except (ConfigError, RuntimeError, OSError, ValueError) as e:
-        return _fail(str(e))
+    result = run_bench(config, args.frames, args.source_fps, args.live_seconds)
     print(json.dumps(result, indent=2) if args.json else format_report(result))
     return EXIT_OK
 
@@ -282,8 +258,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from edge_agent.configload import ConfigError
+
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ConfigError as e:
+        return _fail(f"invalid config:\n{e}", EXIT_USAGE)
+    except (RuntimeError, OSError, ValueError) as e:
+        # Models, sources and sockets raise these with the file, device or endpoint named.
+        return _fail(str(e))
 
 
 if __name__ == "__main__":

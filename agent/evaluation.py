@@ -110,6 +110,10 @@ def evaluate(model: ModelConfig, backend: BackendConfig, frames: int = 500) -> d
 
     # AP integrates over all scores, so keep nearly every candidate.
     loaded = load_model(replace(model, score_threshold=0.001, max_detections=300), backend)
+    labels = loaded.manifest.labels
+    if tuple(labels) != CLASSES:
+        loaded.backend.close()
+        raise ValueError(f"model labels {labels} are not the synthetic scene's classes {CLASSES}")
     io = loaded.backend.allocate()
     loaded.backend.warmup(io)
     spec = SceneSpec()
@@ -127,9 +131,6 @@ def evaluate(model: ModelConfig, backend: BackendConfig, frames: int = 500) -> d
         infer_ns += time.perf_counter_ns() - t
         xyxy = boxes_to_source(xyxy.copy(), geo)
         results.append(FrameResult(xyxy, scores, classes, gt.copy()))
-    labels = loaded.manifest.labels
-    if tuple(labels) != CLASSES:
-        raise ValueError(f"model labels {labels} are not the synthetic scene's classes {CLASSES}")
     m_ap, per_class = mean_average_precision(results, len(labels))
     loaded.backend.close()
     return {

@@ -149,7 +149,14 @@ class Agent:
                     raise ModelError(
                         f"ladder step {step.name!r}: {step.model} has other labels than the main model"
                     )
-                profiles[step.model] = Profile.allocate(alt.manifest.name, alt)
+                # Profile names key the per-model estimates and latencies: keep them unique.
+                taken = {p.name for p in profiles.values()}
+                name = (
+                    alt.manifest.name
+                    if alt.manifest.name not in taken
+                    else f"{alt.manifest.name}@{step.name}"
+                )
+                profiles[step.model] = Profile.allocate(name, alt)
                 self.models[step.model] = alt
             ladder.append(step)
         source = create_source(cfg.source)

@@ -9,6 +9,8 @@ The ladder is evaluated once a second (by the health thread) on the miss rate of
 sliding window: too many misses step it down (fewer frames, a lighter model, alerts
 only); a long enough healthy period steps it back up. After any change the ladder waits
 a full window before judging again, so it never acts on frames from the previous step.
+A step up that does not hold doubles the healthy period required for the next one (up
+to 32 times), so a lasting overload is re-probed rarely rather than flapping.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ DROP_REASONS = ("overrun", "stale", "source_gap", "ladder", "error", "shutdown")
 
 _EWMA_ALPHA = 0.1
 _BUCKET_NS = 100_000_000  # the miss window is kept in 100 ms buckets
+_MAX_UP_BACKOFF = 32
 
 
 @dataclass
@@ -98,6 +101,8 @@ class DeadlineMonitor:
         self.step = 0
         self._changed_ns: int | None = None  # None: no change yet, the window is all ours
         self._healthy_since_ns = 0
+        self._up_ns: int | None = None  # when the last step up happened, until it has held
+        self.up_backoff = 1  # multiplies step_up_after_s after step ups that did not hold
         self.changes = 0
         self.history: deque[dict] = deque(maxlen=32)  # the latest ladder changes
 
@@ -179,11 +184,20 @@ class DeadlineMonitor:
         elif self._healthy_since_ns == 0:
             self._healthy_since_ns = now_ns
         if unhealthy and settled and self.step < len(self.ladder) - 1:
-            return self._move(
-                self.step + 1, now_ns, rate, f"miss rate {rate:.0%} > {c.step_down_miss_rate:.0%}"
-            )
+            if self._up_ns is not None:
+                # The step up did not hold: wait twice as long before the next try, so a
+                # persistent overload is probed ever more rarely instead of flapping.
+                self.up_backoff = min(self.up_backoff * 2, _MAX_UP_BACKOFF)
+            self._up_ns = None
+            why = f"miss rate {rate:.0%} > {c.step_down_miss_rate:.0%}"
+            return self._move(self.step + 1, now_ns, rate, why)
+        if self._up_ns is not None and now_ns - self._up_ns >= (c.miss_window_s + c.step_up_after_s) * 1e9:
+            self._up_ns = None  # the step up held
+            self.up_backoff = 1
         healthy_for = (now_ns - self._healthy_since_ns) / 1e9 if self._healthy_since_ns else 0.0
-        if self.step > 0 and settled and healthy_for >= c.step_up_after_s:
+        needed = c.step_up_after_s * self.up_backoff
+        if self.step > 0 and settled and healthy_for >= needed:
+            self._up_ns = now_ns
             return self._move(self.step - 1, now_ns, rate, f"healthy for {healthy_for:.1f} s")
         return None
 

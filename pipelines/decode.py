@@ -29,12 +29,18 @@ Decoded = tuple[np.ndarray, np.ndarray, np.ndarray]  # xyxy (K, 4) f32, scores (
 
 def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """IoU between every box of ``a`` (N, 4) and of ``b`` (M, 4), xyxy → (N, M)."""
-    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
-    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
-    w = np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0])
-    h = np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1])
-    inter = np.clip(w, 0, None) * np.clip(h, 0, None)
-    union = area_a[:, None] + area_b[None, :] - inter
+    ax1, ay1, ax2, ay2 = a.T
+    bx1, by1, bx2, by2 = b.T
+    w = np.minimum.outer(ax2, bx2)
+    w -= np.maximum.outer(ax1, bx1)
+    h = np.minimum.outer(ay2, by2)
+    h -= np.maximum.outer(ay1, by1)
+    np.maximum(w, 0, out=w)
+    np.maximum(h, 0, out=h)
+    inter = w
+    inter *= h
+    union = np.add.outer((ax2 - ax1) * (ay2 - ay1), (bx2 - bx1) * (by2 - by1))
+    union -= inter
     return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
 
 
@@ -47,14 +53,16 @@ def nms(xyxy: np.ndarray, scores: np.ndarray, iou_threshold: float) -> np.ndarra
     if len(scores) == 0:
         return np.empty(0, np.int64)
     order = np.argsort(-scores, kind="stable")
-    iou = box_iou(xyxy[order], xyxy[order])
-    suppressed = np.zeros(len(order), bool)
+    boxes = xyxy[order]
+    iou = box_iou(boxes, boxes)
     keep = []
-    for i in range(len(order)):
-        if suppressed[i]:
-            continue
+    # Visit only survivors: each kept box removes its overlaps from the rest at once.
+    rest = np.arange(len(order))
+    while rest.size:
+        i = rest[0]
         keep.append(i)
-        suppressed |= iou[i] > iou_threshold
+        rest = rest[1:]
+        rest = rest[iou[i, rest] <= iou_threshold]
     return order[np.asarray(keep, np.int64)]
 
 
@@ -77,12 +85,8 @@ def _finish(cxcywh: np.ndarray, scores: np.ndarray, class_ids: np.ndarray, p: De
     if len(scores) > MAX_CANDIDATES:
         top = np.argpartition(-scores, MAX_CANDIDATES)[:MAX_CANDIDATES]
         cxcywh, scores, class_ids = cxcywh[top], scores[top], class_ids[top]
-    xyxy = np.empty((len(scores), 4), np.float32)
-    half_w, half_h = cxcywh[:, 2] * 0.5, cxcywh[:, 3] * 0.5
-    xyxy[:, 0] = cxcywh[:, 0] - half_w
-    xyxy[:, 1] = cxcywh[:, 1] - half_h
-    xyxy[:, 2] = cxcywh[:, 0] + half_w
-    xyxy[:, 3] = cxcywh[:, 1] + half_h
+    half = cxcywh[:, 2:] * 0.5
+    xyxy = np.concatenate((cxcywh[:, :2] - half, cxcywh[:, :2] + half), axis=1, dtype=np.float32)
     keep = batched_nms(xyxy, scores, class_ids, p.iou_threshold)[: p.max_detections]
     return xyxy[keep], scores[keep].astype(np.float32), class_ids[keep].astype(np.int32)
 
@@ -93,11 +97,10 @@ def decode_yolov8(output: np.ndarray, p: DecodeParams) -> Decoded:
     Rows are cx, cy, w, h (input pixels) then C class scores (already sigmoid).
     """
     out = output[0] if output.ndim == 3 else output
-    cls_scores = out[4:]
-    best = cls_scores.max(axis=0)
+    best = out[4:].max(axis=0)
     idx = np.flatnonzero(best > p.score_threshold)
-    class_ids = cls_scores[:, idx].argmax(axis=0)
-    return _finish(out[:4, idx].T, best[idx], class_ids, p)
+    cand = out[:, idx].T  # one gather of the few candidates: (K, 4 + C)
+    return _finish(cand[:, :4], best[idx], cand[:, 4:].argmax(axis=1), p)
 
 
 def decode_yolov5(output: np.ndarray, p: DecodeParams) -> Decoded:

@@ -124,6 +124,11 @@ class Handoff:
             self._on_replace(replaced)
         return True
 
+    def wait_room(self, timeout_s: float) -> bool:
+        """Wait until nothing is waiting in the hand-off; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._item is None, timeout_s)
+
     def get(self, timeout_s: float) -> FrameSlot | None:
         """The waiting slot, or None after ``timeout_s``. Raises Closed when drained."""
         with self._cond:

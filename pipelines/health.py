@@ -106,6 +106,7 @@ class HealthReporter:
                 "name": monitor.current.name,
                 "steps": [s.name for s in monitor.ladder],
                 "changes": monitor.changes,
+                "step_up_after_s": monitor.config.step_up_after_s * monitor.up_backoff,
             },
             "source_state": p.source.describe(),
         }

@@ -90,6 +90,7 @@ class PipelineStats:
         # capture and inference stages.
         self.overhead = LatencyHistogram()
         self.window = LatencyHistogram()  # end-to-end since the health thread last took it
+        self.by_profile: dict[str, LatencyHistogram] = {}  # end-to-end per model profile
         self._lock = threading.Lock()
 
     def drop(self, reason: str, n: int = 1) -> None:
@@ -139,6 +140,8 @@ class Pipeline:
         self.topic = f"{topic}.{source.name}".encode()
         self.max_frames = max_frames
         self.stats = PipelineStats()
+        for p in profiles.values():
+            self.stats.by_profile[p.name] = LatencyHistogram()
         self.error: str | None = None
         self.finished = threading.Event()  # set once the last frame has been published
         self._stop = threading.Event()
@@ -199,10 +202,16 @@ class Pipeline:
 
     def _capture(self) -> None:
         source = self.source
+        # A file source is read only once the previous frame has been taken by the
+        # inference stage: reading ahead would not raise throughput (one frame already
+        # waits) but would age every frame by a whole inference time.
+        read_ahead = source.policy is BufferPolicy.NEWEST
         try:
             while not self._stop.is_set():
                 if self.max_frames and self.stats.captured >= self.max_frames:
                     break
+                if not read_ahead and not self._to_infer.wait_room(_POLL_S):
+                    continue
                 try:
                     frame = self.read_frame()
                 except EndOfStream:
@@ -343,6 +352,7 @@ class Pipeline:
         for i, hist in enumerate(stats.stages.values()):
             hist.record(int(st[i + 1] - st[i]))
         stats.total.record(total)
+        stats.by_profile[slot.profile.name].record(total)
         stats.overhead.record(end - int(st[PRE_START]) - int(st[INFER_END] - st[INFER_START]))
         stats.window.record(total)
         stats.published += 1

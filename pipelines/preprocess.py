@@ -67,12 +67,9 @@ def letterbox_into(src: np.ndarray, dst: np.ndarray, pad_value: int, geo: Letter
 
 def boxes_to_source(xyxy: np.ndarray, geo: Letterbox) -> np.ndarray:
     """Map boxes (N, 4) from model-input pixels to source pixels, in place, clipped."""
-    xyxy[:, 0::2] -= geo.pad_x
-    xyxy[:, 1::2] -= geo.pad_y
-    xyxy[:, 0::2] /= geo.scale_x
-    xyxy[:, 1::2] /= geo.scale_y
-    np.clip(xyxy[:, 0::2], 0, geo.src_w, out=xyxy[:, 0::2])
-    np.clip(xyxy[:, 1::2], 0, geo.src_h, out=xyxy[:, 1::2])
+    xyxy -= (geo.pad_x, geo.pad_y, geo.pad_x, geo.pad_y)
+    xyxy /= (geo.scale_x, geo.scale_y, geo.scale_x, geo.scale_y)
+    np.clip(xyxy, 0, (geo.src_w, geo.src_h, geo.src_w, geo.src_h), out=xyxy)
     return xyxy
 
 

@@ -9,30 +9,28 @@ import sys
 from edge_agent.pipelines.handoff import STAGES
 
 
-def test_bench_json_reports_every_phase(const_model, endpoint, tmp_path):
+def bench(model, endpoint, tmp_path, *args: str) -> subprocess.CompletedProcess:
     cfg = tmp_path / "bench.yaml"
-    cfg.write_text(f"model:\n  path: {const_model}\npublish:\n  endpoint: {endpoint}\n")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "edge_agent",
-            "bench",
-            "-c",
-            str(cfg),
-            "--frames",
-            "80",
-            "--source-fps",
-            "50",
-            "--live-seconds",
-            "1",
-            "--json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    cfg.write_text(f"model:\n  path: {model}\npublish:\n  endpoint: {endpoint}\n")
+    cmd = [sys.executable, "-m", "edge_agent", "bench", "-c", str(cfg), *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def test_bench_json_reports_every_phase(const_model, endpoint, tmp_path):
+    proc = bench(
+        const_model,
+        endpoint,
+        tmp_path,
+        "--frames",
+        "80",
+        "--source-fps",
+        "50",
+        "--live-seconds",
+        "1",
+        "--json",
+    )
     r = json.loads(proc.stdout)
     assert r["schema"] == 1 and r["model"] == str(const_model)
     for h in (
@@ -58,25 +56,6 @@ def test_bench_json_reports_every_phase(const_model, endpoint, tmp_path):
 
 
 def test_bench_human_report_names_the_phases(const_model, endpoint, tmp_path):
-    cfg = tmp_path / "bench.yaml"
-    cfg.write_text(f"model:\n  path: {const_model}\npublish:\n  endpoint: {endpoint}\n")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "edge_agent",
-            "bench",
-            "-c",
-            str(cfg),
-            "--frames",
-            "40",
-            "--live-seconds",
-            "0.5",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
+    proc = bench(const_model, endpoint, tmp_path, "--frames", "40", "--live-seconds", "0.5")
     for phrase in ("pure inference", "sequential", "pipelined, saturated", "overhead around model", "ladder"):
         assert phrase in proc.stdout, proc.stdout

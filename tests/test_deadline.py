@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -175,3 +177,26 @@ def test_bad_deadline_configs_name_the_key(kw, key):
     with pytest.raises(FieldError) as e:
         DeadlineConfig(**kw)
     assert e.value.key == key
+
+
+def test_a_step_up_that_does_not_hold_doubles_the_wait_for_the_next():
+    m = monitor(ladder=LADDER[:2])
+    t = feed(m, 10 * S, 1.0, 30, late=True)
+    assert m.tick(t).name == "half"
+    ups = []
+    for _ in range(60):  # a lasting overload: every try at "full" misses again
+        t = feed(m, t, 1.0, 30, late=(m.current.name == "full"))
+        c = m.tick(t)
+        if c and c.name == "full":
+            ups.append(t)
+    gaps = [(b - a) / S for a, b in itertools.pairwise(ups)]
+    assert len(ups) >= 3 and all(b > a for a, b in itertools.pairwise(gaps)), gaps
+    assert m.up_backoff > 1
+    # Once "full" holds, the backoff is forgotten.
+    while m.current.name != "full":
+        t = feed(m, t, 1.0, 30, late=False)
+        m.tick(t)
+    for _ in range(6):
+        t = feed(m, t, 1.0, 30, late=False)
+        assert m.tick(t) is None
+    assert m.up_backoff == 1

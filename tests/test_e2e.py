@@ -39,7 +39,7 @@ def start_agent(tmp_path, endpoint, extra_args=()):
 
 
 def test_run_publishes_correct_detections_and_exits_cleanly_on_sigterm(tmp_path, endpoint):
-    sub = Subscriber(endpoint)
+    sub = Subscriber(endpoint, "det")
     proc = start_agent(tmp_path, endpoint)
     try:
         sub.wait_for(90, timeout_s=60)
@@ -91,7 +91,7 @@ def test_run_with_frames_stops_by_itself(tmp_path, endpoint):
     proc = start_agent(tmp_path, endpoint, ["--frames", "20", "--quiet"])
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert "captured 20, published 20" in err, err
+    assert "captured 20 = 20 on time + 0 late + 0 dropped" in err, err
 
 
 def test_run_refuses_a_bad_config_with_key_and_line(tmp_path):

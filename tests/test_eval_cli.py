@@ -1,0 +1,36 @@
+"""`edge-agent eval` on the bundled detector, as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def test_eval_scores_the_bundled_model_on_heldout_frames():
+    proc = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "eval", "--frames", "60", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["frames"] == 60
+    assert set(r["ap50_per_class"]) == {"circle", "square", "triangle", "cross"}
+    assert r["map50"] >= 0.9, r
+
+
+def test_eval_refuses_a_model_with_other_labels(const_model, tmp_path):
+    (const_model.parent / "manifest.yaml").write_text(
+        "name: x\ninput: {name: images, height: 320, width: 320, layout: NHWC, dtype: uint8, color: bgr}\n"
+        "output: {name: output0, decoder: yolov8}\nlabels: [cat, dog, car, bus]\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "eval", "--model", str(const_model), "--frames", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert "not the synthetic scene's classes" in proc.stderr, proc.stderr
