@@ -171,7 +171,7 @@ def cmd_config(args: argparse.Namespace) -> int:
         config = _load_config(args.file)
     except ConfigError as e:
         print(str(e), file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_USAGE
     if args.config_command == "validate":
         print(f"{args.file}: OK")
     else:

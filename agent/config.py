@@ -43,9 +43,9 @@ class SyntheticSourceConfig(_SourceBase):
         super().__post_init__()
         check(16 <= self.width <= 8192, "width", "must be within 16..8192")
         check(16 <= self.height <= 8192, "height", "must be within 16..8192")
-        check(self.fps >= 0, "fps", "must be >= 0")
+        check(0 <= self.fps <= 1000, "fps", "must be within 0..1000")
         check(0 <= self.num_objects <= 64, "num_objects", "must be within 0..64")
-        check(self.noise_sigma >= 0, "noise_sigma", "must be >= 0")
+        check(0 <= self.noise_sigma <= 100, "noise_sigma", "must be within 0..100")
 
 
 @dataclass(frozen=True)
@@ -85,9 +85,13 @@ class _LiveBase(_SourceBase):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check(self.retry_initial_s > 0, "retry_initial_s", "must be > 0")
-        check(self.retry_max_s >= self.retry_initial_s, "retry_max_s", "must be >= retry_initial_s")
-        check(self.stall_timeout_s > 0, "stall_timeout_s", "must be > 0")
+        check(0 < self.retry_initial_s <= 3600, "retry_initial_s", "must be within (0, 3600]")
+        check(
+            self.retry_initial_s <= self.retry_max_s <= 3600,
+            "retry_max_s",
+            "must be within retry_initial_s..3600",
+        )
+        check(0 < self.stall_timeout_s <= 3600, "stall_timeout_s", "must be within (0, 3600]")
 
 
 @dataclass(frozen=True)
@@ -222,22 +226,22 @@ class DeadlineConfig:
     def __post_init__(self) -> None:
         from edge_agent.pipelines.handoff import STAGES
 
-        check(self.budget_ms > 0, "budget_ms", "must be > 0")
+        check(0 < self.budget_ms <= 60_000, "budget_ms", "must be within (0, 60000]")
         for name, ms in self.stage_budgets_ms.items():
             check(name in STAGES, "stage_budgets_ms", f"unknown stage {name!r} (stages: {', '.join(STAGES)})")
             check(ms > 0, "stage_budgets_ms", f"budget of {name!r} must be > 0")
-        check(self.miss_window_s >= 0.5, "miss_window_s", "must be >= 0.5")
+        check(0.5 <= self.miss_window_s <= 600, "miss_window_s", "must be within 0.5..600")
         check(0 < self.step_down_miss_rate <= 1, "step_down_miss_rate", "must be within (0, 1]")
         check(
             0 <= self.step_up_miss_rate < self.step_down_miss_rate,
             "step_up_miss_rate",
             "must be >= 0 and below step_down_miss_rate (the gap is the hysteresis)",
         )
-        check(self.step_up_after_s > 0, "step_up_after_s", "must be > 0")
+        check(0 < self.step_up_after_s <= 3600, "step_up_after_s", "must be within (0, 3600]")
         check(len(self.ladder) >= 1, "ladder", "at least one step (normal operation)")
         names = [s.name for s in self.ladder]
         check(len(set(names)) == len(names), "ladder", "step names must be unique")
-        first = self.ladder[0]
+        first = self.ladder[0] if self.ladder else LadderStep()
         check(
             first.frame_stride == 1 and first.infer and not first.model,
             "ladder",

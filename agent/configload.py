@@ -8,6 +8,7 @@ one ``ConfigError`` is raised, so a user fixes them all in one pass.
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import types
 import typing
@@ -153,6 +154,9 @@ class Builder:
             return self.fail(node, path, f"expected one of {_type_name(t)}, got {value!r}")
         if t is float and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
+        if t is float and isinstance(value, float) and not math.isfinite(value):
+            # .inf and .nan are valid YAML, but no duration, rate or budget here is infinite.
+            return self.fail(node, path, f"expected a finite number, got {value!r}")
         if t is type(None) and value is None:
             return None
         if isinstance(value, t) and not (t is int and isinstance(value, bool)):
@@ -184,7 +188,10 @@ class Builder:
         return self.fail(node, path, f"expected {names}")
 
     def _tagged(self, options: list[type], node: yaml.MappingNode, path: str) -> Any:
-        """A union of dataclasses is told apart by its ``type`` key (a Literal field)."""
+        """A union of dataclasses is told apart by its ``type`` key (a Literal field).
+
+        Without a ``type`` key the first member of the union is meant (its default).
+        """
         by_tag = {}
         for cls in options:
             hint = typing.get_type_hints(cls)["type"]
@@ -193,7 +200,7 @@ class Builder:
         tag_node = _lookup(node, "type")
         tags = ", ".join(repr(k) for k in by_tag)
         if tag_node is None:
-            return self.fail(node, path, f"missing key 'type' (one of {tags})")
+            return self._dataclass(options[0], node, path)
         tag = _scalars.construct_object(tag_node) if isinstance(tag_node, yaml.ScalarNode) else None
         if tag not in by_tag:
             return self.fail(tag_node, _join(path, "type"), f"unknown type {tag!r} (one of {tags})")
@@ -267,8 +274,8 @@ class Builder:
             value = cls(**values)
         except FieldError as e:
             errors.append(e)
-        except (ValueError, TypeError) as e:
-            return self.fail(node, path, str(e))
+        except Exception as e:  # a check that did not guard a later expression
+            return self.fail(node, path, f"{type(e).__name__}: {e}")
         finally:
             _collecting.errors = outer
         for e in errors:

@@ -196,8 +196,13 @@ class Agent:
             self.stop()
             raise
 
-    def stop(self, timeout_s: float = 1.5) -> bool:
-        """Stop everything that started, in reverse order; True if every thread ended."""
+    def stop(self, timeout_s: float = 1.0) -> bool:
+        """Stop everything that started, in reverse order; True if every thread ended.
+
+        The heartbeat stops at once, the pipeline drains within ``timeout_s`` (then gives
+        up on a stuck stage), and a camera reader stuck in its driver is not waited for,
+        so the whole stop stays under two seconds.
+        """
         clean = True
         while self._started:
             part = self._started.pop()
@@ -205,8 +210,10 @@ class Agent:
                 clean = self.pipeline.stop(timeout_s) and clean
             else:
                 part.close()
-        for model in self.models.values():
-            model.backend.close()
+        if clean:
+            # Never pull a session from under a stage thread that is still inside it.
+            for model in self.models.values():
+                model.backend.close()
         return clean
 
     def describe(self) -> dict[str, Any]:

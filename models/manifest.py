@@ -135,7 +135,9 @@ def manifest_from_onnx(path: str) -> tuple[ModelManifest, list[str]]:
             h = w = 640
             notes.append("input size unknown: assumed 640x640")
     dtype = {"tensor(uint8)": "uint8", "tensor(float16)": "float16"}.get(inp.type, "float32")
-    notes.append(f"input {inp.name!r} {'NHWC' if nhwc else 'NCHW'} {dtype}, RGB scaled by 1/255")
+    color = "bgr" if dtype == "uint8" and nhwc else "rgb"
+    scaling = "no scaling (uint8: normalisation in the graph)" if dtype == "uint8" else "scaled by 1/255"
+    notes.append(f"input {inp.name!r} {'NHWC' if nhwc else 'NCHW'} {dtype}, {color.upper()}, {scaling}")
     names = _literal(meta.get("names"))
     oshape = list(out.shape)
     decoder = "yolov8"
@@ -157,7 +159,7 @@ def manifest_from_onnx(path: str) -> tuple[ModelManifest, list[str]]:
             width=w,
             layout="NHWC" if nhwc else "NCHW",
             dtype=dtype,
-            color="bgr" if dtype == "uint8" and nhwc else "rgb",
+            color=color,
         ),
         output=OutputSpec(name=out.name, decoder=decoder),
         labels=labels,

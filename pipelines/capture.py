@@ -106,30 +106,50 @@ class OpenCvCapture(Source):
         self._frame = SourceFrame()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._gen = 0
+        self._last_frame_ns = 0
         self.failures = 0
+        self.stalls = 0
         self.connected = False
         self.last_error = ""
 
     def open(self) -> None:
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name=f"capture-{self.name}", daemon=True)
+        self._last_frame_ns = time.monotonic_ns()
+        self._start_reader()
+
+    def _start_reader(self) -> None:
+        # Each reader has a generation; a reader stuck in the driver that finally returns
+        # sees that it was replaced and leaves without touching the new reader's buffers.
+        self._gen += 1
+        self._bufs = []
+        self._thread = threading.Thread(
+            target=self._run, args=(self._gen,), name=f"capture-{self.name}", daemon=True
+        )
         self._thread.start()
 
-    def _run(self) -> None:
+    def _run(self, gen: int) -> None:
         backoff = Backoff(self.config.retry_initial_s, self.config.retry_max_s)
         frame_id = 0
-        while not self._stop.is_set():
+        current = lambda: gen == self._gen and not self._stop.is_set()  # noqa: E731
+        while current():
             try:
                 cap = self._opener()
-            except SourceError as e:
+            except Exception as e:  # SourceError, or whatever the driver raised
                 self._failed(str(e), backoff)
                 continue
+            if not current():
+                cap.release()
+                return
             self.connected = True
+            self._last_frame_ns = time.monotonic_ns()
             log.info("source %s: connected", self.name)
             try:
-                while not self._stop.is_set():
+                while current():
                     slot = self._free_slot()
                     ok, img = cap.read(self._bufs[slot] if self._bufs else None)
+                    if not current():
+                        return
                     if not ok:
                         raise SourceError("read failed (camera gone, stream ended or stalled)")
                     if not self._bufs or img is not self._bufs[slot]:
@@ -139,10 +159,12 @@ class OpenCvCapture(Source):
                     self._publish(slot, frame_id)
                     frame_id += 1
                     backoff.reset()
-            except SourceError as e:
-                self._failed(str(e), backoff)
+            except Exception as e:
+                if current():
+                    self._failed(str(e), backoff)
             finally:
-                self.connected = False
+                if gen == self._gen:
+                    self.connected = False
                 cap.release()
 
     def _failed(self, error: str, backoff: Backoff) -> None:
@@ -162,7 +184,7 @@ class OpenCvCapture(Source):
     def _publish(self, slot: int, frame_id: int) -> None:
         with self._cond:
             self._ids[slot] = frame_id
-            self._stamps[slot] = time.monotonic_ns()
+            self._last_frame_ns = self._stamps[slot] = time.monotonic_ns()
             self._latest = slot
             self._seq += 1
             self._cond.notify()
@@ -170,6 +192,7 @@ class OpenCvCapture(Source):
     def read(self, timeout_s: float) -> SourceFrame | None:
         with self._cond:
             if not self._cond.wait_for(lambda: self._seq > self._taken, timeout_s):
+                self._check_stall()
                 return None
             self.skipped += self._seq - self._taken - 1
             self._taken = self._seq
@@ -179,13 +202,38 @@ class OpenCvCapture(Source):
             f.image, f.frame_id, f.capture_ns = self._bufs[slot], self._ids[slot], self._stamps[slot]
         return f
 
+    def _check_stall(self) -> None:
+        """Called with the lock held when no frame came: replace a reader stuck in the driver.
+
+        A blocked ``cap.read`` cannot be interrupted from outside (releasing a capture
+        another thread is reading is unsafe in OpenCV), so a new reader with a new
+        capture takes over and the stuck one is abandoned until its call returns.
+        """
+        silent_s = (time.monotonic_ns() - self._last_frame_ns) / 1e9
+        if not self.connected or silent_s < self.config.stall_timeout_s:
+            return
+        self.failures += 1
+        self.stalls += 1
+        self.last_error = f"no frame for {silent_s:.1f} s (stalled)"
+        log.warning("source %s: %s; reopening", self.name, self.last_error)
+        self.connected = False
+        self._last_frame_ns = time.monotonic_ns()
+        self._start_reader()
+
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=self.config.stall_timeout_s + 1.0)
+            # A reader blocked in the driver is a daemon thread: it is not waited for long.
+            self._thread.join(timeout=0.5)
             if self._thread.is_alive():
                 log.warning("source %s: capture thread still blocked in the driver", self.name)
             self._thread = None
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "connected": self.connected, "failures": self.failures}
+        return {
+            **super().describe(),
+            "connected": self.connected,
+            "failures": self.failures,
+            "stalls": self.stalls,
+            "last_error": self.last_error,
+        }

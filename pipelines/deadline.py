@@ -179,7 +179,10 @@ class DeadlineMonitor:
         rate, ended = self.miss_rate(now_ns)
         settled = self._changed_ns is None or now_ns - self._changed_ns >= c.miss_window_s * 1e9
         unhealthy = rate > c.step_down_miss_rate and ended > 0
-        if rate > c.step_up_miss_rate or ended == 0:
+        # No frame ends at an alert-only step; there, quiet counts as healthy, so the
+        # ladder does climb back and find out whether inference fits again.
+        idle_by_design = not self.current.infer
+        if rate > c.step_up_miss_rate or (ended == 0 and not idle_by_design):
             self._healthy_since_ns = 0
         elif self._healthy_since_ns == 0:
             self._healthy_since_ns = now_ns

@@ -76,7 +76,12 @@ class Profile:
 
 
 class PipelineStats:
-    """Frame counts and latency histograms. Each counter has a single writer thread."""
+    """Frame counts and latency histograms.
+
+    Counts change under one lock so that a snapshot (``counts``) is consistent while
+    frames move: captured == on time + late + dropped + in flight, with in flight
+    bounded by the number of frame slots. Each histogram has a single writer thread.
+    """
 
     def __init__(self) -> None:
         self.captured = 0  # frames the source produced, including those it skipped
@@ -97,6 +102,18 @@ class PipelineStats:
         with self._lock:
             self.dropped[reason] += n
 
+    def add_captured(self, n: int = 1, gap: int = 0) -> None:
+        """``n`` frames taken from the source, and ``gap`` frames it skipped (dropped)."""
+        with self._lock:
+            self.captured += n + gap
+            self.dropped["source_gap"] += gap
+
+    def add_published(self, total_ns: int, late: bool) -> None:
+        with self._lock:
+            self.published += 1
+            self.late += late
+            self.window.record(total_ns)
+
     def dropped_total(self) -> int:
         with self._lock:
             return sum(self.dropped.values())
@@ -104,7 +121,7 @@ class PipelineStats:
     def counts(self) -> dict[str, Any]:
         with self._lock:
             dropped = dict(self.dropped)
-        captured, published, late = self.captured, self.published, self.late
+            captured, published, late = self.captured, self.published, self.late
         n_dropped = sum(dropped.values())
         return {
             "captured": captured,
@@ -116,7 +133,8 @@ class PipelineStats:
         }
 
     def take_window(self) -> LatencyHistogram:
-        window, self.window = self.window, LatencyHistogram()
+        with self._lock:
+            window, self.window = self.window, LatencyHistogram()
         return window
 
 
@@ -160,7 +178,10 @@ class Pipeline:
             self._threads.append(t)
 
     def stop(self, timeout_s: float = 1.5) -> bool:
-        """Stop capturing, drain the frames in flight, join; True if all threads ended."""
+        """Stop capturing, drain the frames in flight, join; True if all threads ended.
+
+        Takes at most ``timeout_s`` plus 0.3 s when a stage is stuck.
+        """
         self._stop.set()
         deadline = time.monotonic() + timeout_s
         for t in self._threads:
@@ -170,8 +191,9 @@ class Pipeline:
             # A stage is stuck (e.g. inside the backend): give up draining.
             log.warning("pipeline: %s did not drain in %.1f s; aborting", alive, timeout_s)
             self._abort.set()
+            deadline = time.monotonic() + 0.3
             for t in self._threads:
-                t.join(0.5)
+                t.join(max(0.0, deadline - time.monotonic()))
             alive = [t.name for t in self._threads if t.is_alive()]
             if alive:
                 log.error("pipeline: threads still running after abort: %s", alive)
@@ -220,6 +242,9 @@ class Pipeline:
                     self.error = f"source {source.name}: {e}"
                     log.error("%s", self.error)
                     break
+                except Exception as e:  # a bug or a driver error: fail loudly, not silently
+                    self._fatal("capture", e)
+                    break
                 if frame is None:
                     continue
                 slot = self.prepare(frame)
@@ -235,8 +260,14 @@ class Pipeline:
                     slot = self._to_infer.get(_POLL_S)
                 except Closed:
                     break
-                if slot is not None and self.infer_one(slot) and not self._to_post.put(slot, self._abort):
-                    self._drop(slot, "shutdown")
+                if slot is None:
+                    continue
+                try:
+                    if self.infer_one(slot) and not self._to_post.put(slot, self._abort):
+                        self._drop(slot, "shutdown")
+                except Exception as e:
+                    self._drop(slot, "error")
+                    self._fatal("infer", e)
         finally:
             self._to_post.close()
 
@@ -247,24 +278,33 @@ class Pipeline:
                     slot = self._to_post.get(_POLL_S)
                 except Closed:
                     break
-                if slot is not None:
+                if slot is None:
+                    continue
+                try:
                     self.publish_one(slot)
+                except Exception as e:  # publish_one accounts frame errors; this is a bug
+                    self._fatal("post", e)
         finally:
             self.finished.set()
+
+    def _fatal(self, stage: str, exc: BaseException) -> None:
+        """An unexpected error in a stage thread: record it and stop the pipeline."""
+        log.error("pipeline: unexpected error in the %s stage", stage, exc_info=exc)
+        if self.error is None:
+            self.error = f"{stage} stage: {type(exc).__name__}: {exc}"
+        self._stop.set()
 
     # -- one frame, one stage (the threads above, and the sequential benchmark) ----
 
     def read_frame(self) -> Any:
         """The next source frame (or None on timeout); counts frames the source skipped."""
-        source, stats = self.source, self.stats
+        source = self.source
         before = source.skipped
         frame = source.read(_POLL_S)
         gap = source.skipped - before
-        if gap:
-            stats.captured += gap
-            stats.drop("source_gap", gap)
-        if frame is not None:
-            stats.captured += 1
+        if self.max_frames:  # --frames N counts source frames, skipped ones included
+            gap = min(gap, max(self.max_frames - self.stats.captured - (frame is not None), 0))
+        self.stats.add_captured(int(frame is not None), gap)
         return frame
 
     def prepare(self, frame: Any) -> FrameSlot | None:
@@ -320,14 +360,17 @@ class Pipeline:
     def publish_one(self, slot: FrameSlot) -> None:
         """Decode, publish and account one frame, then give its slot back."""
         try:
-            self._publish(slot)
+            total = self._publish(slot)
         except Exception:
             log.exception("pipeline: postprocessing failed for frame %d", slot.frame_id)
             self._drop(slot, "error")
-        else:
-            slot.profile.pool.release(slot)
+            return
+        # Accounted only once the message is out, so a frame is never both sent and dropped.
+        self._account(slot, total, time.monotonic_ns())
+        slot.profile.pool.release(slot)
 
-    def _publish(self, slot: FrameSlot) -> None:
+    def _publish(self, slot: FrameSlot) -> int:
+        """Decode, build and send the result message; returns the end-to-end ns."""
         st = slot.stamps
         st[POST_START] = time.monotonic_ns()
         model = slot.profile.model
@@ -346,15 +389,14 @@ class Pipeline:
         message["deadline_missed"] = total > self.builder.budget_ns
         self.publisher.send(self.topic, self.builder.encode(message))
         self._seq += 1
-        stats = self.stats
-        end = time.monotonic_ns()
+        return total
+
+    def _account(self, slot: FrameSlot, total: int, end: int) -> None:
+        st, stats = slot.stamps, self.stats
         stats.send.record(end - int(st[PUBLISH]))
         for i, hist in enumerate(stats.stages.values()):
             hist.record(int(st[i + 1] - st[i]))
         stats.total.record(total)
         stats.by_profile[slot.profile.name].record(total)
         stats.overhead.record(end - int(st[PRE_START]) - int(st[INFER_END] - st[INFER_START]))
-        stats.window.record(total)
-        stats.published += 1
-        if self.monitor.published(st, end, slot.profile.name):
-            stats.late += 1
+        stats.add_published(total, self.monitor.published(st, end, slot.profile.name))

@@ -186,10 +186,17 @@ class VideoFileSource(Source):
         if self._cap is None:
             raise SourceError(f"source {self.name!r} read before open")
         if self._period_ns:
-            # Real time: skip the frames whose time has passed, as a camera would have.
+            # Real time, as a camera: wait for a frame that is not due yet, and skip the
+            # frames whose time has passed while the pipeline was busy.
             now = time.monotonic_ns()
             self._t0 = self._t0 or now
-            due_index = (now - self._t0) // self._period_ns
+            wait_s = (self._t0 + self._index * self._period_ns - now) / 1e9
+            if wait_s > timeout_s:
+                time.sleep(timeout_s)
+                return None
+            if wait_s > 0:
+                time.sleep(wait_s)
+            due_index = (time.monotonic_ns() - self._t0) // self._period_ns
             while self._index < due_index and self._cap.grab():
                 self._index += 1
                 self.skipped += 1

@@ -146,13 +146,22 @@ def test_ladder_does_not_flap_between_thresholds():
     assert m.step == 1
 
 
-def test_ladder_stops_at_its_last_step():
+def test_ladder_stops_at_its_last_step_and_climbs_back_from_alert_only():
     m = monitor()
     t = 10 * S
-    for _ in range(10):
+    for _ in range(3):
         t = feed(m, t, 1.0, 30, late=True)
         m.tick(t)
     assert m.current.name == "alert" and m.changes == 2
+    # Alert only: nothing is inferred, so no frame is published; frames are dropped by
+    # the ladder. The quiet must not keep the ladder down for good.
+    for _ in range(5):
+        for i in range(30):
+            m.dropped("ladder", t + i * (S // 30))
+        t += S
+        if m.tick(t):
+            break
+    assert m.current.name == "half", "after step_up_after_s the ladder must try inference again"
 
 
 def test_stale_drops_count_as_misses():

@@ -52,7 +52,8 @@ def test_run_publishes_correct_detections_and_exits_cleanly_on_sigterm(tmp_path,
             proc.kill()
         sub.close()
     assert proc.returncode == 0, err
-    assert exit_s < 5.0, f"SIGTERM to exit took {exit_s:.2f} s"
+    # The agent's own stop is bounded by 2 s; the rest is interpreter teardown.
+    assert exit_s < 3.0, f"SIGTERM to exit took {exit_s:.2f} s"
     assert "received SIGTERM" in err and "frames: captured" in err, err
     messages = sub.messages
     assert len(messages) >= 90, f"only {len(messages)} messages; stderr:\n{err}"
@@ -104,4 +105,4 @@ def test_run_refuses_a_bad_config_with_key_and_line(tmp_path):
         timeout=60,
     )
     assert proc.returncode == 2
-    assert f"{cfg}:3:8: source.fps: must be >= 0" in proc.stderr, proc.stderr
+    assert f"{cfg}:3:8: source.fps: must be within 0..1000" in proc.stderr, proc.stderr

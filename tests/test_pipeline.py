@@ -191,3 +191,23 @@ def test_bind_failure_is_reported_and_nothing_is_left_running(const_model, endpo
     finally:
         holder.close(linger=0)
         ctx.term()
+
+
+def test_an_unexpected_source_error_stops_the_pipeline_with_the_error(const_model, endpoint):
+    agent = make_agent(const_model, endpoint)
+    source = agent.pipeline.source
+    real_read = source.read
+
+    def read(timeout_s):
+        if source._next >= 10:  # the synthetic source's next frame index
+            raise ValueError("driver returned garbage")
+        return real_read(timeout_s)
+
+    source.read = read
+    agent.start()
+    assert agent.pipeline.finished.wait(10), "the pipeline must drain and finish"
+    assert agent.stop()
+    assert "ValueError: driver returned garbage" in agent.pipeline.error
+    c = agent.pipeline.stats.counts()
+    assert c["captured"] == 10 and c["on_time"] + c["late"] == 10 and c["in_flight"] == 0, c
+    assert pipeline_threads() == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from edge_agent.config import (
     ImageFolderSourceConfig,
     RtspSourceConfig,
     SyntheticSourceConfig,
+    V4L2SourceConfig,
     VideoSourceConfig,
 )
 from edge_agent.pipelines.capture import Backoff, OpenCvCapture, has_gstreamer, open_capture
@@ -228,3 +230,73 @@ def test_gstreamer_source_without_gstreamer_says_so():
     cfg = GStreamerSourceConfig(pipeline="videotestsrc ! videoconvert ! appsink")
     with pytest.raises(SourceError, match="no GStreamer support"):
         open_capture(cfg)
+
+
+def test_realtime_video_is_paced_at_its_frame_rate_and_skips_late_frames(tmp_path):
+    path = write_video(tmp_path / "clip.avi", 60)  # 30 fps
+    src = VideoFileSource(VideoSourceConfig(path=str(path), realtime=True))
+    assert src.policy is BufferPolicy.NEWEST
+    src.open()
+    t0 = time.monotonic()
+    ids = [src.read(1.0).frame_id for _ in range(4)]
+    elapsed = time.monotonic() - t0
+    assert ids == [0, 1, 2, 3]
+    assert elapsed >= 3 / 30 * 0.9, f"4 frames of a 30 fps file took only {elapsed * 1000:.0f} ms"
+    time.sleep(0.2)  # ~6 frame times without reading
+    f = src.read(1.0)
+    src.close()
+    assert f.frame_id >= 8 and src.skipped == f.frame_id - 4
+
+
+class FakeStalledCapture:
+    """A camera that delivers ``frames`` frames, then blocks in read() until released.
+
+    Stands in for a V4L2/GStreamer capture whose driver hangs, which cannot exist here.
+    """
+
+    def __init__(self, frames: int) -> None:
+        self.left = frames
+        self.unblock = threading.Event()
+        self.released = False
+
+    def read(self, image=None):
+        if self.left > 0:
+            self.left -= 1
+            return True, np.zeros((48, 64, 3), np.uint8)
+        self.unblock.wait(10)
+        return False, None
+
+    def release(self) -> None:
+        self.released = True
+
+
+def test_stalled_camera_is_replaced_by_a_new_reader(tmp_path):
+    caps = [FakeStalledCapture(3), FakeStalledCapture(1000)]
+    opened = []
+
+    def opener():
+        cap = caps[len(opened)]
+        opened.append(cap)
+        return cap
+
+    cfg = V4L2SourceConfig(stall_timeout_s=0.3, retry_initial_s=0.01, retry_max_s=0.02)
+    src = OpenCvCapture(cfg, opener=opener)
+    src.open()
+    try:
+        deadline = time.monotonic() + 5
+        ids = []
+        while len(opened) < 2 and time.monotonic() < deadline:
+            f = src.read(0.05)
+            if f is not None:
+                ids.append(f.frame_id)
+        assert len(opened) == 2, "a stall must open the camera again"
+        assert src.stalls == 1 and "stalled" in src.last_error
+        f = None
+        while f is None and time.monotonic() < deadline:
+            f = src.read(0.1)
+        assert f is not None, "frames must flow again from the new capture"
+    finally:
+        caps[0].unblock.set()  # the stuck driver call returns; its reader must just leave
+        src.close()
+    time.sleep(0.1)
+    assert caps[0].released
