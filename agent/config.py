@@ -177,8 +177,49 @@ class OnnxRuntimeConfig:
         check(self.inter_op_threads >= 0, "inter_op_threads", "must be >= 0")
 
 
-# One entry today; the TensorRT backend joins as `OnnxRuntimeConfig | TensorRTConfig`.
-BackendConfig = OnnxRuntimeConfig
+@dataclass(frozen=True)
+class TensorRTConfig:
+    """TensorRT engines built on the device from the model's ONNX, cached by key."""
+
+    type: Literal["tensorrt"] = "tensorrt"
+    precision: Literal["fp16", "int8", "fp32"] = "fp16"
+    dla_core: int = -1  # -1: the GPU; 0 or 1: that DLA core (with GPU fallback)
+    gpu_fallback: bool = True  # layers the DLA cannot run go to the GPU (else the build fails)
+    workspace_mib: int = 1024
+    optimization_level: int = 3  # TensorRT builder optimisation level, 0..5
+    cache_dir: str = "~/.cache/edge-agent/engines"  # engines, timing and calibration caches
+    # INT8 only: frames for calibration, run through the same letterbox as live frames.
+    calibration_images: str = ""
+    calibration_frames: int = 200
+    # Where normalisation and the NCHW transpose run for float-input models: on a DLA core,
+    # on the GPU, or on the CPU (numpy). The letterbox resize stays on the CPU: the DLA
+    # cannot downscale, and the box mapping needs the exact geometry.
+    preprocess: Literal["dla", "gpu", "cpu"] = "dla"
+    zero_copy: bool = True  # mapped page-locked host memory: no H2D/D2H copies on Jetson's iGPU
+
+    def __post_init__(self) -> None:
+        check(-1 <= self.dla_core <= 7, "dla_core", "must be -1 (GPU) or a DLA core number")
+        check(16 <= self.workspace_mib <= 65536, "workspace_mib", "must be within 16..65536")
+        check(0 <= self.optimization_level <= 5, "optimization_level", "must be within 0..5")
+        check(1 <= self.calibration_frames <= 10000, "calibration_frames", "must be within 1..10000")
+        check(
+            self.precision != "int8" or bool(self.calibration_images),
+            "calibration_images",
+            "int8 needs a folder of calibration frames",
+        )
+        check(bool(self.cache_dir), "cache_dir", "an engine cache directory is required")
+
+
+@dataclass(frozen=True)
+class AutoBackendConfig:
+    """TensorRT where it imports and a GPU answers, else ONNX Runtime; the choice is logged."""
+
+    type: Literal["auto"] = "auto"
+    tensorrt: TensorRTConfig = field(default_factory=TensorRTConfig)
+    onnxruntime: OnnxRuntimeConfig = field(default_factory=OnnxRuntimeConfig)
+
+
+BackendConfig = AutoBackendConfig | OnnxRuntimeConfig | TensorRTConfig
 
 
 @dataclass(frozen=True)
@@ -254,7 +295,7 @@ class AgentConfig:
     device_id: str = field(default_factory=socket.gethostname)
     source: SourceConfig = field(default_factory=SyntheticSourceConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    backend: BackendConfig = field(default_factory=OnnxRuntimeConfig)
+    backend: BackendConfig = field(default_factory=AutoBackendConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
     deadline: DeadlineConfig = field(default_factory=DeadlineConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"

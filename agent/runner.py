@@ -13,14 +13,14 @@ from typing import Any
 import numpy as np
 
 from edge_agent.config import AgentConfig, BackendConfig, ModelConfig
-from edge_agent.models.manifest import ModelError, ModelManifest, ResolvedModel, resolve_model
+from edge_agent.models.manifest import InputSpec, ModelError, ModelManifest, ResolvedModel, resolve_model
 from edge_agent.pipelines.backends.base import InferenceBackend, TensorSpec
 from edge_agent.pipelines.backends.registry import create_backend
 from edge_agent.pipelines.deadline import DeadlineMonitor
 from edge_agent.pipelines.decode import DECODERS, Decoded, DecodeParams
 from edge_agent.pipelines.health import HealthReporter
 from edge_agent.pipelines.pipeline import Pipeline, Profile
-from edge_agent.pipelines.preprocess import Preprocessor
+from edge_agent.pipelines.preprocess import InputFormat, Preprocessor
 from edge_agent.pipelines.publish import MessageBuilder, ZmqPublisher
 from edge_agent.pipelines.sources import create_source
 
@@ -51,13 +51,20 @@ class LoadedModel:
 
 
 def check_io(
-    m: ModelManifest, path: str, inputs: list[TensorSpec], outputs: list[TensorSpec]
+    m: ModelManifest,
+    path: str,
+    inputs: list[TensorSpec],
+    outputs: list[TensorSpec],
+    host: InputFormat | None = None,
 ) -> tuple[str, int]:
     """Check the model's tensors against its manifest; returns (input name, output index).
 
-    Raises ModelError naming the model file and the mismatch.
+    ``host`` is the format the host writes when the backend took normalisation over (its
+    input is then the backend's own tensor). Raises ModelError naming the file.
     """
     spec = m.input
+    if host is not None and host != spec.format():
+        spec = InputSpec(name="", height=host.height, width=host.width, layout=host.layout, dtype=host.dtype)
     by_name = {t.name: t for t in inputs}
     if spec.name and spec.name not in by_name:
         raise ModelError(
@@ -96,8 +103,10 @@ def load_model(model: ModelConfig, backend_config: BackendConfig) -> LoadedModel
         log.warning("model %s has no manifest; assumed: %s", resolved.path, note)
     m = resolved.manifest
     backend = create_backend(backend_config)
-    backend.load(resolved.path)
-    input_name, output_index = check_io(m, resolved.path, backend.inputs, backend.outputs)
+    fmt = m.input.format()
+    backend.load(resolved.path, fmt)
+    host = backend.host_format(fmt)
+    input_name, output_index = check_io(m, resolved.path, backend.inputs, backend.outputs, host)
     params = DecodeParams(
         score_threshold=model.score_threshold if model.score_threshold is not None else m.score_threshold,
         iou_threshold=model.iou_threshold if model.iou_threshold is not None else m.iou_threshold,
@@ -106,7 +115,7 @@ def load_model(model: ModelConfig, backend_config: BackendConfig) -> LoadedModel
     return LoadedModel(
         resolved,
         backend,
-        Preprocessor(m.input.format()),
+        Preprocessor(host),
         DECODERS[m.output.decoder],
         params,
         input_name,

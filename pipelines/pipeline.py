@@ -96,6 +96,8 @@ class PipelineStats:
         self.overhead = LatencyHistogram()
         self.window = LatencyHistogram()  # end-to-end since the health thread last took it
         self.by_profile: dict[str, LatencyHistogram] = {}  # end-to-end per model profile
+        # Parts the backend timed inside its inference stage (CUDA events on TensorRT).
+        self.backend_parts: dict[str, LatencyHistogram] = {}
         self._lock = threading.Lock()
 
     def drop(self, reason: str, n: int = 1) -> None:
@@ -131,6 +133,12 @@ class PipelineStats:
             "in_flight": captured - published - n_dropped,  # 0 once the pipeline has drained
             "dropped_by_reason": dropped,
         }
+
+    def backend_part(self, name: str) -> LatencyHistogram:
+        hist = self.backend_parts.get(name)
+        if hist is None:
+            hist = self.backend_parts[name] = LatencyHistogram()
+        return hist
 
     def take_window(self) -> LatencyHistogram:
         with self._lock:
@@ -338,6 +346,7 @@ class Pipeline:
             log.exception("pipeline: preprocessing failed for frame %d", frame.frame_id)
             self._drop(slot, "error")
             return None
+        profile.model.backend.upload(slot.io)
         st[PRE_END] = time.monotonic_ns()
         return slot
 
@@ -399,4 +408,6 @@ class Pipeline:
         stats.total.record(total)
         stats.by_profile[slot.profile.name].record(total)
         stats.overhead.record(end - int(st[PRE_START]) - int(st[INFER_END] - st[INFER_START]))
+        for part, ms in slot.profile.model.backend.timings(slot.io).items():
+            stats.backend_part(part).record(int(ms * 1e6))
         stats.add_published(total, self.monitor.published(st, end, slot.profile.name))

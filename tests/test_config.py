@@ -17,6 +17,7 @@ import yaml
 
 from edge_agent.config import (
     AgentConfig,
+    AutoBackendConfig,
     DeadlineConfig,
     GStreamerSourceConfig,
     ImageFolderSourceConfig,
@@ -59,7 +60,8 @@ def test_no_file_gives_the_embedded_default():
     cfg = load_config(None)
     assert cfg == AgentConfig()
     assert isinstance(cfg.source, SyntheticSourceConfig)
-    assert isinstance(cfg.backend, OnnxRuntimeConfig)
+    assert isinstance(cfg.backend, AutoBackendConfig)
+    assert isinstance(cfg.backend.onnxruntime, OnnxRuntimeConfig)
     assert cfg.model == ModelConfig() and cfg.model.path == ""
 
 
@@ -80,9 +82,9 @@ def test_partial_document_keeps_other_defaults():
     assert cfg == replace(AgentConfig(), model=ModelConfig(score_threshold=0.4))
 
 
-def test_backend_type_may_be_omitted():
-    cfg = load(AgentConfig, "backend:\n  intra_op_threads: 2\n", FILE)
-    assert cfg.backend == OnnxRuntimeConfig(intra_op_threads=2)
+def test_backend_without_type_is_auto():
+    cfg = load(AgentConfig, "backend:\n  onnxruntime:\n    intra_op_threads: 2\n", FILE)
+    assert cfg.backend == AutoBackendConfig(onnxruntime=OnnxRuntimeConfig(intra_op_threads=2))
 
 
 def test_missing_file_is_a_config_error(tmp_path):
@@ -404,6 +406,7 @@ def test_several_errors_are_all_reported_at_once():
         model:
           iou_thresh: 0.5
         backend:
+          type: onnxruntime
           graph_optimization: max
         log_level: loud
         publish:
@@ -416,10 +419,10 @@ def test_several_errors_are_all_reported_at_once():
     expected = [
         (4, "source.fps"),
         (6, "model.iou_thresh"),
-        (8, "backend.graph_optimization"),
-        (9, "log_level"),
-        (11, "publish.send_hwm"),
-        (13, "deadline.budget_ms"),
+        (9, "backend.graph_optimization"),
+        (10, "log_level"),
+        (12, "publish.send_hwm"),
+        (14, "deadline.budget_ms"),
     ]
     assert got == expected
     with pytest.raises(ConfigError) as info:
@@ -547,7 +550,8 @@ def test_dump_puts_the_type_first_and_fills_defaults():
     assert next(iter(plain["source"])) == "type"
     assert plain["source"]["type"] == "rtsp"
     assert plain["source"]["transport"] == "tcp"
-    assert plain["backend"]["providers"] == ["CPUExecutionProvider"]
+    assert plain["backend"]["type"] == "auto"
+    assert plain["backend"]["onnxruntime"]["providers"] == ["CPUExecutionProvider"]
 
 
 # -- CLI -------------------------------------------------------------------------------------
@@ -579,6 +583,7 @@ def test_cli_validate_bad_file(tmp_path):
               type: synthetic
               fps: -1
             backend:
+              type: onnxruntime
               graph_optimization: max
             """
         ),
@@ -589,7 +594,7 @@ def test_cli_validate_bad_file(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert lines == [
         f"{path}:3:8: source.fps: must be within 0..1000",
-        f"{path}:5:23: backend.graph_optimization: "
+        f"{path}:6:23: backend.graph_optimization: "
         "expected one of 'disabled' | 'basic' | 'extended' | 'all', got 'max'",
     ], r.stderr
 

@@ -14,6 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from edge_agent.pipelines.preprocess import InputFormat
+
+_NO_TIMINGS: dict[str, float] = {}
+
 
 class BackendError(RuntimeError):
     """The backend cannot load or run the model; the message says which file and why."""
@@ -56,8 +60,16 @@ class InferenceBackend(ABC):
     name: str = "backend"
 
     @abstractmethod
-    def load(self, model_path: str) -> None:
-        """Open the model. Raises BackendError naming the file on failure."""
+    def load(self, model_path: str, input_format: InputFormat | None = None) -> None:
+        """Open the model. Raises BackendError naming the file on failure.
+
+        ``input_format`` is the manifest's input format; a backend that moves
+        normalisation onto the device needs it, and says so through ``host_format``.
+        """
+
+    def host_format(self, fmt: InputFormat) -> InputFormat:
+        """The format the host must write frames in (default: the model's own)."""
+        return fmt
 
     @property
     @abstractmethod
@@ -74,6 +86,16 @@ class InferenceBackend(ABC):
     @abstractmethod
     def infer(self, io: IOSet) -> None:
         """Run the model on ``io.inputs`` and write ``io.outputs`` in place."""
+
+    def upload(self, io: IOSet) -> None:  # noqa: B027 - host-memory backends need nothing
+        """Capture thread, after preprocessing: start moving the input to the device.
+
+        Runs on the capture thread so the copy of frame N+1 overlaps inference of frame N.
+        """
+
+    def timings(self, io: IOSet) -> dict[str, float]:
+        """Milliseconds the backend measured inside the last ``infer`` on ``io`` (e.g. CUDA events)."""
+        return _NO_TIMINGS
 
     def warmup(self, io: IOSet, runs: int = 3) -> None:
         # The first runs pay for lazy initialisation (memory arenas, kernel selection);

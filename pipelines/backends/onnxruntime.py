@@ -47,7 +47,7 @@ class OnnxRuntimeBackend(InferenceBackend):
         self._inputs: list[TensorSpec] = []
         self._outputs: list[TensorSpec] = []
 
-    def load(self, model_path: str) -> None:
+    def load(self, model_path: str, input_format: Any = None) -> None:
         c = self.config
         available = ort.get_available_providers()
         missing = [p for p in c.providers if p not in available]

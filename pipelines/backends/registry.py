@@ -7,10 +7,14 @@ dependencies (onnxruntime, tensorrt, pycuda) are needed only where that backend 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from edge_agent.pipelines.backends.base import BackendError, InferenceBackend
+
+log = logging.getLogger(__name__)
 
 _REGISTRY: dict[str, Callable[[Any], InferenceBackend]] = {}
 
@@ -36,6 +40,43 @@ register(
     "onnxruntime",
     _lazy("edge_agent.pipelines.backends.onnxruntime", "OnnxRuntimeBackend", "the onnxruntime package"),
 )
+register(
+    "tensorrt",
+    _lazy("edge_agent.pipelines.backends.tensorrt", "TensorRTBackend", "TensorRT and pycuda"),
+)
+
+
+def select_auto(config: Any, probe: Callable[[], str] | None = None) -> InferenceBackend:
+    """TensorRT where it imports and a GPU answers, else ONNX Runtime; logs why.
+
+    ``probe`` returns "" when TensorRT is usable, else the reason it is not.
+    """
+    reason = (probe or tensorrt_unavailable)()
+    if not reason:
+        log.info("backend auto: TensorRT (it imports and a GPU answers)")
+        return create_backend(config.tensorrt)
+    log.info("backend auto: ONNX Runtime, because %s", reason)
+    return create_backend(config.onnxruntime)
+
+
+def tensorrt_unavailable() -> str:
+    """Why TensorRT cannot be used here ("" if it can): checked without building anything."""
+    if importlib.util.find_spec("tensorrt") is None:
+        return "the tensorrt module is not installed (it comes with JetPack)"
+    if importlib.util.find_spec("pycuda") is None:
+        return "pycuda is not installed (pip install 'edge-agent[jetson]')"
+    try:
+        import pycuda.driver as cuda
+
+        cuda.init()
+        if cuda.Device.count() < 1:
+            return "CUDA reports no GPU"
+    except Exception as e:  # pycuda raises its own error types for a missing driver
+        return f"no GPU answers ({type(e).__name__}: {e})"
+    return ""
+
+
+register("auto", select_auto)
 
 
 def create_backend(config: Any) -> InferenceBackend:

@@ -1,0 +1,166 @@
+"""The engine cache: serialized TensorRT engines on disk, keyed by everything that makes
+an engine invalid, written atomically, checked before use.
+
+An engine only works with the TensorRT version and the device it was built for, and it
+is only the right engine for one ONNX file, precision, DLA core, input shape and set of
+builder options. All of these go into the key; a change of any of them is a cache miss
+and a rebuild. Every engine has a sidecar (``.json``) with its key and the SHA-256 of its
+bytes: an engine without a matching sidecar (a power cut mid-write, a truncated copy, a
+stale file) is not loaded but rebuilt, and the reason is logged.
+
+Writes go to a temporary file in the same directory, are flushed to disk and then
+renamed over the final name, so a reader sees either the old file or the whole new one.
+Nothing here imports TensorRT: it is plain file handling, tested as such.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+KEY_VERSION = 1  # bump when the key's fields or their meaning change
+
+
+@dataclass(frozen=True)
+class EngineKey:
+    """Everything an engine depends on. ``digest`` names it in the cache."""
+
+    onnx_sha256: str
+    tensorrt_version: str
+    device: str  # GPU name and compute capability, plus the L4T release on a Jetson
+    precision: str  # fp16 | int8 | fp32
+    dla_core: int  # -1 for the GPU
+    input_shape: tuple[int, ...]
+    gpu_fallback: bool
+    workspace_mib: int
+    optimization_level: int
+    calibration_sha256: str = ""  # int8: the calibration cache the engine was built with
+    role: str = "model"  # model | preprocess
+
+    def digest(self) -> str:
+        blob = json.dumps({"key_version": KEY_VERSION, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+    def describe(self) -> str:
+        where = f"DLA{self.dla_core}" if self.dla_core >= 0 else "GPU"
+        shape = "x".join(str(d) for d in self.input_shape)
+        trt = f"TensorRT {self.tensorrt_version}"
+        return f"{self.role} {self.precision} {where} {shape} {trt} on {self.device}"
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | memoryview) -> None:
+    """Write ``data`` to ``path`` so that ``path`` is never seen half-written.
+
+    The bytes go to a temporary file beside it, are fsync'ed, and replace ``path`` with
+    one rename; the directory is fsync'ed too so the rename itself survives a power cut.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class EngineCache:
+    """Engines under one directory: ``<name>-<digest16>.engine`` with a ``.json`` sidecar."""
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.dir = Path(os.path.expanduser(str(directory)))
+
+    def paths(self, name: str, key: EngineKey) -> tuple[Path, Path]:
+        stem = f"{name}-{key.role}-{key.digest()[:16]}"
+        return self.dir / f"{stem}.engine", self.dir / f"{stem}.json"
+
+    def lookup(self, name: str, key: EngineKey) -> Path | None:
+        """The engine file for ``key`` if it is there and intact, else None (reason logged)."""
+        engine, sidecar = self.paths(name, key)
+        if not engine.exists():
+            log.info("engine cache: no engine for %s", key.describe())
+            return None
+        reason = self._invalid(engine, sidecar, key)
+        if reason:
+            log.warning("engine cache: rebuilding %s: %s", engine.name, reason)
+            return None
+        return engine
+
+    def _invalid(self, engine: Path, sidecar: Path, key: EngineKey) -> str:
+        try:
+            meta = json.loads(sidecar.read_text())
+        except FileNotFoundError:
+            return "no sidecar (the write was interrupted)"
+        except (OSError, ValueError) as e:
+            return f"unreadable sidecar: {e}"
+        if meta.get("key_digest") != key.digest():
+            return "its key does not match (another TensorRT, device or build option)"
+        size = engine.stat().st_size
+        if size != meta.get("size"):
+            return f"size {size} B, expected {meta.get('size')} B (truncated or replaced)"
+        if file_sha256(engine) != meta.get("sha256"):
+            return "checksum mismatch (corrupt)"
+        return ""
+
+    def store(self, name: str, key: EngineKey, data: bytes | memoryview) -> Path:
+        """Write an engine and then its sidecar; returns the engine's path.
+
+        The sidecar is written last, so an engine whose sidecar is missing was never
+        completely stored and will be rebuilt.
+        """
+        engine, sidecar = self.paths(name, key)
+        raw = bytes(data)
+        with contextlib.suppress(OSError):
+            sidecar.unlink()  # a stale sidecar must not vouch for the new bytes mid-write
+        atomic_write(engine, raw)
+        meta = {
+            "key_digest": key.digest(),
+            "key": {**asdict(key), "input_shape": list(key.input_shape)},
+            "size": len(raw),
+            "sha256": hashlib.sha256(raw).hexdigest(),
+        }
+        atomic_write(sidecar, json.dumps(meta, indent=2).encode())
+        return engine
+
+    def invalidate(self, name: str, key: EngineKey, reason: str) -> None:
+        """Drop an engine that failed to deserialize, so the next lookup rebuilds it."""
+        engine, sidecar = self.paths(name, key)
+        log.warning("engine cache: discarding %s: %s", engine.name, reason)
+        for p in (sidecar, engine):
+            with contextlib.suppress(OSError):
+                p.unlink()
+
+    def timing_cache_path(self, key: EngineKey) -> Path:
+        """One timing cache per TensorRT version and device: layer timings carry over
+        between models and rebuilds, which cuts minutes off builds on a Nano."""
+        tag = hashlib.sha256(f"{key.tensorrt_version}|{key.device}".encode()).hexdigest()[:16]
+        return self.dir / f"timing-{tag}.cache"
+
+    def calibration_cache_path(self, name: str, onnx_sha256: str, images_sha256: str) -> Path:
+        return self.dir / f"{name}-calib-{onnx_sha256[:12]}-{images_sha256[:12]}.cache"

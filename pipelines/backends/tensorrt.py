@@ -1,0 +1,430 @@
+"""TensorRT backend: cached FP16/INT8 engines, per-slot CUDA streams, device preprocessing.
+
+Written against TensorRT 10.x and pycuda (JetPack 6); see the README's Jetson section for
+every API call and its source. Not run on hardware by us: ``edge-agent selftest`` on a
+Jetson is what verifies it.
+
+- The engine comes from the engine cache, or is built from the ONNX (with progress) and
+  stored atomically; an engine that fails to deserialize is discarded and rebuilt once.
+- Every frame slot gets its own CUDA stream and its own page-locked host buffers (mapped
+  into the GPU's address space on Jetson's integrated GPU, so nothing is copied) or
+  device buffers (then ``upload`` copies the input on the slot's stream from the capture
+  thread, so the copy of frame N+1 overlaps the inference of frame N).
+- For float-input models, normalisation and the NCHW transpose run in a small
+  preprocessing engine on a DLA core (GPU fallback), whose output feeds the model engine
+  on the device; the CPU only letterboxes uint8 pixels.
+- CUDA events time each part; ``timings`` reports them to the pipeline's accounting.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge_agent.config import TensorRTConfig
+from edge_agent.pipelines.backends import trt_build
+from edge_agent.pipelines.backends.base import BackendError, InferenceBackend, IOSet, TensorSpec
+from edge_agent.pipelines.backends.engine_cache import EngineCache, EngineKey, file_sha256
+from edge_agent.pipelines.preprocess import InputFormat
+
+log = logging.getLogger(__name__)
+
+FRAME_TENSOR = "frame"  # the preprocessing engine's input
+PREPROCESSED = "input"  # its output, the model's input
+
+
+def import_tensorrt() -> tuple[Any, Any]:
+    """``tensorrt`` and ``pycuda.driver``, or a BackendError saying where to get them."""
+    try:
+        import tensorrt as trt
+    except ImportError as e:
+        raise BackendError(
+            f"the tensorrt backend needs TensorRT's Python bindings ({e}); on a Jetson they "
+            "come with JetPack (python3-libnvinfer): create the venv with --system-site-packages"
+        ) from None
+    try:
+        import pycuda.driver as cuda
+    except ImportError as e:
+        raise BackendError(
+            f"the tensorrt backend needs pycuda ({e}): pip install 'edge-agent[jetson]'"
+        ) from None
+    return trt, cuda
+
+
+def jetson_release(root: str = "/") -> str:
+    """The L4T release line of a Jetson (``/etc/nv_tegra_release``), or '' elsewhere."""
+    try:
+        with open(os.path.join(root, "etc/nv_tegra_release")) as f:
+            return f.readline().strip().lstrip("# ")
+    except OSError:
+        return ""
+
+
+@dataclass
+class _Slot:
+    """One frame slot's CUDA state."""
+
+    stream: Any
+    host: dict[str, np.ndarray]  # page-locked, one per IO tensor the host touches
+    device: dict[str, int]  # device address of every tensor, preprocessing's included
+    allocations: list[Any] = field(default_factory=list)  # keeps device memory alive
+    events: list[Any] = field(default_factory=list)  # start, after preprocessing, end
+    uploaded: bool = False
+
+
+class TensorRTBackend(InferenceBackend):
+    name = "tensorrt"
+
+    def __init__(self, config: TensorRTConfig, modules: tuple[Any, Any] | None = None) -> None:
+        self.config = config
+        self._modules = modules  # (tensorrt, pycuda.driver); injected by tests
+        self.trt: Any = None
+        self.cuda: Any = None
+        self._cuda_ctx: Any = None
+        self.engine: Any = None
+        self.context: Any = None
+        self.pre_engine: Any = None
+        self.pre_context: Any = None
+        self._inputs: list[TensorSpec] = []
+        self._outputs: list[TensorSpec] = []
+        self._model_input = ""
+        self._zero_copy = config.zero_copy
+        self.notes: list[str] = []  # what was decided and why (device, DLA, fallbacks)
+        self.off_dla: dict[str, list[str]] = {}
+        self._model_path = ""
+        self._key: EngineKey | None = None
+        self._cache = EngineCache(config.cache_dir)
+        self._device = ""
+        self._num_dla = 0
+        self._fmt = InputFormat(height=640, width=640)
+        self._host_fmt = self._fmt
+
+    # -- CUDA context ---------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _current(self):
+        """Make the primary context current in the calling thread for the block.
+
+        The pipeline calls in from the capture and the inference threads; a pycuda
+        context is current per thread, and push/pop must balance.
+        """
+        self._cuda_ctx.push()
+        try:
+            yield
+        finally:
+            self.cuda.Context.pop()
+
+    # -- loading --------------------------------------------------------------------
+
+    def load(self, model_path: str, input_format: InputFormat | None = None) -> None:
+        self._fmt = input_format or InputFormat(height=640, width=640)
+        self.trt, self.cuda = self._modules or import_tensorrt()
+        trt, cuda = self.trt, self.cuda
+        trt_build.check_version(trt, self.config.precision)
+        cuda.init()
+        dev = cuda.Device(0)
+        # The primary context is the one TensorRT (through the CUDA runtime) uses.
+        self._cuda_ctx = dev.retain_primary_context()
+        major, minor = dev.compute_capability()
+        release = jetson_release()
+        self._device = f"{dev.name()} sm_{major}{minor}" + (f" {release}" if release else "")
+        self._model_path = model_path
+        self._logger = trt.Logger(trt.Logger.WARNING)
+        with self._current():
+            self._num_dla = trt.Builder(self._logger).num_DLA_cores
+            self.engine = self._engine_for_model(model_path)
+            self.context = self.engine.create_execution_context()
+            self._read_io()
+        self._host_fmt = self._device_preprocessing(self._fmt)
+        log.info(
+            "tensorrt: %s; %s", self._key.describe() if self._key else "", "; ".join(self.notes) or "as asked"
+        )
+
+    def _model_input_shape(self, model_path: str) -> tuple[str, tuple[int, ...]]:
+        # ONNX Runtime reads the input's name and shape without a TensorRT parse.
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
+        inp = sess.get_inputs()[0]
+        shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in inp.shape)
+        return inp.name, shape
+
+    def _key_for(
+        self, settings: trt_build.BuildSettings, onnx_sha: str, role: str, calib: str = ""
+    ) -> EngineKey:
+        return EngineKey(
+            onnx_sha256=onnx_sha,
+            tensorrt_version=str(self.trt.__version__),
+            device=self._device,
+            precision=settings.precision,
+            dla_core=settings.dla_core,
+            input_shape=settings.input_shape,
+            gpu_fallback=settings.gpu_fallback,
+            workspace_mib=settings.workspace_bytes >> 20,
+            optimization_level=settings.optimization_level,
+            calibration_sha256=calib,
+            role=role,
+        )
+
+    def _engine_for_model(self, model_path: str) -> Any:
+        name, shape = self._model_input_shape(model_path)
+        settings, notes = trt_build.settings_for(self.config, name, shape, self._num_dla)
+        self.notes += notes
+        onnx_sha = file_sha256(model_path)
+        calibrator, calib_sha = None, ""
+        stem = Path(model_path).parent.name if Path(model_path).stem == "model" else Path(model_path).stem
+        if settings.precision == "int8":
+            calibrator, calib_sha = self._calibrator(stem, onnx_sha, shape)
+        key = self._key_for(settings, onnx_sha, "model", calib_sha)
+        self._key = key
+
+        def build() -> bytes:
+            log.info("tensorrt: building %s (minutes on a Nano; cached afterwards)", key.describe())
+            plan, off_dla = trt_build.build_engine(
+                self.trt, self._logger, model_path, settings, self._cache.timing_cache_path(key), calibrator
+            )
+            self.off_dla["model"] = off_dla
+            return plan
+
+        return self._cached_engine(stem, key, build)
+
+    def _cached_engine(self, stem: str, key: EngineKey, build) -> Any:
+        """Deserialize the cached engine, building it first if missing, stale or corrupt."""
+        runtime = self.trt.Runtime(self._logger)
+        if key.dla_core >= 0:
+            runtime.DLA_core = key.dla_core
+        for attempt in (1, 2):
+            path = self._cache.lookup(stem, key)
+            if path is None:
+                path = self._cache.store(stem, key, build())
+            engine = runtime.deserialize_cuda_engine(path.read_bytes())
+            if engine is not None:
+                return engine
+            self._cache.invalidate(stem, key, "TensorRT could not deserialize it")
+            if attempt == 2:
+                raise BackendError(f"{path}: the engine TensorRT just built does not deserialize")
+        raise AssertionError("unreachable")
+
+    def _calibrator(self, stem: str, onnx_sha: str, shape: tuple[int, ...]) -> tuple[Any, str]:
+        folder = self.config.calibration_images
+        files = sorted(
+            str(p) for p in Path(folder).glob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png", ".bmp")
+        )[: self.config.calibration_frames]
+        if not files:
+            raise BackendError(f"int8 calibration: no images in {folder}")
+        images_sha = hashlib.sha256(
+            "\n".join(f"{f}:{os.path.getsize(f)}" for f in files).encode()
+        ).hexdigest()
+        cache = self._cache.calibration_cache_path(stem, onnx_sha, images_sha)
+        fmt = self._fmt
+
+        def batches():
+            import cv2
+
+            from edge_agent.pipelines.preprocess import Letterbox, Preprocessor
+
+            pre = Preprocessor(fmt)
+            tensor = np.zeros(shape, np.dtype(fmt.dtype))
+            for f in files:
+                img = cv2.imread(f, cv2.IMREAD_COLOR)
+                if img is not None:
+                    pre(img, tensor, Letterbox())  # the same letterbox as live frames
+                    yield tensor
+
+        calibrator = trt_build.make_calibrator(self.trt, self.cuda, batches, cache)
+        sha = file_sha256(cache) if cache.exists() else images_sha
+        return calibrator, sha
+
+    def host_format(self, fmt: InputFormat) -> InputFormat:
+        return self._host_fmt
+
+    def _device_preprocessing(self, fmt: InputFormat) -> InputFormat:
+        """Float models: normalisation moves to a device engine, the host writes uint8 NHWC."""
+        if fmt.dtype == "uint8" or self.config.preprocess == "cpu":
+            if fmt.dtype == "uint8":
+                self.notes.append("model takes uint8: normalisation is already in its graph")
+            return fmt
+        core = 0 if self.config.preprocess == "dla" else -1
+        shape = (1, fmt.height, fmt.width, 3)
+        settings, notes = trt_build.settings_for(
+            self.config, FRAME_TENSOR, shape, self._num_dla, dla_core=core
+        )
+        settings = trt_build.BuildSettings(**{**settings.__dict__, "precision": "fp16"})
+        self.notes += [f"preprocessing: {n}" for n in notes]
+        fmt_sha = hashlib.sha256(repr(fmt).encode()).hexdigest()
+        key = self._key_for(settings, fmt_sha, "preprocess")
+        try:
+            with self._current():
+
+                def build() -> bytes:
+                    plan, off_dla = trt_build.build_preprocess_engine(
+                        self.trt, self._logger, fmt, settings, self._cache.timing_cache_path(key)
+                    )
+                    self.off_dla["preprocess"] = off_dla
+                    return plan
+
+                self.pre_engine = self._cached_engine("preprocess", key, build)
+                self.pre_context = self.pre_engine.create_execution_context()
+        except BackendError as e:
+            # Device preprocessing is an optimisation: the CPU path still gives right answers.
+            self.notes.append(f"preprocessing on the CPU: the device engine failed ({e})")
+            self.pre_engine = self.pre_context = None
+            return fmt
+        where = f"DLA{settings.dla_core}" if settings.dla_core >= 0 else "GPU"
+        self.notes.append(f"preprocessing (normalise, NCHW) on {where}")
+        self._inputs = [TensorSpec(FRAME_TENSOR, shape, np.dtype(np.uint8))]
+        return InputFormat(
+            height=fmt.height,
+            width=fmt.width,
+            layout="NHWC",
+            dtype="uint8",
+            color="bgr",
+            pad_value=fmt.pad_value,
+        )
+
+    def _read_io(self) -> None:
+        trt, engine, ctx = self.trt, self.engine, self.context
+        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
+        inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        outputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
+        if len(inputs) != 1:
+            raise BackendError(f"{self._model_path}: the pipeline feeds one input, the engine has {inputs}")
+        self._model_input = inputs[0]
+        shape = tuple(engine.get_tensor_shape(self._model_input))
+        if any(d < 0 for d in shape):
+            # Input shapes first: output shapes resolve from them.
+            ctx.set_input_shape(self._model_input, self._key.input_shape if self._key else _ones(shape))
+        self._inputs = [self._spec(self._model_input)]
+        self._outputs = [self._spec(n) for n in outputs]
+
+    def _spec(self, name: str) -> TensorSpec:
+        shape = tuple(self.context.get_tensor_shape(name))
+        return TensorSpec(name, shape, np.dtype(self.trt.nptype(self.engine.get_tensor_dtype(name))))
+
+    @property
+    def inputs(self) -> list[TensorSpec]:
+        return self._inputs
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return self._outputs
+
+    # -- buffers ----------------------------------------------------------------------
+
+    def _buffer(self, slot: _Slot, name: str, shape: tuple[int, ...], dtype: np.dtype, host: bool) -> None:
+        cuda = self.cuda
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        if host and self._zero_copy:
+            # Jetson's GPU shares DRAM with the CPU: a mapped page-locked buffer is read
+            # and written by both, with no copy in between.
+            arr = cuda.pagelocked_empty(shape, dtype, mem_flags=cuda.host_alloc_flags.DEVICEMAP)
+            slot.host[name] = arr
+            slot.device[name] = int(arr.base.get_device_pointer())
+            return
+        if host:
+            slot.host[name] = cuda.pagelocked_empty(shape, dtype)
+        mem = cuda.mem_alloc(nbytes)
+        slot.allocations.append(mem)
+        slot.device[name] = int(mem)
+
+    def allocate(self) -> IOSet:
+        if self.engine is None:
+            raise BackendError("allocate() before load()")
+        cuda = self.cuda
+        with self._current():
+            slot = _Slot(stream=cuda.Stream(), host={}, device={})
+            if self.pre_engine is not None:
+                self._buffer(slot, FRAME_TENSOR, self._inputs[0].shape, np.dtype(np.uint8), host=True)
+                model_in = self._spec(self._model_input)
+                self._buffer(slot, self._model_input, model_in.shape, model_in.dtype, host=False)
+            else:
+                spec = self._inputs[0]
+                self._buffer(slot, spec.name, spec.shape, spec.dtype, host=True)
+            for spec in self._outputs:
+                self._buffer(slot, spec.name, spec.shape, spec.dtype, host=True)
+            slot.events = [cuda.Event(), cuda.Event(), cuda.Event()]
+        host_in = self._inputs[0].name
+        return IOSet(
+            inputs={host_in: slot.host[host_in]},
+            outputs=[slot.host[s.name] for s in self._outputs],
+            handle=slot,
+        )
+
+    # -- per frame ----------------------------------------------------------------------
+
+    def upload(self, io: IOSet) -> None:
+        """Capture thread: start the input copy on the slot's stream (no wait)."""
+        if self._zero_copy:
+            return
+        slot: _Slot = io.handle
+        name = self._inputs[0].name
+        with self._current():
+            self.cuda.memcpy_htod_async(slot.device[name], slot.host[name], slot.stream)
+        slot.uploaded = True
+
+    def infer(self, io: IOSet) -> None:
+        slot: _Slot = io.handle
+        cuda, stream = self.cuda, slot.stream
+        start, mid, end = slot.events
+        with self._current():
+            if not self._zero_copy and not slot.uploaded:
+                name = self._inputs[0].name
+                cuda.memcpy_htod_async(slot.device[name], slot.host[name], stream)
+            start.record(stream)
+            if self.pre_context is not None:
+                self.pre_context.set_tensor_address(FRAME_TENSOR, slot.device[FRAME_TENSOR])
+                self.pre_context.set_tensor_address(PREPROCESSED, slot.device[self._model_input])
+                if not self.pre_context.execute_async_v3(stream.handle):
+                    raise BackendError("the preprocessing engine failed to enqueue")
+            mid.record(stream)
+            # One execution context serves every slot, one frame at a time: the
+            # addresses are set for this slot before each enqueue.
+            self.context.set_tensor_address(self._model_input, slot.device[self._model_input])
+            for spec in self._outputs:
+                self.context.set_tensor_address(spec.name, slot.device[spec.name])
+            if not self.context.execute_async_v3(stream.handle):
+                raise BackendError("the model engine failed to enqueue")
+            end.record(stream)
+            if not self._zero_copy:
+                for spec in self._outputs:
+                    cuda.memcpy_dtoh_async(slot.host[spec.name], slot.device[spec.name], stream)
+            # The host reads the outputs next: everything on the stream must be done.
+            stream.synchronize()
+            slot.uploaded = False
+            io.extra["device_preprocess_ms"] = mid.time_since(start)
+            io.extra["device_compute_ms"] = end.time_since(mid)
+
+    def timings(self, io: IOSet) -> dict[str, float]:
+        return {k: io.extra[k] for k in ("device_preprocess_ms", "device_compute_ms") if k in io.extra}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "backend": self.name,
+            "tensorrt": str(getattr(self.trt, "__version__", "")),
+            "device": self._device,
+            "engine": self._key.describe() if self._key else "",
+            "zero_copy": self._zero_copy,
+            "preprocess": "device" if self.pre_engine is not None else "cpu",
+            "notes": list(self.notes),
+            "off_dla": self.off_dla,
+        }
+
+    def close(self) -> None:
+        # Drop engines before the context is released; nothing else holds them.
+        self.pre_context = self.pre_engine = None
+        self.context = self.engine = None
+        if self._cuda_ctx is not None:
+            with contextlib.suppress(Exception):
+                self._cuda_ctx.detach()
+            self._cuda_ctx = None
+
+
+def _ones(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(1 if d < 0 else d for d in shape)
