@@ -218,6 +218,48 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- engine / selftest ----------------------------------------------------------
+
+
+def cmd_engine_build(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from edge_agent.config import TensorRTConfig
+    from edge_agent.models.manifest import resolve_model
+    from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
+
+    _setup_logging("info")
+    cfg = TensorRTConfig(
+        precision=args.precision,
+        dla_core=args.dla_core,
+        gpu_fallback=not args.no_gpu_fallback,
+        workspace_mib=args.workspace_mib,
+        optimization_level=args.optimization_level,
+        calibration_images=args.calibration_images or "",
+        preprocess=args.preprocess,
+    )
+    if args.cache_dir:
+        cfg = replace(cfg, cache_dir=args.cache_dir)
+    resolved = resolve_model(args.model or "", args.manifest or "")
+    backend = TensorRTBackend(cfg)
+    backend.load(resolved.path, resolved.manifest.input.format())
+    print(json.dumps(backend.describe(), indent=2))
+    backend.close()
+    return EXIT_OK
+
+
+def cmd_selftest(args: argparse.Namespace) -> int:
+    from edge_agent.selftest import run_selftest, write_report
+
+    _setup_logging("warning")
+    checks = run_selftest(args.frames, args.cache_dir or "")
+    for c in checks:
+        print(f"{c.status.upper():5} {c.name:<16} {c.detail}")
+    json_path, md_path = write_report(checks, args.report)
+    print(f"report: {json_path} and {md_path}")
+    return EXIT_FAILED if any(c.status == "fail" for c in checks) else EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edge-agent", description=__doc__)
     p.add_argument("--version", action="version", version=f"edge-agent {__version__}")
@@ -255,6 +297,29 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--live-seconds", type=float, default=10.0, help="length of the live phase")
     bench.add_argument("--json", action="store_true", help="machine-readable result (schema in README)")
     bench.set_defaults(func=cmd_bench)
+
+    engine = sub.add_parser("engine", help="TensorRT engines (Jetson)")
+    engine_sub = engine.add_subparsers(dest="engine_command", required=True)
+    eb = engine_sub.add_parser("build", help="build (or find in the cache) the engine for a model")
+    eb.add_argument("model", nargs="?", help="ONNX file (default: the bundled detector)")
+    eb.add_argument("--manifest", help="its manifest (default: beside it)")
+    eb.add_argument("--precision", choices=["fp16", "int8", "fp32"], default="fp16")
+    eb.add_argument("--dla-core", type=int, default=-1, help="DLA core (default -1: the GPU)")
+    eb.add_argument("--no-gpu-fallback", action="store_true", help="fail if a layer cannot run on the DLA")
+    eb.add_argument("--workspace-mib", type=int, default=1024)
+    eb.add_argument("--optimization-level", type=int, default=3, choices=range(6))
+    eb.add_argument("--calibration-images", help="int8: folder of frames for calibration")
+    eb.add_argument("--preprocess", choices=["dla", "gpu", "cpu"], default="dla")
+    eb.add_argument("--cache-dir", help="engine cache (default ~/.cache/edge-agent/engines)")
+    eb.set_defaults(func=cmd_engine_build)
+
+    st = sub.add_parser(
+        "selftest", help="check this device: ONNX Runtime vs TensorRT (GPU, DLA) on the same frames"
+    )
+    st.add_argument("--frames", type=int, default=50)
+    st.add_argument("--report", default="edge-agent-selftest", help="report path without suffix (.json, .md)")
+    st.add_argument("--cache-dir", help="engine cache for the self-test's engines")
+    st.set_defaults(func=cmd_selftest)
 
     ev = sub.add_parser("eval", help="score a model on held-out synthetic frames (mAP@0.5)")
     ev.add_argument("--config", "-c", help="YAML config (its model and backend sections)")

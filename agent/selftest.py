@@ -1,0 +1,223 @@
+"""``edge-agent selftest``: what a device can do, checked on the device itself.
+
+On a Jetson it builds TensorRT engines for the bundled detector (GPU, and each DLA core
+present), runs ONNX Runtime on the CPU and TensorRT on the same held-out synthetic
+frames, compares the raw output tensors (FP16 tolerance) and the matched detections,
+and records layer placement, per-part timings, clocks and the power mode. Elsewhere it
+says plainly that TensorRT is not there and checks the rest. Every check ends as
+``pass``, ``fail`` or ``skip`` with its reason; the report goes to a JSON and a
+Markdown file.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import platform
+import subprocess
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge_agent import __version__
+from edge_agent.config import ModelConfig, OnnxRuntimeConfig, TensorRTConfig
+from edge_agent.evaluation import FrameResult, heldout_frames, mean_average_precision
+from edge_agent.pipelines.decode import box_iou
+from edge_agent.pipelines.preprocess import Letterbox, boxes_to_source
+from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
+
+# FP16 engines against the FP32 CPU model: scores are sigmoid outputs in 0..1, boxes are
+# input pixels; these bounds are loose enough for FP16 rounding, tight enough for a bug.
+SCORE_ATOL = 0.03
+BOX_ATOL_PX = 2.0
+MIN_MATCHED = 0.95
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # pass | fail | skip
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().strip().strip("\x00")
+    except OSError:
+        return ""
+
+
+def _run(cmd: list[str], timeout_s: float = 5.0) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"({cmd[0]} unavailable: {e})"
+    return (out.stdout + out.stderr).strip()
+
+
+def platform_check() -> Check:
+    import cv2
+
+    from edge_agent.pipelines.backends.tensorrt import jetson_release
+    from edge_agent.pipelines.capture import has_gstreamer
+
+    data = {
+        "edge_agent": __version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "l4t": jetson_release(),
+        "model": _read("/proc/device-tree/model"),
+        "opencv": cv2.__version__,
+        "opencv_gstreamer": has_gstreamer(),
+    }
+    detail = f"{data['model'] or platform.machine()}; L4T: {data['l4t'] or 'not a Jetson'}"
+    return Check("platform", "pass", detail, data)
+
+
+def clocks_check() -> Check:
+    """The power mode and clocks as the device reports them (read only)."""
+    data: dict[str, Any] = {}
+    if Path("/usr/sbin/nvpmodel").exists() or Path("/usr/bin/nvpmodel").exists():
+        data["nvpmodel"] = _run(["nvpmodel", "-q"])
+    for f in sorted(glob.glob("/sys/class/devfreq/*/cur_freq")):
+        name = Path(f).parent.name
+        data[f"devfreq {name} cur_freq_hz"] = _read(f)
+    if not data:
+        return Check("clocks", "skip", "no nvpmodel and no devfreq devices (not a Jetson)")
+    return Check("clocks", "pass", "; ".join(f"{k}: {v}" for k, v in data.items())[:300], data)
+
+
+def _frames(n: int):
+    spec = SceneSpec()
+    image = np.empty((spec.height, spec.width, 3), np.uint8)
+    gt = np.zeros((spec.num_objects, 6), np.float32)
+    scenes: dict[int, SyntheticScene] = {}
+    for seed, index in heldout_frames(n):
+        scene = scenes.get(seed) or scenes.setdefault(seed, SyntheticScene(replace(spec, seed=seed)))
+        scene.render(index, image, gt)
+        yield image, gt
+
+
+def _run_model(model: Any, frames: int) -> tuple[list[np.ndarray], list[FrameResult], list[float], dict]:
+    io = model.backend.allocate()
+    model.backend.warmup(io)
+    geo = Letterbox()
+    raw, results, times = [], [], []
+    parts: dict[str, list[float]] = {}
+    for image, gt in _frames(frames):
+        t = time.perf_counter()
+        xyxy, scores, classes = model.run_one(image, io, geo)
+        times.append((time.perf_counter() - t) * 1000)
+        for k, v in model.backend.timings(io).items():
+            parts.setdefault(k, []).append(v)
+        raw.append(io.outputs[model.output_index].copy())
+        results.append(FrameResult(boxes_to_source(xyxy.copy(), geo), scores, classes, gt.copy()))
+    return raw, results, times, {k: float(np.median(v)) for k, v in parts.items()}
+
+
+def compare(
+    ref: list[np.ndarray], got: list[np.ndarray], ref_res: list[FrameResult], got_res: list[FrameResult]
+):
+    """Raw-tensor differences and the share of reference detections found again."""
+    score_err = box_err = 0.0
+    for a, b in zip(ref, got):
+        a, b = a.reshape(a.shape[-2], -1), b.reshape(b.shape[-2], -1).astype(np.float32)
+        box_err = max(box_err, float(np.max(np.abs(a[:4] - b[:4]))))
+        score_err = max(score_err, float(np.max(np.abs(a[4:] - b[4:]))))
+    found = total = 0
+    for r, g in zip(ref_res, got_res):
+        keep = r.scores >= 0.25
+        total += int(keep.sum())
+        if not keep.any() or not len(g.scores):
+            continue
+        iou = box_iou(r.xyxy[keep].astype(np.float64), g.xyxy.astype(np.float64))
+        same = r.class_ids[keep][:, None] == g.class_ids[None, :]
+        found += int(np.any((iou >= 0.5) & same, axis=1).sum())
+    return score_err, box_err, (found / total if total else 1.0)
+
+
+def run_selftest(frames: int = 50, cache_dir: str = "") -> list[Check]:
+    from edge_agent.pipelines.backends.registry import tensorrt_unavailable
+    from edge_agent.runner import load_model
+
+    checks = [platform_check(), clocks_check()]
+    cpu = load_model(ModelConfig(score_threshold=0.001), OnnxRuntimeConfig())
+    ref_raw, ref_res, ref_ms, _ = _run_model(cpu, frames)
+    m_ap, _ = mean_average_precision(ref_res, len(cpu.manifest.labels))
+    ok = m_ap >= 0.9
+    checks.append(
+        Check(
+            "onnxruntime-cpu",
+            "pass" if ok else "fail",
+            f"bundled detector, {frames} held-out frames: mAP@0.5 {m_ap:.3f}, "
+            f"{np.median(ref_ms):.2f} ms/frame",
+            {"map50": m_ap, "ms_p50": float(np.median(ref_ms))},
+        )
+    )
+    cpu.backend.close()
+    reason = tensorrt_unavailable()
+    if reason:
+        checks.append(Check("tensorrt", "skip", f"TensorRT is not available on this machine: {reason}"))
+        return checks
+    targets = [("tensorrt-gpu", -1)]
+    import tensorrt as trt
+
+    n_dla = trt.Builder(trt.Logger(trt.Logger.WARNING)).num_DLA_cores
+    targets += [(f"tensorrt-dla{i}", i) for i in range(n_dla)]
+    if not n_dla:
+        checks.append(Check("dla", "skip", "this device has no DLA (an Orin Nano has none)"))
+    for name, core in targets:
+        cfg = TensorRTConfig(dla_core=core, preprocess="cpu")
+        if cache_dir:
+            cfg = replace(cfg, cache_dir=cache_dir)
+        try:
+            t0 = time.monotonic()
+            model = load_model(ModelConfig(score_threshold=0.001), cfg)
+            build_s = time.monotonic() - t0
+            raw, res, ms, parts = _run_model(model, frames)
+        except Exception as e:  # the self-test reports every failure, it does not stop at one
+            checks.append(Check(name, "fail", f"{type(e).__name__}: {e}"))
+            continue
+        score_err, box_err, matched = compare(ref_raw, raw, ref_res, res)
+        passed = score_err <= SCORE_ATOL and box_err <= BOX_ATOL_PX and matched >= MIN_MATCHED
+        info = model.backend.describe()
+        checks.append(
+            Check(
+                name,
+                "pass" if passed else "fail",
+                f"max |score diff| {score_err:.4f} (≤ {SCORE_ATOL}), max |box diff| {box_err:.2f} px "
+                f"(≤ {BOX_ATOL_PX}), detections matched {matched:.1%} (≥ {MIN_MATCHED:.0%}), "
+                f"{np.median(ms):.2f} ms/frame, load+build {build_s:.1f} s",
+                {
+                    "score_err": score_err,
+                    "box_err": box_err,
+                    "matched": matched,
+                    "ms_p50": float(np.median(ms)),
+                    "device_parts_ms_p50": parts,
+                    "backend": info,
+                },
+            )
+        )
+        model.backend.close()
+    return checks
+
+
+def write_report(checks: list[Check], path: str) -> tuple[Path, Path]:
+    base = Path(path)
+    json_path = base.with_suffix(".json")
+    md_path = base.with_suffix(".md")
+    json_path.write_text(json.dumps([c.__dict__ for c in checks], indent=2, default=str))
+    lines = [
+        f"# edge-agent self-test ({time.strftime('%Y-%m-%d %H:%M:%S')})",
+        "",
+        "| check | result | detail |",
+        "| --- | --- | --- |",
+    ]
+    lines += [f"| {c.name} | {c.status} | {c.detail} |" for c in checks]
+    md_path.write_text("\n".join(lines) + "\n")
+    return json_path, md_path
