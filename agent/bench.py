@@ -202,6 +202,7 @@ def run_bench(
             if pre_inf_post
             else None,
             "stages": _stage_table(live_stats),
+            "backend_parts_ms": {k: _hist_ms(h) for k, h in live_stats.backend_parts.items()},
             "counts": live_stats.counts(),
             "ladder": {
                 "final_step": monitor.current.name,

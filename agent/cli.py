@@ -68,7 +68,8 @@ def _summary(stats: Any, elapsed_s: float) -> str:
         f"throughput: {stats.published / elapsed_s if elapsed_s > 0 else 0.0:.1f} fps over {elapsed_s:.1f} s",
         f"{'stage':<12}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}",
     ]
-    for name, hist in [*stats.stages.items(), ("end-to-end", stats.total)]:
+    parts = [(f"  {k}", h) for k, h in stats.backend_parts.items()]  # timed by the backend
+    for name, hist in [*stats.stages.items(), *parts, ("end-to-end", stats.total)]:
         p50, p90, p99 = (hist.percentile_ms(q) for q in (50, 90, 99))
         lines.append(f"{name:<12}{p50:9.3f}{p90:9.3f}{p99:9.3f}{hist.max_ns / 1e6:9.3f}")
     return "\n".join(lines)

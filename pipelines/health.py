@@ -93,6 +93,7 @@ class HealthReporter:
                 "window": window.summary_ms(),
                 "cumulative": stats.total.summary_ms(),
                 "stages": {name: _short(stats.stages[name]) for name in STAGES},
+                "backend": {name: _short(h) for name, h in list(stats.backend_parts.items())},
             },
             "deadline": {
                 "budget_ms": monitor.config.budget_ms,

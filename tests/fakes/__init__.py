@@ -1,0 +1,1 @@
+"""Fakes of platform modules (TensorRT, pycuda) that record calls and enforce their rules."""

@@ -1,0 +1,348 @@
+"""FakeCudaDriver: a fake of ``pycuda.driver`` for tests without a GPU.
+
+Mirrors the parts of pycuda's driver API the TensorRT backend uses, as documented in
+pycuda's ``doc/driver.rst`` (summarised in /work/shared/reference/jetson-apis.md, section 3):
+``init``, ``Device`` (``name``, ``compute_capability``, ``retain_primary_context``,
+``count``), ``Context.push``/``Context.pop`` (a per-thread stack) and ``detach``,
+``Stream`` (``handle``, ``synchronize``), ``Event`` (``record``, ``time_since``),
+``pagelocked_empty`` (an ndarray whose ``.base`` has ``get_device_pointer()``),
+``host_alloc_flags``, ``mem_alloc`` and the ``memcpy_*`` calls.
+
+It records every call in ``calls`` (a list of ``(name, args)``, shareable with a
+FakeTensorRT so one list shows the whole protocol in order) and enforces pycuda's rules:
+
+- after ``init()``, every call that needs a context raises ``FakeLogicError`` (pycuda's
+  ``LogicError``) unless a context is current in the calling thread;
+- the host side of ``memcpy_*_async`` must come from ``pagelocked_empty``;
+- device work (copies, kernels enqueued by TensorRT, events) marks its stream pending
+  until ``stream.synchronize()``; ``pending_streams()`` lets a test check that nothing is
+  left in flight when the host goes on to read outputs, and ``Event.time_since`` refuses
+  events that have not been reached, as the real call does ("invalid value").
+
+Device time is a fake clock: each enqueued piece of work advances it by its cost in ms,
+so event timings are exact numbers a test can assert.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+
+class FakeLogicError(RuntimeError):
+    """pycuda.driver.LogicError."""
+
+
+class FakeDeviceAllocation:
+    """pycuda's DeviceAllocation: ``int()`` gives the device address."""
+
+    def __init__(self, drv: FakeCudaDriver, address: int, nbytes: int) -> None:
+        self._drv, self.address, self.nbytes = drv, address, nbytes
+
+    def __int__(self) -> int:
+        return self.address
+
+    def __index__(self) -> int:
+        return self.address
+
+    def free(self) -> None:
+        self._drv._record("DeviceAllocation.free", self.address)
+
+
+class FakePagelockedHostAllocation:
+    """pycuda's PagelockedHostAllocation: the ``.base`` of a ``pagelocked_empty`` array."""
+
+    def __init__(self, drv: FakeCudaDriver, shape: tuple[int, ...], dtype: np.dtype, flags: int) -> None:
+        self._drv = drv
+        self.flags = flags
+        self._mem = np.zeros(max(int(np.prod(shape)) * dtype.itemsize, 1), np.uint8)
+        self.__array_interface__ = {
+            "shape": tuple(shape),
+            "typestr": dtype.str,
+            "data": (self._mem.ctypes.data, False),
+            "version": 3,
+        }
+
+    @property
+    def address(self) -> int:
+        return int(self._mem.ctypes.data)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._mem.nbytes)
+
+    def get_flags(self) -> int:
+        return self.flags
+
+    def get_device_pointer(self) -> int:
+        # Unified addressing: the device sees page-locked host memory at the same address.
+        self._drv._record("PagelockedHostAllocation.get_device_pointer", self.address)
+        self._drv._device_ranges[self.address] = self.nbytes
+        return self.address
+
+    def free(self) -> None:
+        self._drv._record("PagelockedHostAllocation.free", self.address)
+
+
+class _DeviceBase:
+    _drv: FakeCudaDriver
+
+    def __init__(self, ordinal: int) -> None:
+        self._drv._needs_init(f"Device({ordinal})")
+        if not 0 <= ordinal < self._drv.device_count:
+            raise FakeLogicError(f"cuDeviceGet failed: invalid device ordinal {ordinal}")
+        self.ordinal = ordinal
+        self._drv._record("Device", ordinal)
+
+    @classmethod
+    def count(cls) -> int:
+        cls._drv._needs_init("Device.count")
+        cls._drv._record("Device.count")
+        return cls._drv.device_count
+
+    def name(self) -> str:
+        self._drv._record("Device.name", self.ordinal)
+        return self._drv.device_name
+
+    def compute_capability(self) -> tuple[int, int]:
+        self._drv._record("Device.compute_capability", self.ordinal)
+        return self._drv.cc
+
+    def retain_primary_context(self) -> Any:
+        self._drv._record("Device.retain_primary_context", self.ordinal)
+        ctx = self._drv.Context(self)
+        self._drv.contexts.append(ctx)
+        return ctx  # not made current, as documented
+
+
+class _ContextBase:
+    _drv: FakeCudaDriver
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.detached = False
+
+    def push(self) -> None:
+        if self.detached:
+            raise FakeLogicError("context.push failed: the context was detached")
+        self._drv._record("Context.push")
+        self._drv._stack().append(self)
+
+    @classmethod
+    def pop(cls) -> None:
+        stack = cls._drv._stack()
+        if not stack:
+            raise FakeLogicError("context::pop failed: cannot pop non-current context")
+        cls._drv._record("Context.pop")
+        stack.pop()
+
+    def detach(self) -> None:
+        self._drv._record("Context.detach")
+        self.detached = True
+        stack = self._drv._stack()
+        if stack and stack[-1] is self:
+            stack.pop()
+
+
+class _StreamBase:
+    _drv: FakeCudaDriver
+
+    def __init__(self, flags: int = 0) -> None:
+        self._drv._needs_context("Stream")
+        self.handle = next(self._drv._handles)
+        self.pending = False
+        self.clock = 0.0  # device time when the last enqueued work on it finishes
+        self._drv.streams[self.handle] = self
+        self._drv._record("Stream", self.handle)
+
+    def synchronize(self) -> None:
+        self._drv._needs_context("Stream.synchronize")
+        self._drv._record("Stream.synchronize", self.handle)
+        self.pending = False
+        for ev in self._drv.events:
+            if ev.stream is self:
+                ev.reached = True
+
+    def is_done(self) -> bool:
+        return not self.pending
+
+
+class _EventBase:
+    _drv: FakeCudaDriver
+
+    def __init__(self, flags: int = 0) -> None:
+        self._drv._needs_context("Event")
+        self.stream: Any = None
+        self.time: float | None = None
+        self.reached = False
+        self._drv.events.append(self)
+        self._drv._record("Event")
+
+    def record(self, stream: Any = None) -> Any:
+        self._drv._needs_context("Event.record")
+        if stream is None:
+            raise AssertionError("Event.record() on the default stream: pass the slot's stream")
+        self._drv._record("Event.record", stream.handle)
+        self.stream, self.time, self.reached = stream, stream.clock, False
+        stream.pending = True
+        return self
+
+    def synchronize(self) -> Any:
+        self.reached = True
+        return self
+
+    def time_since(self, start: Any) -> float:
+        self._drv._needs_context("Event.time_since")
+        self._drv._record("Event.time_since")
+        if not (self.reached and start.reached) or self.time is None or start.time is None:
+            raise FakeLogicError("cuEventElapsedTime failed: invalid value (event not reached yet)")
+        return self.time - start.time
+
+
+class FakeCudaDriver:
+    """A fake ``pycuda.driver`` module; one instance is one process's view of one GPU."""
+
+    LogicError = FakeLogicError
+
+    def __init__(
+        self,
+        calls: list[tuple[str, tuple]] | None = None,
+        device_name: str = "Orin (fake)",
+        compute_capability: tuple[int, int] = (8, 7),
+        device_count: int = 1,
+    ) -> None:
+        self.calls = calls if calls is not None else []
+        self.device_name = device_name
+        self.cc = compute_capability
+        self.device_count = device_count
+        self.initialized = False
+        self.contexts: list[Any] = []
+        self.streams: dict[int, Any] = {}
+        self.events: list[Any] = []
+        self._tls = threading.local()
+        self._handles = itertools.count(0x1000, 0x10)
+        self._addresses = itertools.count(0x7F00_0000_0000, 1 << 24)
+        self._device_ranges: dict[int, int] = {}  # device address -> size in bytes
+        self.host_alloc_flags = SimpleNamespace(PORTABLE=1, DEVICEMAP=2, WRITECOMBINED=4)
+        # Classes bound to this driver instance, so several fakes never share state.
+        self.Device = type("FakeDevice", (_DeviceBase,), {"_drv": self})
+        self.Context = type("FakeContext", (_ContextBase,), {"_drv": self})
+        self.Stream = type("FakeStream", (_StreamBase,), {"_drv": self})
+        self.Event = type("FakeEvent", (_EventBase,), {"_drv": self})
+
+    # -- bookkeeping ------------------------------------------------------------------
+
+    def _record(self, name: str, *args: Any) -> None:
+        self.calls.append((name, args))
+
+    def _stack(self) -> list[Any]:
+        if not hasattr(self._tls, "stack"):
+            self._tls.stack = []
+        return self._tls.stack
+
+    def _needs_init(self, what: str) -> None:
+        if not self.initialized:
+            raise FakeLogicError(f"{what} failed: cuInit has not been called (call init() first)")
+
+    def _needs_context(self, what: str) -> None:
+        self._needs_init(what)
+        if not self._stack():
+            raise FakeLogicError(
+                f"{what}: explicit_context_dependent failed: invalid device context - "
+                "no currently active context?"
+            )
+
+    def current_context(self) -> Any:
+        stack = self._stack()
+        return stack[-1] if stack else None
+
+    def context_depth(self) -> int:
+        """How many contexts the calling thread has pushed and not popped."""
+        return len(self._stack())
+
+    def pending_streams(self) -> list[int]:
+        """Handles of streams with work that no ``synchronize()`` has waited for."""
+        return [h for h, s in self.streams.items() if s.pending]
+
+    def is_device_address(self, address: int) -> bool:
+        return any(base <= address < base + max(n, 1) for base, n in self._device_ranges.items())
+
+    def enqueue(self, handle: Any, what: str, ms: float) -> Any:
+        """Device work on the stream ``handle`` (TensorRT's kernels call this)."""
+        self._needs_context(what)
+        if not isinstance(handle, int) or isinstance(handle, bool):
+            raise AssertionError(f"{what}: the stream handle must be an int, got {type(handle).__name__}")
+        stream = self.streams.get(handle)
+        if stream is None:
+            raise AssertionError(f"{what}: {handle:#x} is not a stream created with Stream()")
+        stream.pending = True
+        stream.clock += ms
+        return stream
+
+    # -- the driver API ---------------------------------------------------------------
+
+    def init(self, flags: int = 0) -> None:
+        self._record("init")
+        self.initialized = True
+
+    def pagelocked_empty(self, shape: Any, dtype: Any, order: str = "C", mem_flags: int = 0) -> np.ndarray:
+        self._needs_context("pagelocked_empty")
+        shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
+        dtype = np.dtype(dtype)
+        self._record("pagelocked_empty", shape, dtype, mem_flags)
+        return np.asarray(FakePagelockedHostAllocation(self, shape, dtype, mem_flags))
+
+    def mem_alloc(self, nbytes: int) -> FakeDeviceAllocation:
+        self._needs_context("mem_alloc")
+        if int(nbytes) <= 0:
+            raise FakeLogicError("cuMemAlloc failed: invalid value (size 0)")
+        address = next(self._addresses)
+        self._device_ranges[address] = int(nbytes)
+        self._record("mem_alloc", int(nbytes), address)
+        return FakeDeviceAllocation(self, address, int(nbytes))
+
+    def _device(self, what: str, dev: Any, nbytes: int) -> int:
+        address = int(dev)
+        size = self._device_ranges.get(address)
+        if size is None:
+            raise AssertionError(f"{what}: {address:#x} is not device memory from mem_alloc")
+        if nbytes > size:
+            raise AssertionError(f"{what}: copies {nbytes} B into a {size} B allocation")
+        return address
+
+    @staticmethod
+    def _pagelocked(what: str, host: Any) -> np.ndarray:
+        if not isinstance(host, np.ndarray) or not isinstance(host.base, FakePagelockedHostAllocation):
+            raise AssertionError(
+                f"{what}: the host buffer must be page-locked (from pagelocked_empty), "
+                f"got {type(host).__name__} with base {type(getattr(host, 'base', None)).__name__}"
+            )
+        return host
+
+    def memcpy_htod_async(self, dest: Any, src: np.ndarray, stream: Any = None) -> None:
+        self._needs_context("memcpy_htod_async")
+        src = self._pagelocked("memcpy_htod_async", src)
+        address = self._device("memcpy_htod_async", dest, src.nbytes)
+        if stream is None:
+            raise AssertionError("memcpy_htod_async on the default stream: pass the slot's stream")
+        self._record("memcpy_htod_async", address, stream.handle)
+        self.enqueue(stream.handle, "memcpy_htod_async", 0.0)
+
+    def memcpy_dtoh_async(self, dest: np.ndarray, src: Any, stream: Any = None) -> None:
+        self._needs_context("memcpy_dtoh_async")
+        dest = self._pagelocked("memcpy_dtoh_async", dest)
+        address = self._device("memcpy_dtoh_async", src, dest.nbytes)
+        if stream is None:
+            raise AssertionError("memcpy_dtoh_async on the default stream: pass the slot's stream")
+        self._record("memcpy_dtoh_async", address, stream.handle)
+        self.enqueue(stream.handle, "memcpy_dtoh_async", 0.0)
+
+    def memcpy_htod(self, dest: Any, src: Any) -> None:
+        self._needs_context("memcpy_htod")
+        src = np.asarray(src)
+        address = self._device("memcpy_htod", dest, src.nbytes)
+        self._record("memcpy_htod", address, src.nbytes)
