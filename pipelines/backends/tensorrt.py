@@ -74,7 +74,7 @@ class _Slot:
     stream: Any
     host: dict[str, np.ndarray]  # page-locked, one per IO tensor the host touches
     device: dict[str, int]  # device address of every tensor, preprocessing's included
-    allocations: list[Any] = field(default_factory=list)  # keeps device memory alive
+    allocations: dict[str, Any] = field(default_factory=dict)  # DeviceAllocation per tensor
     events: list[Any] = field(default_factory=list)  # start, after preprocessing, end
     uploaded: bool = False
 
@@ -331,7 +331,7 @@ class TensorRTBackend(InferenceBackend):
         if host:
             slot.host[name] = cuda.pagelocked_empty(shape, dtype)
         mem = cuda.mem_alloc(nbytes)
-        slot.allocations.append(mem)
+        slot.allocations[name] = mem  # the copies take the allocation; TensorRT its address
         slot.device[name] = int(mem)
 
     def allocate(self) -> IOSet:
@@ -366,7 +366,7 @@ class TensorRTBackend(InferenceBackend):
         slot: _Slot = io.handle
         name = self._inputs[0].name
         with self._current():
-            self.cuda.memcpy_htod_async(slot.device[name], slot.host[name], slot.stream)
+            self.cuda.memcpy_htod_async(slot.allocations[name], slot.host[name], slot.stream)
         slot.uploaded = True
 
     def infer(self, io: IOSet) -> None:
@@ -376,7 +376,7 @@ class TensorRTBackend(InferenceBackend):
         with self._current():
             if not self._zero_copy and not slot.uploaded:
                 name = self._inputs[0].name
-                cuda.memcpy_htod_async(slot.device[name], slot.host[name], stream)
+                cuda.memcpy_htod_async(slot.allocations[name], slot.host[name], stream)
             start.record(stream)
             if self.pre_context is not None:
                 self.pre_context.set_tensor_address(FRAME_TENSOR, slot.device[FRAME_TENSOR])
@@ -394,7 +394,7 @@ class TensorRTBackend(InferenceBackend):
             end.record(stream)
             if not self._zero_copy:
                 for spec in self._outputs:
-                    cuda.memcpy_dtoh_async(slot.host[spec.name], slot.device[spec.name], stream)
+                    cuda.memcpy_dtoh_async(slot.host[spec.name], slot.allocations[spec.name], stream)
             # The host reads the outputs next: everything on the stream must be done.
             stream.synchronize()
             slot.uploaded = False
