@@ -105,6 +105,7 @@ class TensorRTBackend(InferenceBackend):
         self._num_dla = 0
         self._fmt = InputFormat(height=640, width=640)
         self._host_fmt = self._fmt
+        self._slots: list[_Slot] = []
 
     # -- CUDA context ---------------------------------------------------------------
 
@@ -141,6 +142,8 @@ class TensorRTBackend(InferenceBackend):
             self._num_dla = trt.Builder(self._logger).num_DLA_cores
             self.engine = self._engine_for_model(model_path)
             self.context = self.engine.create_execution_context()
+            if self.context is None:
+                raise BackendError(f"{model_path}: TensorRT could not create an execution context")
             self._read_io()
         self._host_fmt = self._device_preprocessing(self._fmt)
         log.info(
@@ -340,6 +343,7 @@ class TensorRTBackend(InferenceBackend):
         cuda = self.cuda
         with self._current():
             slot = _Slot(stream=cuda.Stream(), host={}, device={})
+            self._slots.append(slot)
             if self.pre_engine is not None:
                 self._buffer(slot, FRAME_TENSOR, self._inputs[0].shape, np.dtype(np.uint8), host=True)
                 model_in = self._spec(self._model_input)
@@ -417,13 +421,26 @@ class TensorRTBackend(InferenceBackend):
         }
 
     def close(self) -> None:
-        # Drop engines before the context is released; nothing else holds them.
-        self.pre_context = self.pre_engine = None
-        self.context = self.engine = None
-        if self._cuda_ctx is not None:
-            with contextlib.suppress(Exception):
-                self._cuda_ctx.detach()
-            self._cuda_ctx = None
+        """Free every slot's memory with the context current, drop the engines, release it.
+
+        pycuda frees silently skip when no context is current, leaking the memory, so the
+        frees happen here explicitly. Call it from the thread that called ``load``: the
+        primary context's release only counts there.
+        """
+        if self._cuda_ctx is None:
+            return
+        with self._current():
+            for slot in self._slots:
+                for mem in slot.allocations.values():
+                    mem.free()
+                for arr in slot.host.values():
+                    arr.base.free()
+            self._slots.clear()
+            self.pre_context = self.pre_engine = None
+            self.context = self.engine = None
+        with contextlib.suppress(Exception):
+            self._cuda_ctx.detach()
+        self._cuda_ctx = None
 
 
 def _ones(shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -129,6 +129,10 @@ def apply_settings(trt: Any, builder: Any, network: Any, config: Any, s: BuildSe
             shape = s.input_shape if tensor.name == s.input_name else _fixed(tuple(tensor.shape))
             profile.set_shape(tensor.name, shape, shape, shape)
         config.add_optimization_profile(profile)
+        if s.precision == "int8":
+            # Implicit-quantisation calibration of a network with runtime dimensions needs
+            # its own profile (deprecated with the calibrator in 10.1, still required).
+            config.set_calibration_profile(profile)
     return off_dla
 
 
@@ -276,7 +280,10 @@ def _build(
     config = builder.create_builder_config()
     blob = timing_cache.read_bytes() if timing_cache.exists() else b""
     cache = config.create_timing_cache(blob)
-    config.set_timing_cache(cache, False)  # a cache from another device is refused, not used
+    # A cache made on another device (or corrupt) is refused, not used: start a new one.
+    if cache is None or not config.set_timing_cache(cache, False):
+        log.warning("%s: timing cache %s not usable here; starting a new one", what, timing_cache)
+        config.set_timing_cache(config.create_timing_cache(b""), False)
     if progress and hasattr(trt, "IProgressMonitor"):
         config.progress_monitor = make_progress_monitor(trt)
     off_dla = apply_settings(trt, builder, network, config, settings)
@@ -297,5 +304,7 @@ def _build(
     if plan is None:
         raise BackendError(f"{what}: TensorRT could not build the engine (see its log above)")
     log.info("%s: engine built in %.1f s", what, time.monotonic() - t0)
-    atomic_write(timing_cache, memoryview(config.get_timing_cache().serialize()))
+    used = config.get_timing_cache()
+    if used is not None:
+        atomic_write(timing_cache, memoryview(used.serialize()))
     return bytes(plan), off_dla
