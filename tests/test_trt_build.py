@@ -159,7 +159,8 @@ def test_apply_settings_profile_for_a_dynamic_batch(const_model):
     assert trt.args_of("IOptimizationProfile.set_shape") == [("images", SHAPE, SHAPE, SHAPE)]
     assert trt.args_of("IBuilderConfig.add_optimization_profile") == [({"images": (SHAPE, SHAPE, SHAPE)},)]
     order = [n for n, _ in config_calls(trt)]
-    assert order.index("IOptimizationProfile.set_shape") < order.index("IBuilderConfig.add_optimization_profile")
+    set_shape = order.index("IOptimizationProfile.set_shape")
+    assert set_shape < order.index("IBuilderConfig.add_optimization_profile")
 
 
 def test_apply_settings_no_profile_for_static_inputs(tmp_path):
@@ -176,7 +177,8 @@ def test_apply_settings_no_profile_for_static_inputs(tmp_path):
 
 def test_build_engine(const_model, tmp_path):
     trt = FakeTensorRT()
-    plan, off = trt_build.build_engine(trt, None, str(const_model), settings(), tmp_path / "t.cache", progress=False)
+    model = str(const_model)
+    plan, off = trt_build.build_engine(trt, None, model, settings(), tmp_path / "t.cache", progress=False)
     assert plan.startswith(MAGIC) and isinstance(plan, bytes)
     assert off == []
     assert trt.args_of("Builder.create_network") == [(0,)], "explicit batch: flags 0 in TensorRT 10"
@@ -201,7 +203,7 @@ def test_build_engine_of_a_file_that_is_not_onnx(tmp_path):
     bad = tmp_path / "model.onnx"
     bad.write_bytes(b"not a model")
     with pytest.raises(BackendError, match="cannot parse"):
-        trt_build.build_engine(FakeTensorRT(), None, str(bad), settings(), tmp_path / "t.cache", progress=False)
+        trt_build.build_engine(FakeTensorRT(), None, str(bad), settings(), tmp_path / "t", progress=False)
 
 
 def test_build_engine_builder_failure(const_model, tmp_path):
@@ -252,12 +254,16 @@ def test_dla_build_logs_the_layers_left_on_the_gpu(const_model, tmp_path, caplog
     assert "cannot run on DLA0" in caplog.text and "Cast_0" in caplog.text
 
 
-def test_build_engine_with_progress_monitor(const_model, tmp_path, capfd):
+def test_build_engine_with_progress_monitor(const_model, tmp_path, monkeypatch):
     trt = FakeTensorRT()
+    out = io.StringIO()
+    # The default stream is bound when the module is imported, so swap the default itself.
+    monkeypatch.setattr(trt_build.make_progress_monitor, "__defaults__", (out,))
     trt_build.build_engine(trt, None, str(const_model), settings(), tmp_path / "t")
     (monitor,) = trt.args_of("IBuilderConfig.progress_monitor=")
     assert isinstance(monitor[0], trt.IProgressMonitor)
-    assert "Building engine (10 steps)" in capfd.readouterr().err
+    assert "Building engine (10 steps)" in out.getvalue()
+    assert "Building engine: 10/10" in out.getvalue()
 
 
 # -- the preprocessing engine -----------------------------------------------------------------
@@ -302,7 +308,7 @@ def test_preprocess_engine_layers(tmp_path, color, gather):
     assert trt.args_of("INetworkDefinition.add_input") == [("frame", trt.DataType.UINT8, (1, 16, 24, 3))]
     assert trt.args_of("INetworkDefinition.add_cast")[0][1] == trt.DataType.HALF
     if gather:
-        (shape, indices), = trt.args_of("INetworkDefinition.add_constant")
+        ((shape, indices),) = trt.args_of("INetworkDefinition.add_constant")
         assert shape == (3,) and indices.tolist() == [2, 1, 0]
         assert trt.args_of("INetworkDefinition.add_gather")[0][2] == 1, "gather on the channel axis"
     _, mode, shift, scale, power = trt.args_of("INetworkDefinition.add_scale")[0]
@@ -420,3 +426,25 @@ def test_int8_build_runs_the_calibrator(const_model, tmp_path):
     )
     assert trt.args_of("IBuilderConfig.int8_calibrator=") == [(calib,)]
     assert calib.count == 4 and cache.read_bytes() == b"FAKE-CALIBRATION-CACHE"
+
+
+@pytest.mark.parametrize("stale", [b"garbage, not a timing cache", b"FAKE-TIMING-CACHE OTHER-DEVICE"])
+def test_an_unusable_timing_cache_is_replaced(const_model, tmp_path, caplog, stale):
+    trt = FakeTensorRT()
+    cache = tmp_path / "timing.cache"
+    cache.write_bytes(stale)
+    with caplog.at_level(logging.WARNING, logger=trt_build.__name__):
+        trt_build.build_engine(trt, None, str(const_model), settings(), cache, progress=False)
+    assert "not usable here" in caplog.text
+    assert trt.args_of("IBuilderConfig.create_timing_cache") == [(stale,), (b"",)]
+    assert [a[1] for a in trt.args_of("IBuilderConfig.set_timing_cache")][-1] is False
+    assert cache.read_bytes() == b"FAKE-TIMING-CACHE+", "a fresh cache replaces the stale one"
+
+
+@pytest.mark.parametrize("precision, calibration", [("int8", True), ("fp16", False)])
+def test_int8_dynamic_input_gets_a_calibration_profile(const_model, precision, calibration):
+    trt = FakeTensorRT()
+    builder, network, config = parsed(trt, const_model)
+    trt_build.apply_settings(trt, builder, network, config, settings(precision=precision))
+    want = [({"images": (SHAPE, SHAPE, SHAPE)},)] if calibration else []
+    assert trt.args_of("IBuilderConfig.set_calibration_profile") == want

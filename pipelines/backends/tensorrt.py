@@ -156,7 +156,13 @@ class TensorRTBackend(InferenceBackend):
 
         sess = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
         inp = sess.get_inputs()[0]
-        shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in inp.shape)
+        # Dynamic axes take the size the pipeline feeds: batch 1, the manifest's H and W.
+        f = self._fmt
+        fed = (1, f.height, f.width, 3) if f.layout == "NHWC" else (1, 3, f.height, f.width)
+        dims = list(inp.shape)
+        if len(dims) != len(fed):
+            fed = (1,) * len(dims)
+        shape = tuple(d if isinstance(d, int) and d > 0 else w for d, w in zip(dims, fed))
         return inp.name, shape
 
     def _key_for(
@@ -242,8 +248,9 @@ class TensorRTBackend(InferenceBackend):
                     yield tensor
 
         calibrator = trt_build.make_calibrator(self.trt, self.cuda, batches, cache)
-        sha = file_sha256(cache) if cache.exists() else images_sha
-        return calibrator, sha
+        # The images (and the ONNX, already in the key) decide the calibration; hashing the
+        # cache file would change the key once the first build has written it.
+        return calibrator, images_sha
 
     def host_format(self, fmt: InputFormat) -> InputFormat:
         return self._host_fmt
@@ -253,6 +260,10 @@ class TensorRTBackend(InferenceBackend):
         if fmt.dtype == "uint8" or self.config.preprocess == "cpu":
             if fmt.dtype == "uint8":
                 self.notes.append("model takes uint8: normalisation is already in its graph")
+            return fmt
+        if fmt.layout != "NCHW":
+            # The device network writes NCHW; an NHWC float model keeps the CPU path.
+            self.notes.append("preprocessing on the CPU: the model takes float NHWC input")
             return fmt
         core = 0 if self.config.preprocess == "dla" else -1
         shape = (1, fmt.height, fmt.width, 3)

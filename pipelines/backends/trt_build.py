@@ -140,8 +140,9 @@ def _fixed(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(1 if d < 0 else d for d in shape)
 
 
-def make_progress_monitor(trt: Any, out: TextIO = sys.stderr) -> Any:
+def make_progress_monitor(trt: Any, out: TextIO | None = None) -> Any:
     """A ``trt.IProgressMonitor`` that prints build phases (builds take minutes on a Nano)."""
+    out = out or sys.stderr
 
     class BuildProgress(trt.IProgressMonitor):
         def __init__(self) -> None:

@@ -416,20 +416,27 @@ class FakeBuilderConfig:
         self.profiles.append(profile)
         return len(self.profiles) - 1
 
-    def create_timing_cache(self, serialized_timing_cache: bytes) -> FakeTimingCache:
+    def set_calibration_profile(self, profile: FakeOptimizationProfile) -> bool:
+        self._trt._record("IBuilderConfig.set_calibration_profile", dict(profile.shapes))
+        object.__setattr__(self, "calibration_profile", profile)
+        return True
+
+    def create_timing_cache(self, serialized_timing_cache: bytes) -> FakeTimingCache | None:
         data = bytes(serialized_timing_cache)
         self._trt._record("IBuilderConfig.create_timing_cache", data)
+        if data and not data.startswith(b"FAKE-TIMING-CACHE"):
+            return None  # not a timing cache: TensorRT logs an error and returns None
         return FakeTimingCache(data)
 
     def set_timing_cache(self, cache: FakeTimingCache, ignore_mismatch: bool) -> bool:
         self._trt._record("IBuilderConfig.set_timing_cache", cache.data, ignore_mismatch)
+        if b"OTHER-DEVICE" in cache.data and not ignore_mismatch:
+            return False  # made on another device: refused
         object.__setattr__(self, "timing_cache", cache)
         return True
 
-    def get_timing_cache(self) -> FakeTimingCache:
+    def get_timing_cache(self) -> FakeTimingCache | None:
         self._trt._record("IBuilderConfig.get_timing_cache")
-        if self.timing_cache is None:
-            raise AssertionError("get_timing_cache() with no timing cache set")
         return self.timing_cache
 
 
