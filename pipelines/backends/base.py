@@ -71,13 +71,17 @@ class InferenceBackend(ABC):
         """The format the host must write frames in (default: the model's own)."""
         return fmt
 
-    @property
-    @abstractmethod
-    def inputs(self) -> list[TensorSpec]: ...
+    # Set by ``load``: the tensors the host writes and reads.
+    _inputs: list[TensorSpec] = []  # noqa: RUF012 - replaced per instance in load()
+    _outputs: list[TensorSpec] = []  # noqa: RUF012
 
     @property
-    @abstractmethod
-    def outputs(self) -> list[TensorSpec]: ...
+    def inputs(self) -> list[TensorSpec]:
+        return self._inputs
+
+    @property
+    def outputs(self) -> list[TensorSpec]:
+        return self._outputs
 
     @abstractmethod
     def allocate(self) -> IOSet:

@@ -76,14 +76,6 @@ class OnnxRuntimeBackend(InferenceBackend):
         self._inputs = [_spec(a) for a in self.session.get_inputs()]
         self._outputs = [_spec(a) for a in self.session.get_outputs()]
 
-    @property
-    def inputs(self) -> list[TensorSpec]:
-        return self._inputs
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        return self._outputs
-
     def allocate(self) -> IOSet:
         if self.session is None:
             raise BackendError("allocate() before load()")

@@ -322,14 +322,6 @@ class TensorRTBackend(InferenceBackend):
         shape = tuple(self.context.get_tensor_shape(name))
         return TensorSpec(name, shape, np.dtype(self.trt.nptype(self.engine.get_tensor_dtype(name))))
 
-    @property
-    def inputs(self) -> list[TensorSpec]:
-        return self._inputs
-
-    @property
-    def outputs(self) -> list[TensorSpec]:
-        return self._outputs
-
     # -- buffers ----------------------------------------------------------------------
 
     def _buffer(self, slot: _Slot, name: str, shape: tuple[int, ...], dtype: np.dtype, host: bool) -> None:
