@@ -92,6 +92,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     agent.start()
+    try:
+        return _run_until_done(args, agent, stop)
+    finally:
+        agent.stop()  # a second stop is harmless; an exception above must still restore power
+
+
+def _run_until_done(args: argparse.Namespace, agent: Any, stop: threading.Event) -> int:
     assert agent.pipeline is not None and agent.health is not None
     pipeline, health = agent.pipeline, agent.health
     log.info("running: %s", json.dumps(agent.describe()))
@@ -261,6 +268,95 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     return EXIT_FAILED if any(c.status == "fail" for c in checks) else EXIT_OK
 
 
+# -- power ----------------------------------------------------------------------
+
+
+def _power_config(args: argparse.Namespace):
+    from dataclasses import replace
+
+    cfg = _load_config(args.config).power
+    if args.root:
+        cfg = replace(cfg, root=args.root)
+    if args.state_file:
+        cfg = replace(cfg, state_file=args.state_file)
+    return cfg
+
+
+def cmd_power(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from edge_agent.power import sysfs
+    from edge_agent.power.controller import make_controller
+    from edge_agent.power.manager import recover, throttle_reasons
+    from edge_agent.power.state import clear_state, load_state, save_state
+
+    _setup_logging("warning")
+    cfg = _power_config(args)
+    controller = make_controller(cfg)
+    if args.power_command == "status":
+        info = sysfs.detect(cfg.root)
+        t = sysfs.read_telemetry(cfg.root)
+        pending = load_state(cfg.state_file)
+        report = {
+            "jetson": info.is_jetson,
+            "module": info.module,
+            "model": info.model,
+            "l4t": info.l4t,
+            "backend": controller.name,
+            "telemetry": asdict(t),
+            "throttle_reasons": throttle_reasons(t, cfg),
+            "state_file": cfg.state_file,
+            "state_to_restore": pending is not None,
+        }
+        if args.json:
+            print(json.dumps(report, indent=2))
+            return EXIT_OK
+        print(
+            f"device: {info.model or 'not a Jetson'}"
+            + (f" ({info.module}, {info.l4t})" if info.is_jetson else "")
+        )
+        if not info.is_jetson:
+            print("not a Jetson: read-only; the power profile cannot be applied here")
+        print(f"backend: {controller.name}")
+        gpu = f"{t.gpu_freq_hz / 1e6:.0f} MHz" if t.gpu_freq_hz else "unknown"
+        print(f"GPU: {gpu}, load {t.gpu_load_pct if t.gpu_load_pct is not None else 'unknown'} %")
+        print(
+            "temperatures: " + (", ".join(f"{k} {v:.1f} °C" for k, v in t.temps_c.items()) or "none readable")
+        )
+        rails = ", ".join(f"{k} {v:.0f} mW" for k, v in t.rails_mw.items())
+        print(
+            "power: "
+            + (rails or "no rails readable")
+            + (f"; total {t.total_mw:.0f} mW" if t.total_mw else "")
+        )
+        for reason in report["throttle_reasons"]:
+            print(f"THROTTLED: {reason}")
+        if pending is not None:
+            print(f"a saved state waits in {cfg.state_file}: run `edge-agent power restore`")
+        return EXIT_OK
+    if args.power_command == "apply":
+        for line in recover(cfg, controller):
+            print(f"restored first: {line}")
+        if not cfg.changes_anything():
+            print("the config's power section changes nothing")
+            return EXIT_OK
+        save_state(cfg.state_file, controller.snapshot(cfg))
+        try:
+            done = controller.apply(cfg)
+        except BaseException:
+            # Nothing, or not everything, changed: put back what did and forget the state.
+            controller.restore(load_state(cfg.state_file))
+            clear_state(cfg.state_file)
+            raise
+        for line in done:
+            print(line)
+        print(f"previous state saved in {cfg.state_file}; `edge-agent power restore` puts it back")
+        return EXIT_OK
+    done = recover(cfg, controller)
+    print("\n".join(done) if done else f"nothing to restore ({cfg.state_file} holds no state)")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edge-agent", description=__doc__)
     p.add_argument("--version", action="version", version=f"edge-agent {__version__}")
@@ -321,6 +417,21 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--report", default="edge-agent-selftest", help="report path without suffix (.json, .md)")
     st.add_argument("--cache-dir", help="engine cache for the self-test's engines")
     st.set_defaults(func=cmd_selftest)
+
+    power = sub.add_parser("power", help="device power state: status, apply the profile, restore")
+    power_sub = power.add_subparsers(dest="power_command", required=True)
+    for name, text in (
+        ("status", "clocks, load, temperatures, rail power, throttling (read only)"),
+        ("apply", "save the current state, then apply the config's power section (root)"),
+        ("restore", "put back the state saved by apply or by a crashed agent (root)"),
+    ):
+        p_ = power_sub.add_parser(name, help=text)
+        p_.add_argument("--config", "-c", help="YAML config (its power section)")
+        p_.add_argument("--root", help="filesystem root to read and write (a copied tree, for tests)")
+        p_.add_argument("--state-file", help="where the state to restore is kept")
+        if name == "status":
+            p_.add_argument("--json", action="store_true")
+        p_.set_defaults(func=cmd_power)
 
     ev = sub.add_parser("eval", help="score a model on held-out synthetic frames (mAP@0.5)")
     ev.add_argument("--config", "-c", help="YAML config (its model and backend sections)")

@@ -23,6 +23,7 @@ from edge_agent.pipelines.pipeline import Pipeline, Profile
 from edge_agent.pipelines.preprocess import InputFormat, Preprocessor
 from edge_agent.pipelines.publish import MessageBuilder, ZmqPublisher
 from edge_agent.pipelines.sources import create_source
+from edge_agent.power.manager import PowerManager
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,7 @@ class Agent:
         self.pipeline: Pipeline | None = None
         self.publisher: ZmqPublisher | None = None
         self.health: HealthReporter | None = None
+        self.power: PowerManager | None = None
         self._started: list[Any] = []
 
     @property
@@ -169,8 +171,9 @@ class Agent:
                 self.models[step.model] = alt
             ladder.append(step)
         source = create_source(cfg.source)
+        self.power = PowerManager(cfg.power)
         self.publisher = ZmqPublisher(cfg.publish.endpoint, cfg.publish.send_hwm)
-        builder = MessageBuilder(cfg.device_id, main.manifest.labels, cfg.deadline.budget_ms)
+        builder = MessageBuilder(cfg.device_id, main.manifest.labels, cfg.deadline.budget_ms, self.power)
         # The pipeline looks profiles up by the ladder's model path; the main one is first.
         self.pipeline = Pipeline(
             source,
@@ -182,7 +185,7 @@ class Agent:
             self.max_frames,
         )
         self.health = HealthReporter(
-            self.pipeline, self.publisher, cfg.device_id, cfg.publish.health_interval_s
+            self.pipeline, self.publisher, cfg.device_id, cfg.publish.health_interval_s, self.power
         )
 
     def start(self) -> None:
@@ -192,6 +195,11 @@ class Agent:
         """
         assert self.pipeline is not None and self.publisher is not None, "build() first"
         try:
+            # Power first: the device is in its profile before the first frame, and it is
+            # the last thing put back.
+            assert self.power is not None
+            self.power.start()
+            self._started.append(self.power)
             self.publisher.open()
             self._started.append(self.publisher)
             self.pipeline.source.open()

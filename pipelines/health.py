@@ -23,8 +23,14 @@ HEALTH_TOPIC = b"health"
 
 class HealthReporter:
     def __init__(
-        self, pipeline: Any, publisher: ZmqPublisher, device_id: str, interval_s: float = 1.0
+        self,
+        pipeline: Any,
+        publisher: ZmqPublisher,
+        device_id: str,
+        interval_s: float = 1.0,
+        power: Any = None,
     ) -> None:
+        self.power = power
         self.pipeline = pipeline
         self.publisher = publisher
         self.device_id = device_id
@@ -111,6 +117,8 @@ class HealthReporter:
             },
             "source_state": p.source.describe(),
         }
+        if self.power is not None:
+            msg["power"] = self.power.snapshot()
         if change is not None:
             msg["event"] = {
                 "kind": "ladder",

@@ -67,8 +67,9 @@ class ZmqPublisher:
 class MessageBuilder:
     """Turns a finished frame slot into the JSON body of its result message."""
 
-    def __init__(self, device_id: str, labels: tuple[str, ...], budget_ms: float) -> None:
+    def __init__(self, device_id: str, labels: tuple[str, ...], budget_ms: float, power: Any = None) -> None:
         self.device_id = device_id
+        self.power = power  # its ``throttled`` reasons tie a latency spike to a throttle
         self.labels = labels
         self.budget_ms = budget_ms
         self.budget_ns = int(budget_ms * 1e6)
@@ -104,6 +105,7 @@ class MessageBuilder:
             "latency_ms": {},
             "deadline_ms": self.budget_ms,
             "deadline_missed": False,
+            "throttled": bool(self.power is not None and self.power.throttled),
             "detections": dets,
         }
 

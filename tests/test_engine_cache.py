@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from edge_agent.files import atomic_write
 from edge_agent.pipelines.backends import engine_cache
-from edge_agent.pipelines.backends.engine_cache import EngineCache, EngineKey, atomic_write
+from edge_agent.pipelines.backends.engine_cache import EngineCache, EngineKey
 
 KEY = EngineKey(
     onnx_sha256="a" * 64,
@@ -185,7 +186,7 @@ def test_a_store_interrupted_before_the_sidecar_is_a_miss(tmp_path, monkeypatch,
 WRITER = textwrap.dedent(
     """
     import sys
-    from edge_agent.pipelines.backends.engine_cache import atomic_write
+    from edge_agent.files import atomic_write
     target, size = sys.argv[1], int(sys.argv[2])
     i = 0
     while True:

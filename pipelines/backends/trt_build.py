@@ -23,8 +23,8 @@ from typing import Any, TextIO
 import numpy as np
 
 from edge_agent.config import TensorRTConfig
+from edge_agent.files import atomic_write
 from edge_agent.pipelines.backends.base import BackendError
-from edge_agent.pipelines.backends.engine_cache import atomic_write
 from edge_agent.pipelines.preprocess import InputFormat
 
 log = logging.getLogger(__name__)

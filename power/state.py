@@ -1,0 +1,47 @@
+"""The device state before the agent changed it, kept in a file until it is restored.
+
+The file is written atomically before the first change and removed only after a
+successful restore, so a crash or SIGKILL in between leaves it for the next start (or
+``edge-agent power restore``) to put the device back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from edge_agent.files import atomic_write
+
+
+@dataclass
+class PowerState:
+    """What was there before; None or empty for what was not read or will not change."""
+
+    nvpmodel_id: int | None = None
+    jetson_clocks_store: str = ""  # file written by `jetson_clocks --store`, for --restore
+    gpu: dict[str, str] = field(default_factory=dict)  # devfreq file name -> value
+    cpus: dict[str, dict[str, str]] = field(default_factory=dict)  # cpuN -> cpufreq file -> value
+    fan: dict[str, object] = field(default_factory=dict)  # jtop fan profile/speed
+    backend: str = ""
+
+
+def save_state(path: str | os.PathLike, state: PowerState) -> None:
+    atomic_write(path, json.dumps(asdict(state), indent=2).encode())
+
+
+def load_state(path: str | os.PathLike) -> PowerState | None:
+    """The saved state, or None if there is none. A corrupt file raises ValueError."""
+    p = Path(path)
+    if not p.exists():
+        return None
+    try:
+        data = json.loads(p.read_text())
+        return PowerState(**data)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{p}: unreadable power state file ({e}); inspect it, then delete it") from None
+
+
+def clear_state(path: str | os.PathLike) -> None:
+    Path(path).unlink(missing_ok=True)

@@ -1,0 +1,394 @@
+"""The power manager on Jetson-shaped trees, with fake nvpmodel / jetson_clocks on PATH.
+
+The trees (tests/jetson_tree.py) hold real files laid out like an Orin Nano's and a
+Xavier NX's; the two tools are fakes (they cannot exist here) that record their
+arguments and keep the power mode in a file, as the real nvpmodel does in the kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from jetson_tree import make_tree
+
+from edge_agent.config import PowerConfig
+from edge_agent.power import controller, sysfs
+from edge_agent.power.controller import PowerError, ReadOnlyController, SysfsController, make_controller
+from edge_agent.power.manager import PowerManager, throttle_reasons
+from edge_agent.power.state import load_state
+
+FAKE_NVPMODEL = """\
+#!{python}
+# FakeNvpmodel: records its arguments; keeps the mode where the real tool keeps it (the kernel).
+import sys, pathlib
+base = pathlib.Path({base!r})
+with open(base / "calls.log", "a") as f:
+    f.write("nvpmodel " + " ".join(sys.argv[1:]) + "\\n")
+mode = base / "nvpmodel.mode"
+if sys.argv[1:2] == ["-q"]:
+    print("NV Power Mode: MODE" + (mode.read_text().strip() if mode.exists() else "0"))
+    print(mode.read_text().strip() if mode.exists() else "0")
+elif sys.argv[1:2] == ["-m"]:
+    mode.write_text(sys.argv[2])
+"""
+
+FAKE_JETSON_CLOCKS = """\
+#!{python}
+# FakeJetsonClocks: records its arguments; --store writes the file, --restore needs it.
+import sys, pathlib
+base = pathlib.Path({base!r})
+with open(base / "calls.log", "a") as f:
+    f.write("jetson_clocks " + " ".join(sys.argv[1:]) + "\\n")
+if sys.argv[1:2] == ["--store"]:
+    pathlib.Path(sys.argv[2]).write_text("stored clocks\\n")
+elif sys.argv[1:2] == ["--restore"] and not pathlib.Path(sys.argv[2]).exists():
+    print("no such file", sys.argv[2]); sys.exit(1)
+"""
+
+
+@pytest.fixture
+def tools(tmp_path, monkeypatch) -> Path:
+    """Fake nvpmodel and jetson_clocks first on PATH; returns the folder with calls.log."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("nvpmodel", FAKE_NVPMODEL), ("jetson_clocks", FAKE_JETSON_CLOCKS)):
+        p = bin_dir / name
+        p.write_text(body.format(python=sys.executable, base=str(tmp_path)))
+        p.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return tmp_path
+
+
+def calls(tools: Path) -> list[str]:
+    log = tools / "calls.log"
+    return [line.rstrip() for line in log.read_text().splitlines()] if log.exists() else []
+
+
+@pytest.fixture(params=["orin-nano", "xavier-nx"])
+def board(request, tmp_path) -> tuple[str, Path]:
+    return request.param, make_tree(tmp_path / "root", request.param)
+
+
+def gpu_range(root: Path) -> tuple[int, int]:
+    gpu = sysfs.find_gpu(str(root))
+    assert gpu is not None
+    return int((gpu.devfreq / "min_freq").read_text()), int((gpu.devfreq / "max_freq").read_text())
+
+
+def cpu_values(root: Path, name: str) -> list[str]:
+    return [(d / name).read_text().strip() for d in sysfs.cpu_dirs(str(root))]
+
+
+def profile(root: Path, tmp_path: Path, **kw) -> PowerConfig:
+    base = dict(
+        manage=True,
+        nvpmodel="1",
+        gpu_freq_mhz=600,
+        cpu_governor="performance",
+        state_file=str(tmp_path / "state" / "power.json"),
+        root=str(root),
+        sample_hz=20,
+    )
+    base.update(kw)
+    return PowerConfig(**base)
+
+
+def test_apply_locks_the_gpu_and_restore_puts_everything_back(board, tools, tmp_path):
+    name, root = board
+    gpu_before, gov_before = gpu_range(root), cpu_values(root, "scaling_governor")
+    cfg = profile(root, tmp_path)
+    pm = PowerManager(cfg)
+    assert isinstance(pm.controller, SysfsController), (
+        f"{name}: a Jetson tree with tools gets the sysfs backend"
+    )
+    pm.start()
+    try:
+        lo, hi = gpu_range(root)
+        avail = sysfs.parse_frequencies(
+            (sysfs.find_gpu(str(root)).devfreq / "available_frequencies").read_text()
+        )
+        assert lo == hi == sysfs.nearest_frequency(avail, 600_000_000), "min = max = nearest available"
+        assert set(cpu_values(root, "scaling_governor")) == {"performance"}
+        assert "nvpmodel -m 1" in calls(tools)
+        assert load_state(cfg.state_file) is not None, "the old state is saved before anything changes"
+        assert any("GPU locked at" in line for line in pm.applied)
+    finally:
+        pm.close()
+    assert gpu_range(root) == gpu_before
+    assert cpu_values(root, "scaling_governor") == gov_before
+    assert calls(tools)[-1] == "nvpmodel -m 0", "the old power mode comes back last"
+    assert not Path(cfg.state_file).exists()
+    n = len(calls(tools))
+    assert pm.restore() == [] and len(calls(tools)) == n, "restoring twice is harmless"
+
+
+def test_jetson_clocks_is_stored_and_restored(board, tools, tmp_path):
+    _, root = board
+    cfg = profile(root, tmp_path, jetson_clocks=True, gpu_freq_mhz=0, nvpmodel="", cpu_governor="")
+    pm = PowerManager(cfg)
+    pm.start()
+    pm.close()
+    log = calls(tools)
+    store = str(Path(cfg.state_file).parent / "l4t_dfs.conf")
+    assert log == [f"jetson_clocks --store {store}", "jetson_clocks", f"jetson_clocks --restore {store}"], log
+
+
+def test_a_missing_file_is_reported_and_nothing_changes(board, tools, tmp_path):
+    _, root = board
+    gpu = sysfs.find_gpu(str(root))
+    (gpu.devfreq / "max_freq").unlink()
+    gov_before = cpu_values(root, "scaling_governor")
+    cfg = profile(root, tmp_path)
+    with pytest.raises(PowerError, match=r"max_freq \(missing\)") as e:
+        PowerManager(cfg).start()
+    assert "nothing was changed" in str(e.value)
+    assert not any("-m" in c for c in calls(tools)), "the power mode must not change either"
+    assert cpu_values(root, "scaling_governor") == gov_before
+    assert not Path(cfg.state_file).exists()
+
+
+def test_a_write_that_fails_midway_is_rolled_back(board, tools, tmp_path, monkeypatch):
+    """A file that is there and writable but whose write the kernel refuses (sysfs does,
+    e.g. EINVAL for a value out of range): what changed before it is undone."""
+    _, root = board
+    last_cpu = sysfs.cpu_dirs(str(root))[-1] / "scaling_governor"
+    real_write = controller._write
+
+    def refusing_write(path, value):
+        if path == last_cpu and value == "performance":
+            raise PowerError(f"cannot write {value!r} to {path}: Invalid argument")
+        real_write(path, value)
+
+    monkeypatch.setattr(controller, "_write", refusing_write)
+    gpu_before, gov_before = gpu_range(root), cpu_values(root, "scaling_governor")
+    with pytest.raises(PowerError, match=r"Invalid argument"):
+        PowerManager(profile(root, tmp_path)).start()
+    assert gpu_range(root) == gpu_before, "the GPU lock written before the failure is undone"
+    assert calls(tools)[-1] == "nvpmodel -m 0", "the mode set before the failure is put back"
+    assert cpu_values(root, "scaling_governor") == gov_before
+
+
+def test_unknown_power_mode_names_the_modes(board, tools, tmp_path):
+    _, root = board
+    with pytest.raises(PowerError, match=r"not in /etc/nvpmodel\.conf"):
+        PowerManager(profile(root, tmp_path, nvpmodel="WARP_SPEED")).start()
+
+
+def test_mode_by_name_resolves_to_its_id(tools, tmp_path):
+    root = make_tree(tmp_path / "root", "orin-nano")
+    ctl = SysfsController(str(root))
+    modes = ctl.nvpmodel_modes()
+    assert modes, "the tree carries the board's nvpmodel.conf"
+    mode, name = next(iter(modes.items()))
+    assert ctl.nvpmodel_id(name) == mode and ctl.nvpmodel_id(str(mode)) == mode
+
+
+def test_not_a_jetson_is_read_only(tmp_path):
+    root = make_tree(tmp_path / "root", "not-jetson")
+    cfg = profile(root, tmp_path)
+    ctl = make_controller(cfg)
+    assert isinstance(ctl, ReadOnlyController)
+    assert "not a Jetson" in ctl.apply(cfg)[0]
+    pm = PowerManager(cfg, ctl)
+    pm.start()
+    pm.close()
+    assert not Path(cfg.state_file).exists()
+
+
+def test_throttling_from_a_hot_zone_and_a_low_clock(board, tools, tmp_path):
+    _, root = board
+    cfg = profile(root, tmp_path, manage=False, gpu_freq_mhz=600, thermal_limit_c=60)
+    t = sysfs.read_telemetry(str(root))
+    assert t.temps_c, "the tree has thermal zones"
+    zone = next(iter(t.temps_c))
+    hot = [
+        z
+        for z in Path(root, "sys/devices/virtual/thermal").glob("thermal_zone*")
+        if (z / "type").read_text().strip() == zone
+    ]
+    (hot[0] / "temp").write_text("71500\n")
+    gpu = sysfs.find_gpu(str(root))
+    (gpu.devfreq / "cur_freq").write_text("306000000\n")
+    reasons = throttle_reasons(sysfs.read_telemetry(str(root)), cfg)
+    assert any(zone in r and "71.5" in r for r in reasons), reasons
+    assert any(r.startswith("GPU at 306 MHz") for r in reasons), reasons
+
+
+# -- the agent's lifetime, as subprocesses --------------------------------------------------
+
+
+def agent_config(tmp_path: Path, root: Path, endpoint: str) -> Path:
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(
+        textwrap.dedent(
+            f"""\
+            source: {{type: synthetic, fps: 30}}
+            publish: {{endpoint: "{endpoint}"}}
+            power:
+              manage: true
+              nvpmodel: "1"
+              gpu_freq_mhz: 600
+              state_file: {tmp_path / "state" / "power.json"}
+              root: {root}
+            """
+        )
+    )
+    return cfg
+
+
+def start_run(cfg: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_locked(root: Path, proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        lo, hi = gpu_range(root)
+        if lo == hi:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(proc.communicate()[1])
+        time.sleep(0.05)
+    raise AssertionError("the agent never locked the GPU")
+
+
+@pytest.mark.parametrize("ending", ["sigterm", "frames"])
+def test_the_agent_restores_on_exit_and_on_sigterm(ending, tools, tmp_path, endpoint):
+    root = make_tree(tmp_path / "root", "orin-nano")
+    before = gpu_range(root)
+    cfg = agent_config(tmp_path, root, endpoint)
+    if ending == "frames":
+        proc = subprocess.run(
+            [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg), "--quiet", "--frames", "15"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr
+    else:
+        proc = start_run(cfg)
+        wait_locked(root, proc)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+    assert gpu_range(root) == before
+    assert calls(tools)[-1] == "nvpmodel -m 0"
+    assert not (tmp_path / "state" / "power.json").exists()
+
+
+def test_sigkill_then_the_next_start_restores_first(tools, tmp_path, endpoint):
+    root = make_tree(tmp_path / "root", "orin-nano")
+    before = gpu_range(root)
+    cfg = agent_config(tmp_path, root, endpoint)
+    proc = start_run(cfg)
+    wait_locked(root, proc)
+    proc.kill()  # SIGKILL: nothing runs, the device stays locked
+    proc.communicate(timeout=20)
+    state_file = tmp_path / "state" / "power.json"
+    assert state_file.exists() and gpu_range(root) != before
+    saved = json.loads(state_file.read_text())
+    assert saved["gpu"]["min_freq"] == str(before[0])
+    # `edge-agent power restore` (what the power unit's ExecStop runs) puts it back.
+    out = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "power", "restore", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert gpu_range(root) == before and not state_file.exists()
+    assert calls(tools)[-1] == "nvpmodel -m 0"
+    # And restoring again finds nothing to do.
+    again = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "power", "restore", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert again.returncode == 0 and "nothing to restore" in again.stdout
+
+
+def test_power_status_here_says_not_a_jetson():
+    out = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "power", "status"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert "not a Jetson" in out.stdout
+    js = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "power", "status", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    report = json.loads(js.stdout)
+    assert report["jetson"] is False and report["backend"] == "read-only"
+
+
+def test_power_apply_and_restore_cli_on_a_tree(tools, tmp_path):
+    root = make_tree(tmp_path / "root", "xavier-nx")
+    before = gpu_range(root)
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(f"power:\n  gpu_freq_mhz: 600\n  state_file: {tmp_path / 's.json'}\n  root: {root}\n")
+    run = lambda *a: subprocess.run(  # noqa: E731
+        [sys.executable, "-m", "edge_agent", "power", *a, "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    applied = run("apply")
+    assert applied.returncode == 0, applied.stderr
+    assert "GPU locked at" in applied.stdout
+    lo, hi = gpu_range(root)
+    assert lo == hi
+    restored = run("restore")
+    assert restored.returncode == 0, restored.stderr
+    assert gpu_range(root) == before
+
+
+def test_throttling_reaches_the_health_stream_and_each_result(tmp_path, const_model, endpoint):
+    """manage: false (the unprivileged agent): telemetry is read, nothing is written."""
+    from test_pipeline import Subscriber
+
+    from edge_agent.config import AgentConfig, ModelConfig, PublishConfig, SyntheticSourceConfig
+    from edge_agent.runner import Agent
+
+    root = make_tree(tmp_path / "root", "orin-nano")
+    before = gpu_range(root)
+    zone = next(Path(root, "sys/devices/virtual/thermal").glob("thermal_zone*"))
+    (zone / "temp").write_text("99000\n")
+    cfg = AgentConfig(
+        source=SyntheticSourceConfig(fps=30),
+        model=ModelConfig(path=str(const_model)),
+        publish=PublishConfig(endpoint=endpoint, health_interval_s=0.1),
+        power=PowerConfig(root=str(root), thermal_limit_c=80, state_file=str(tmp_path / "s.json")),
+    )
+    sub = Subscriber(endpoint)
+    agent = Agent(cfg)
+    agent.build()
+    agent.start()
+    try:
+        sub.wait_for(15)
+    finally:
+        agent.stop()
+        sub.close()
+    health = [m for m, t in zip(sub.messages, sub.topics) if t == "health"]
+    results = [m for m, t in zip(sub.messages, sub.topics) if t.startswith("det")]
+    assert health and results
+    power = health[-1]["power"]
+    assert power["throttled"] and "99.0 °C" in power["throttle_reasons"][0], power
+    assert power["telemetry"]["temps_c"] and power["backend"] == "sysfs"
+    assert all(m["throttled"] for m in results), "each result says the device was throttling"
+    assert gpu_range(root) == before, "an agent that does not manage power writes nothing"
