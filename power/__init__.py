@@ -1,1 +1,3 @@
-"""Power manager (clock locking, save/restore, telemetry): not built yet, see issue 5."""
+"""The power manager: device detection and telemetry (sysfs.py), controllers that apply
+and restore a power profile (controller.py), the saved state (state.py), and the
+manager that ties them to the agent's lifetime (manager.py)."""
