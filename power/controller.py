@@ -145,11 +145,11 @@ class SysfsController(PowerController):
             state.jetson_clocks_store = store
         if (cfg.gpu_freq_mhz or cfg.jetson_clocks is not None) and self.gpu is not None:
             state.gpu = {
-                f: _read(self.gpu.devfreq / f) for f in _GPU_FILES if (self.gpu.devfreq / f).exists()
+                f: _read(self.gpu.devfreq / f) for f in _GPU_FILES if (self.gpu.devfreq / f).is_file()
             }
         if cfg.cpu_governor or cfg.cpu_max_freq_mhz:
             for d in self.cpus:
-                state.cpus[d.parent.name] = {f: _read(d / f) for f in _CPU_FILES if (d / f).exists()}
+                state.cpus[d.parent.name] = {f: _read(d / f) for f in _CPU_FILES if (d / f).is_file()}
         return state
 
     # -- writing --------------------------------------------------------------------
@@ -279,7 +279,7 @@ def _write(path: Path, value: str) -> None:
 def _range_writes(d: Path, lo: str, hi: str, new_lo: int, new_hi: int) -> list[tuple[Path, str]]:
     """Writes that move [min, max] to [new_lo, new_hi] without ever having min > max
     (the kernel refuses such a write)."""
-    cur_hi = int(_read(d / hi)) if (d / hi).exists() else new_hi
+    cur_hi = int(_read(d / hi)) if (d / hi).is_file() else new_hi
     if new_lo > cur_hi:
         return [(d / hi, str(new_hi)), (d / lo, str(new_lo))]
     return [(d / lo, str(new_lo)), (d / hi, str(new_hi))]

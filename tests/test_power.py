@@ -141,13 +141,17 @@ def test_jetson_clocks_is_stored_and_restored(board, tools, tmp_path):
     assert log == [f"jetson_clocks --store {store}", "jetson_clocks", f"jetson_clocks --restore {store}"], log
 
 
-def test_a_missing_file_is_reported_and_nothing_changes(board, tools, tmp_path):
+@pytest.mark.parametrize("breakage, word", [("missing", "missing"), ("directory", "not writable")])
+def test_a_missing_or_unwritable_file_is_reported_and_nothing_changes(board, tools, tmp_path, breakage, word):
     _, root = board
     gpu = sysfs.find_gpu(str(root))
-    (gpu.devfreq / "max_freq").unlink()
+    target = gpu.devfreq / "max_freq"
+    target.unlink()
+    if breakage == "directory":
+        target.mkdir()  # root may write any file, so "not writable" is a node that is no file
     gov_before = cpu_values(root, "scaling_governor")
     cfg = profile(root, tmp_path)
-    with pytest.raises(PowerError, match=r"max_freq \(missing\)") as e:
+    with pytest.raises(PowerError, match=rf"max_freq \({word}\)") as e:
         PowerManager(cfg).start()
     assert "nothing was changed" in str(e.value)
     assert not any("-m" in c for c in calls(tools)), "the power mode must not change either"
@@ -289,7 +293,32 @@ def test_the_agent_restores_on_exit_and_on_sigterm(ending, tools, tmp_path, endp
     assert not (tmp_path / "state" / "power.json").exists()
 
 
-def test_sigkill_then_the_next_start_restores_first(tools, tmp_path, endpoint):
+def test_sigkill_then_the_next_agent_start_restores_before_applying(tools, tmp_path, endpoint):
+    root = make_tree(tmp_path / "root", "orin-nano")
+    before = gpu_range(root)
+    cfg = agent_config(tmp_path, root, endpoint)
+    proc = start_run(cfg)
+    wait_locked(root, proc)
+    proc.kill()
+    proc.communicate(timeout=20)
+    # Another device state sneaks in while the agent is down: the restart must restore
+    # the state saved before the first run, not this one.
+    (tools / "nvpmodel.mode").write_text("1")
+    n = len(calls(tools))
+    again = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg), "--quiet", "--frames", "10"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert again.returncode == 0, again.stderr
+    assert "never restored" in again.stderr, "the recovery is logged"
+    restart_calls = calls(tools)[n:]
+    assert restart_calls[0] == "nvpmodel -q" and "nvpmodel -m 0" in restart_calls, restart_calls
+    assert gpu_range(root) == before and not (tmp_path / "state" / "power.json").exists()
+
+
+def test_sigkill_then_power_restore_puts_it_back(tools, tmp_path, endpoint):
     root = make_tree(tmp_path / "root", "orin-nano")
     before = gpu_range(root)
     cfg = agent_config(tmp_path, root, endpoint)
