@@ -282,6 +282,10 @@ def _power_config(args: argparse.Namespace):
     return cfg
 
 
+def _raise_interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def cmd_power(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
@@ -304,7 +308,7 @@ def cmd_power(args: argparse.Namespace) -> int:
             "l4t": info.l4t,
             "backend": controller.name,
             "telemetry": asdict(t),
-            "throttle_reasons": throttle_reasons(t, cfg),
+            "throttle_reasons": throttle_reasons(t, cfg),  # the lock itself is not known here
             "state_file": cfg.state_file,
             "state_to_restore": pending is not None,
         }
@@ -340,14 +344,22 @@ def cmd_power(args: argparse.Namespace) -> int:
         if not cfg.changes_anything():
             print("the config's power section changes nothing")
             return EXIT_OK
+        # SIGTERM (systemd's start timeout, say) mid-apply must still undo what was done.
+        signal.signal(signal.SIGTERM, _raise_interrupt)
         save_state(cfg.state_file, controller.snapshot(cfg))
         try:
             done = controller.apply(cfg)
-        except BaseException:
+        except BaseException as e:
             # Nothing, or not everything, changed: put back what did and forget the state.
-            controller.restore(load_state(cfg.state_file))
-            clear_state(cfg.state_file)
-            raise
+            try:
+                controller.restore(load_state(cfg.state_file))
+                clear_state(cfg.state_file)
+            except Exception as undo:
+                print(
+                    f"edge-agent: undoing the apply failed: {undo}; state kept in {cfg.state_file}",
+                    file=sys.stderr,
+                )
+            raise e
         for line in done:
             print(line)
         print(f"previous state saved in {cfg.state_file}; `edge-agent power restore` puts it back")

@@ -223,10 +223,14 @@ class Agent:
         clean = True
         while self._started:
             part = self._started.pop()
-            if part is self.pipeline:
-                clean = self.pipeline.stop(timeout_s) and clean
-            else:
-                part.close()
+            try:
+                if part is self.pipeline:
+                    clean = self.pipeline.stop(timeout_s) and clean
+                else:
+                    part.close()
+            except Exception:  # the parts after it (the power state last) must still close
+                log.exception("stopping %s failed", type(part).__name__)
+                clean = False
         if clean:
             # Never pull a session from under a stage thread that is still inside it.
             for model in self.models.values():

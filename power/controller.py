@@ -13,12 +13,15 @@ caps the others live within) and are undone in reverse. Commands run with a time
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import subprocess
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +99,7 @@ def _read(path: Path) -> str:
 
 class SysfsController(PowerController):
     name = "sysfs"
+    restores_service_state = False  # fan and jetson_clocks set through jetson-stats
 
     def __init__(self, root: str = "/", runner: Runner = run_command, store_dir: str = "") -> None:
         super().__init__(root)
@@ -135,14 +139,17 @@ class SysfsController(PowerController):
         state = PowerState(backend=self.name)
         if cfg.nvpmodel:
             state.nvpmodel_id = self.current_nvpmodel()
-        if cfg.jetson_clocks is not None:
+        if cfg.jetson_clocks is True:
             store_dir = Path(self.store_dir or Path(cfg.state_file).parent)
             store_dir.mkdir(parents=True, exist_ok=True)
-            store = str(store_dir / "l4t_dfs.conf")
-            code, out = self.run(["jetson_clocks", "--store", store])
+            store = store_dir / "l4t_dfs.conf"
+            # The real tool asks before overwriting a store file and, with no answer,
+            # fails: a leftover from an earlier run is removed first.
+            store.unlink(missing_ok=True)
+            code, out = self.run(["jetson_clocks", "--store", str(store)])
             if code != 0:
                 raise PowerError(f"jetson_clocks --store {store} failed: {out}")
-            state.jetson_clocks_store = store
+            state.jetson_clocks_store = str(store)
         if (cfg.gpu_freq_mhz or cfg.jetson_clocks is not None) and self.gpu is not None:
             state.gpu = {
                 f: _read(self.gpu.devfreq / f) for f in _GPU_FILES if (self.gpu.devfreq / f).is_file()
@@ -154,38 +161,63 @@ class SysfsController(PowerController):
 
     # -- writing --------------------------------------------------------------------
 
-    def _writes(self, cfg: PowerConfig) -> tuple[list[tuple[Path, str]], list[str]]:
-        """The file writes ``cfg`` needs, in order, and notes on choices made."""
-        writes: list[tuple[Path, str]] = []
-        notes: list[str] = []
+    def _targets(self, cfg: PowerConfig) -> list[Path]:
+        """Every file ``cfg`` will write, to be checked before anything changes."""
+        files: list[Path] = []
         if cfg.gpu_freq_mhz:
             if self.gpu is None:
                 raise PowerError("no GPU devfreq node found (sys/class/devfreq/*/device/of_node/name)")
+            files += [self.gpu.devfreq / "min_freq", self.gpu.devfreq / "max_freq"]
+        for d in self.cpus:
+            if cfg.cpu_governor:
+                files.append(d / "scaling_governor")
+            if cfg.cpu_max_freq_mhz:
+                files += [d / "scaling_min_freq", d / "scaling_max_freq"]
+        return files
+
+    def _file_writes(self, cfg: PowerConfig) -> tuple[list[tuple[Path, str]], list[str]]:
+        """The writes, ordered against the files' values *now* (after nvpmodel and
+        jetson_clocks changed them), so min never exceeds max on the way."""
+        writes: list[tuple[Path, str]] = []
+        notes: list[str] = []
+        self.locked_gpu_hz = 0
+        if cfg.gpu_freq_mhz and self.gpu is not None:
             avail = sysfs.parse_frequencies(_read(self.gpu.devfreq / "available_frequencies"))
             target = sysfs.nearest_frequency(avail, round(cfg.gpu_freq_mhz * 1e6))
-            notes.append(f"GPU locked at {target / 1e6:.0f} MHz (asked {cfg.gpu_freq_mhz:g} MHz)")
+            self.locked_gpu_hz = target
+            notes.append(f"GPU locked at {target / 1e6:.2f} MHz (asked {cfg.gpu_freq_mhz:g} MHz)")
             writes += _range_writes(self.gpu.devfreq, "min_freq", "max_freq", target, target)
-        for d in self.cpus if (cfg.cpu_governor or cfg.cpu_max_freq_mhz) else []:
+        for d in self.cpus:
             if cfg.cpu_governor:
                 writes.append((d / "scaling_governor", cfg.cpu_governor))
             if cfg.cpu_max_freq_mhz:
                 avail_file = d / "scaling_available_frequencies"
-                avail = sysfs.parse_frequencies(_read(avail_file)) if avail_file.exists() else []
+                avail = sysfs.parse_frequencies(_read(avail_file)) if avail_file.is_file() else []
                 want = round(cfg.cpu_max_freq_mhz * 1000)
-                target = sysfs.nearest_frequency(avail, want) if avail else want
-                writes.append((d / "scaling_max_freq", str(target)))
+                top = sysfs.nearest_frequency(avail, want) if avail else want
+                low = min(int(_read(d / "scaling_min_freq")), top)
+                writes += _range_writes(d, "scaling_min_freq", "scaling_max_freq", low, top)
+        if cfg.cpu_governor or cfg.cpu_max_freq_mhz:
+            gov, top_mhz = cfg.cpu_governor or "unchanged", cfg.cpu_max_freq_mhz or "unchanged"
+            notes.append(f"CPU governor {gov}, max {top_mhz} MHz")
         return writes, notes
+
+    def _tools(self, cfg: PowerConfig, mode: int | None) -> list[str]:
+        return (["nvpmodel"] if mode is not None else []) + (["jetson_clocks"] if cfg.jetson_clocks else [])
 
     def apply(self, cfg: PowerConfig) -> list[str]:
         mode = self.nvpmodel_id(cfg.nvpmodel) if cfg.nvpmodel else None
-        writes, notes = self._writes(cfg)
+        if cfg.jetson_clocks is False:
+            raise PowerError(
+                "jetson_clocks: false needs the jetson-stats service (the jetson_clocks command "
+                "can only restore a state it stored earlier); leave it null, or install jetson-stats"
+            )
         blocked = [
-            f"{p} ({'missing' if not p.exists() else 'not writable'})" for p, _ in writes if not _writable(p)
+            f"{p} ({'missing' if not p.exists() else 'not writable'})"
+            for p in self._targets(cfg)
+            if not _writable(p)
         ]
-        tools = (["nvpmodel"] if mode is not None else []) + (
-            ["jetson_clocks"] if cfg.jetson_clocks is not None else []
-        )
-        missing = [t for t in tools if shutil.which(t) is None]
+        missing = [t for t in self._tools(cfg, mode) if shutil.which(t) is None]
         if blocked or missing:
             raise PowerError(
                 "nothing was changed: "
@@ -196,25 +228,21 @@ class SysfsController(PowerController):
             )
         done: list[str] = []
         if mode is not None:
-            self._command(["nvpmodel", "-m", str(mode)])
+            self._set_nvpmodel(mode)
             done.append(f"nvpmodel mode {mode} ({self.nvpmodel_modes().get(mode, '?')})")
         done += self._jetson_clocks(cfg)
+        writes, notes = self._file_writes(cfg)
         for path, value in writes:
             _write(path, value)
-        done += notes
-        if cfg.cpu_governor or cfg.cpu_max_freq_mhz:
-            gov, top = cfg.cpu_governor or "unchanged", cfg.cpu_max_freq_mhz or "unchanged"
-            done.append(f"CPU governor {gov}, max {top} MHz")
-        done += self._fan(cfg)
-        return done
+        return done + notes + self._fan(cfg)
+
+    def _set_nvpmodel(self, mode: int) -> None:
+        self._command(["nvpmodel", "-m", str(mode)])
 
     def _jetson_clocks(self, cfg: PowerConfig) -> list[str]:
         if cfg.jetson_clocks is True:
             self._command(["jetson_clocks"])
             return ["jetson_clocks on"]
-        if cfg.jetson_clocks is False:
-            self._command(["jetson_clocks", "--restore", str(Path(cfg.state_file).parent / "l4t_dfs.conf")])
-            return ["jetson_clocks off"]
         return []
 
     def _fan(self, cfg: PowerConfig) -> list[str]:
@@ -227,10 +255,25 @@ class SysfsController(PowerController):
         if code != 0:
             raise PowerError(f"`{' '.join(argv)}` failed ({code}): {out}")
 
-    def restore(self, state: PowerState) -> list[str]:
-        done: list[str] = []
-        errors: list[str] = []
+    def _restore_steps(self, state: PowerState) -> list[tuple[str, Callable[[], None]]]:
+        """Reverse layers: the power mode first (it resets the clocks to its own defaults),
+        then jetson_clocks' stored clocks, then the exact files as they were."""
         steps: list[tuple[str, Callable[[], None]]] = []
+        if state.nvpmodel_id is not None and self.current_nvpmodel() != state.nvpmodel_id:
+            steps.append(("nvpmodel", lambda: self._set_nvpmodel(int(state.nvpmodel_id))))
+        if state.jetson_clocks_store:
+            store = Path(state.jetson_clocks_store)
+
+            def restore_clocks() -> None:
+                if store.exists():
+                    self._command(["jetson_clocks", "--restore", str(store)])
+                    store.unlink()
+
+            steps.append(("jetson_clocks", restore_clocks))
+        if state.gpu and self.gpu is not None:
+            steps.append(
+                ("GPU devfreq", lambda: _restore_files(self.gpu.devfreq, state.gpu, "min_freq", "max_freq"))
+            )
         for cpu, files in state.cpus.items():
             d = Path(self.root, "sys/devices/system/cpu", cpu, "cpufreq")
             steps.append(
@@ -239,25 +282,20 @@ class SysfsController(PowerController):
                     lambda d=d, f=files: _restore_files(d, f, "scaling_min_freq", "scaling_max_freq"),
                 )
             )
-        if state.gpu and self.gpu is not None:
-            steps.append(
-                ("GPU devfreq", lambda: _restore_files(self.gpu.devfreq, state.gpu, "min_freq", "max_freq"))
+        return steps
+
+    def restore(self, state: PowerState) -> list[str]:
+        done: list[str] = []
+        errors: list[str] = []
+        if state.fan and not self.restores_service_state:
+            log.warning(
+                "power: fan/jetson_clocks were set through jetson-stats; its service must restore them"
             )
-        if state.jetson_clocks_store:
-            steps.append(
-                (
-                    "jetson_clocks",
-                    lambda: self._command(["jetson_clocks", "--restore", state.jetson_clocks_store]),
-                )
-            )
-        if state.nvpmodel_id is not None and self.current_nvpmodel() != state.nvpmodel_id:
-            # Switching modes can take seconds and reset clocks: only when it changed.
-            steps.append(("nvpmodel", lambda: self._command(["nvpmodel", "-m", str(state.nvpmodel_id)])))
-        for what, step in steps:  # every step is tried: one failure must not keep the rest locked
-            try:
+        for what, step in self._restore_steps(state):
+            try:  # every step is tried: one failure must not keep the rest changed
                 step()
                 done.append(f"{what} restored")
-            except (OSError, PowerError) as e:
+            except Exception as e:  # OSError, PowerError, the service's own errors
                 errors.append(f"{what}: {e}")
         if errors:
             raise PowerError("restore incomplete: " + "; ".join(errors))
@@ -265,7 +303,16 @@ class SysfsController(PowerController):
 
 
 def _writable(path: Path) -> bool:
-    return path.exists() and os.access(path, os.W_OK) and path.is_file()
+    """Whether ``path`` can be opened for writing. Root passes every permission check on a
+    plain file, but sysfs refuses the open of an attribute that has no write handler, so
+    opening (without writing) is the test that holds on a device."""
+    if not path.is_file():
+        return False
+    try:
+        os.close(os.open(path, os.O_WRONLY))
+    except OSError:
+        return False
+    return True
 
 
 def _write(path: Path, value: str) -> None:
@@ -295,40 +342,69 @@ def _restore_files(d: Path, files: dict[str, str], lo: str, hi: str) -> None:
 
 
 class JtopController(SysfsController):
-    """nvpmodel, jetson_clocks and the fan through the jetson-stats service (jtop 4.x)."""
+    """nvpmodel, jetson_clocks and the fan through the jetson-stats service (jtop 4.x).
+
+    The service runs as root, so these need no privileges of ours; the GPU lock and the
+    CPU settings still go through sysfs. jtop errors become PowerError.
+    """
 
     name = "jtop"
+    restores_service_state = True
+    MODE_SWITCH_TIMEOUT_S = 30.0
 
     def __init__(self, root: str = "/", runner: Runner = run_command, jtop: Any = None) -> None:
         super().__init__(root, runner)
         self._jtop = jtop
 
-    def _session(self) -> Any:
-        return self._jtop()
+    @contextlib.contextmanager
+    def _session(self):
+        try:
+            with self._jtop() as j:
+                yield j
+        except PowerError:
+            raise
+        except Exception as e:  # JtopException and the service's other failures
+            raise PowerError(f"jetson-stats: {e}") from None
 
     def current_nvpmodel(self) -> int | None:
         with self._session() as j:
             return None if j.nvpmodel is None else int(j.nvpmodel.id)
 
+    def _tools(self, cfg: PowerConfig, mode: int | None) -> list[str]:
+        return []  # the service runs the tools
+
+    def _set_nvpmodel(self, mode: int) -> None:
+        # The switch is asynchronous (jtop turns jetson_clocks off, switches, turns it
+        # back on): wait until the service reports the new mode.
+        deadline = time.monotonic() + self.MODE_SWITCH_TIMEOUT_S
+        with self._session() as j:
+            if j.nvpmodel is None:
+                raise PowerError("jetson-stats reports no nvpmodel on this device")
+            j.nvpmodel = int(mode)  # an int sets the mode by id (jtop 4.x)
+            while j.ok() and int(j.nvpmodel.id) != mode:
+                if time.monotonic() > deadline:
+                    raise PowerError(
+                        f"nvpmodel did not switch to mode {mode} in {self.MODE_SWITCH_TIMEOUT_S:.0f} s"
+                    )
+
     def snapshot(self, cfg: PowerConfig) -> PowerState:
-        state = super().snapshot(
-            PowerConfig(
-                gpu_freq_mhz=cfg.gpu_freq_mhz,
-                cpu_governor=cfg.cpu_governor,
-                cpu_max_freq_mhz=cfg.cpu_max_freq_mhz,
-                state_file=cfg.state_file,
-                root=cfg.root,
-            )
-        )
+        state = super().snapshot(replace(cfg, nvpmodel="", jetson_clocks=None))
         state.backend = self.name
         with self._session() as j:
             if cfg.nvpmodel and j.nvpmodel is not None:
                 state.nvpmodel_id = int(j.nvpmodel.id)
             if cfg.jetson_clocks is not None and j.jetson_clocks is not None:
                 state.fan["jetson_clocks"] = bool(j.jetson_clocks)
-            if cfg.fan_mode or cfg.fan_speed >= 0:
+            if (cfg.fan_mode or cfg.fan_speed >= 0) and j.fan is not None:
                 state.fan.update(profile=j.fan.profile, speed=j.fan.speed)
         return state
+
+    def apply(self, cfg: PowerConfig) -> list[str]:
+        # jetson_clocks false works here (the service keeps the state to go back to), so
+        # the command backend's refusal is skipped and the service turns it off.
+        off = cfg.jetson_clocks is False
+        done = super().apply(replace(cfg, jetson_clocks=None) if off else cfg)
+        return done + (self._jetson_clocks(cfg) if off else [])
 
     def _jetson_clocks(self, cfg: PowerConfig) -> list[str]:
         if cfg.jetson_clocks is None:
@@ -340,8 +416,12 @@ class JtopController(SysfsController):
         return [f"jetson_clocks {'on' if cfg.jetson_clocks else 'off'} (jtop)"]
 
     def _fan(self, cfg: PowerConfig) -> list[str]:
+        if not (cfg.fan_mode or cfg.fan_speed >= 0):
+            return []
         done = []
         with self._session() as j:
+            if j.fan is None:
+                raise PowerError("jetson-stats reports no fan on this device")
             if cfg.fan_mode:
                 j.fan.profile = cfg.fan_mode
                 done.append(f"fan profile {cfg.fan_mode} (jtop)")
@@ -350,26 +430,26 @@ class JtopController(SysfsController):
                 done.append(f"fan speed {cfg.fan_speed} % (jtop)")
         return done
 
-    def restore(self, state: PowerState) -> list[str]:
-        jc = state.fan.pop("jetson_clocks", None) if state.fan else None
+    def _restore_steps(self, state: PowerState) -> list[tuple[str, Callable[[], None]]]:
+        steps = super()._restore_steps(state)
         fan = dict(state.fan)
-        done = super().restore(PowerState(cpus=state.cpus, gpu=state.gpu, nvpmodel_id=None))
-        with self._session() as j:
-            if jc is not None and j.jetson_clocks is not None:
-                j.jetson_clocks = bool(jc)
-                done.append("jetson_clocks restored (jtop)")
-            if "profile" in fan:
-                j.fan.profile = fan["profile"]
-                j.fan.speed = fan["speed"]
-                done.append("fan restored (jtop)")
-            if (
-                state.nvpmodel_id is not None
-                and j.nvpmodel is not None
-                and int(j.nvpmodel.id) != state.nvpmodel_id
-            ):
-                j.nvpmodel = int(state.nvpmodel_id)  # an int sets the mode by id (jtop 4.x)
-                done.append("nvpmodel restored (jtop)")
-        return done
+        if "jetson_clocks" in fan:
+
+            def clocks() -> None:
+                with self._session() as j:
+                    j.jetson_clocks = bool(fan["jetson_clocks"])
+
+            steps.insert(1, ("jetson_clocks (jtop)", clocks))
+        if "profile" in fan:
+
+            def fan_back() -> None:
+                with self._session() as j:
+                    j.fan.profile = fan["profile"]
+                    if fan["profile"] == "manual":  # a speed only holds under the manual profile
+                        j.fan.speed = fan["speed"]
+
+            steps.append(("fan (jtop)", fan_back))
+        return steps
 
 
 def jtop_session() -> Any | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from edge_agent.config import PowerConfig
 from edge_agent.power import sysfs
-from edge_agent.power.controller import PowerController, PowerError, make_controller
+from edge_agent.power.controller import PowerController, make_controller
 from edge_agent.power.state import clear_state, load_state, save_state
 
 log = logging.getLogger(__name__)
@@ -26,15 +26,16 @@ log = logging.getLogger(__name__)
 _CLOCK_TOLERANCE = 0.95
 
 
-def throttle_reasons(t: sysfs.Telemetry, cfg: PowerConfig) -> list[str]:
-    """Why the device is throttled now, from one telemetry sample (empty: it is not)."""
+def throttle_reasons(t: sysfs.Telemetry, cfg: PowerConfig, locked_hz: int = 0) -> list[str]:
+    """Why the device is throttled now, from one telemetry sample (empty: it is not).
+
+    ``locked_hz`` is the frequency actually locked (the nearest available one); without
+    it the config's request stands in.
+    """
     reasons = []
-    if (
-        cfg.gpu_freq_mhz
-        and t.gpu_freq_hz is not None
-        and t.gpu_freq_hz < cfg.gpu_freq_mhz * 1e6 * _CLOCK_TOLERANCE
-    ):
-        reasons.append(f"GPU at {t.gpu_freq_hz / 1e6:.0f} MHz, locked at {cfg.gpu_freq_mhz:g}")
+    lock = locked_hz or cfg.gpu_freq_mhz * 1e6
+    if lock and t.gpu_freq_hz is not None and t.gpu_freq_hz < lock * _CLOCK_TOLERANCE:
+        reasons.append(f"GPU at {t.gpu_freq_hz / 1e6:.0f} MHz, locked at {lock / 1e6:.0f}")
     hot = {zone: c for zone, c in t.temps_c.items() if c > cfg.thermal_limit_c}
     reasons += [f"{zone} at {c:.1f} °C > {cfg.thermal_limit_c:g} °C" for zone, c in hot.items()]
     return reasons
@@ -74,9 +75,12 @@ class PowerManager:
                 self._saved = True
                 try:
                     self.applied = self.controller.apply(cfg)
-                except BaseException:
-                    self.restore()
-                    raise
+                except BaseException as e:
+                    try:
+                        self.restore()
+                    except Exception as undo:  # keep the first error; the state file stays
+                        log.error("power: undoing the failed apply failed too: %s", undo)
+                    raise e
                 log.info("power: %s", "; ".join(self.applied) or "nothing to change")
         elif cfg.changes_anything():
             log.info("power: profile left to the privileged edge-agent-power unit (power.manage is false)")
@@ -94,7 +98,7 @@ class PowerManager:
 
     def sample(self) -> sysfs.Telemetry:
         t = sysfs.read_telemetry(self.cfg.root, self._gpu)
-        reasons = throttle_reasons(t, self.cfg)
+        reasons = throttle_reasons(t, self.cfg, getattr(self.controller, "locked_gpu_hz", 0))
         if reasons and not self.throttled:
             log.warning("power: throttling: %s", "; ".join(reasons))
         self.latest, self.throttled = t, reasons
@@ -123,7 +127,7 @@ class PowerManager:
             self._thread = None
         try:
             self.restore()
-        except PowerError as e:
+        except Exception as e:  # never let a failed restore hide the rest of the shutdown
             log.error(
                 "power: %s (the state stays in %s for `edge-agent power restore`)", e, self.cfg.state_file
             )

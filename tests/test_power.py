@@ -27,30 +27,54 @@ from edge_agent.power.state import load_state
 
 FAKE_NVPMODEL = """\
 #!{python}
-# FakeNvpmodel: records its arguments; keeps the mode where the real tool keeps it (the kernel).
-import sys, pathlib
+# FakeNvpmodel: records its arguments; keeps the mode where the real tool keeps it (the
+# kernel); like the real tool, switching a mode resets the GPU clock range to the mode's
+# own (mode N caps max_freq at the (N+1)-th highest available frequency).
+import os, sys, pathlib
 base = pathlib.Path({base!r})
 with open(base / "calls.log", "a") as f:
     f.write("nvpmodel " + " ".join(sys.argv[1:]) + "\\n")
 mode = base / "nvpmodel.mode"
 if sys.argv[1:2] == ["-q"]:
-    print("NV Power Mode: MODE" + (mode.read_text().strip() if mode.exists() else "0"))
-    print(mode.read_text().strip() if mode.exists() else "0")
+    m = mode.read_text().strip() if mode.exists() else "0"
+    print("NV Power Mode: MODE" + m)
+    print(m)
 elif sys.argv[1:2] == ["-m"]:
     mode.write_text(sys.argv[2])
+    d = os.environ.get("FAKE_DEVFREQ")
+    if d:
+        d = pathlib.Path(d)
+        avail = sorted(int(x) for x in (d / "available_frequencies").read_text().split())
+        (d / "min_freq").write_text(str(avail[0]) + "\\n")
+        (d / "max_freq").write_text(str(avail[-1 - int(sys.argv[2])]) + "\\n")
 """
 
 FAKE_JETSON_CLOCKS = """\
 #!{python}
-# FakeJetsonClocks: records its arguments; --store writes the file, --restore needs it.
-import sys, pathlib
+# FakeJetsonClocks: records its arguments; no argument pins the GPU at its maximum;
+# --store refuses to overwrite (the real script asks "Can I overwrite it? Y/N" and, with
+# no answer, exits 1); --restore writes the stored range back.
+import os, sys, pathlib
 base = pathlib.Path({base!r})
 with open(base / "calls.log", "a") as f:
     f.write("jetson_clocks " + " ".join(sys.argv[1:]) + "\\n")
+d = pathlib.Path(os.environ.get("FAKE_DEVFREQ", base))
 if sys.argv[1:2] == ["--store"]:
-    pathlib.Path(sys.argv[2]).write_text("stored clocks\\n")
-elif sys.argv[1:2] == ["--restore"] and not pathlib.Path(sys.argv[2]).exists():
-    print("no such file", sys.argv[2]); sys.exit(1)
+    store = pathlib.Path(sys.argv[2])
+    if store.exists():
+        print("File exists: Can I overwrite it? Y/N"); sys.exit(1)
+    store.write_text((d / "min_freq").read_text().strip() + " " + (d / "max_freq").read_text().strip())
+elif sys.argv[1:2] == ["--restore"]:
+    store = pathlib.Path(sys.argv[2])
+    if not store.exists():
+        print("no such file", store); sys.exit(1)
+    lo, hi = store.read_text().split()
+    (d / "min_freq").write_text(lo + "\\n")
+    (d / "max_freq").write_text(hi + "\\n")
+elif len(sys.argv) == 1 and (d / "available_frequencies").exists():
+    top = max(int(x) for x in (d / "available_frequencies").read_text().split())
+    (d / "max_freq").write_text(f"{{top}}\\n")
+    (d / "min_freq").write_text(f"{{top}}\\n")
 """
 
 
@@ -72,9 +96,20 @@ def calls(tools: Path) -> list[str]:
     return [line.rstrip() for line in log.read_text().splitlines()] if log.exists() else []
 
 
+def _user_cap(root: Path) -> None:
+    """A GPU cap that is no mode's default: a restore that let nvpmodel have the last word
+    would lose it."""
+    gpu = sysfs.find_gpu(str(root))
+    avail = sysfs.parse_frequencies((gpu.devfreq / "available_frequencies").read_text())
+    (gpu.devfreq / "max_freq").write_text(f"{avail[-3]}\n")
+
+
 @pytest.fixture(params=["orin-nano", "xavier-nx"])
-def board(request, tmp_path) -> tuple[str, Path]:
-    return request.param, make_tree(tmp_path / "root", request.param)
+def board(request, tmp_path, monkeypatch) -> tuple[str, Path]:
+    root = make_tree(tmp_path / "root", request.param)
+    _user_cap(root)
+    monkeypatch.setenv("FAKE_DEVFREQ", str(sysfs.find_gpu(str(root)).devfreq))
+    return request.param, root
 
 
 def gpu_range(root: Path) -> tuple[int, int]:
@@ -122,23 +157,40 @@ def test_apply_locks_the_gpu_and_restore_puts_everything_back(board, tools, tmp_
         assert any("GPU locked at" in line for line in pm.applied)
     finally:
         pm.close()
-    assert gpu_range(root) == gpu_before
+    assert gpu_range(root) == gpu_before, "the exact range comes back, not the mode's default"
     assert cpu_values(root, "scaling_governor") == gov_before
-    assert calls(tools)[-1] == "nvpmodel -m 0", "the old power mode comes back last"
+    assert "nvpmodel -m 0" in calls(tools)
     assert not Path(cfg.state_file).exists()
     n = len(calls(tools))
     assert pm.restore() == [] and len(calls(tools)) == n, "restoring twice is harmless"
 
 
-def test_jetson_clocks_is_stored_and_restored(board, tools, tmp_path):
+def test_jetson_clocks_is_stored_and_restored_run_after_run(board, tools, tmp_path):
     _, root = board
+    before = gpu_range(root)
     cfg = profile(root, tmp_path, jetson_clocks=True, gpu_freq_mhz=0, nvpmodel="", cpu_governor="")
-    pm = PowerManager(cfg)
-    pm.start()
-    pm.close()
-    log = calls(tools)
     store = str(Path(cfg.state_file).parent / "l4t_dfs.conf")
-    assert log == [f"jetson_clocks --store {store}", "jetson_clocks", f"jetson_clocks --restore {store}"], log
+    # A store file left by a run that died between `--store` and saving its state.
+    Path(store).parent.mkdir(parents=True, exist_ok=True)
+    Path(store).write_text("left over\n")
+    for _ in range(2):
+        pm = PowerManager(cfg)
+        pm.start()
+        lo, hi = gpu_range(root)
+        assert lo == hi, "jetson_clocks pins the GPU"
+        pm.close()
+        assert gpu_range(root) == before
+    assert (
+        calls(tools)
+        == [f"jetson_clocks --store {store}", "jetson_clocks", f"jetson_clocks --restore {store}"] * 2
+    )
+
+
+def test_jetson_clocks_off_needs_jetson_stats(board, tools, tmp_path):
+    _, root = board
+    with pytest.raises(PowerError, match="jetson-stats"):
+        PowerManager(profile(root, tmp_path, jetson_clocks=False, gpu_freq_mhz=0)).start()
+    assert not any(c.startswith("nvpmodel -m") for c in calls(tools))
 
 
 @pytest.mark.parametrize("breakage, word", [("missing", "missing"), ("directory", "not writable")])
@@ -176,7 +228,7 @@ def test_a_write_that_fails_midway_is_rolled_back(board, tools, tmp_path, monkey
     with pytest.raises(PowerError, match=r"Invalid argument"):
         PowerManager(profile(root, tmp_path)).start()
     assert gpu_range(root) == gpu_before, "the GPU lock written before the failure is undone"
-    assert calls(tools)[-1] == "nvpmodel -m 0", "the mode set before the failure is put back"
+    assert "nvpmodel -m 0" in calls(tools), "the mode set before the failure is put back"
     assert cpu_values(root, "scaling_governor") == gov_before
 
 
@@ -289,7 +341,7 @@ def test_the_agent_restores_on_exit_and_on_sigterm(ending, tools, tmp_path, endp
         _, err = proc.communicate(timeout=20)
         assert proc.returncode == 0, err
     assert gpu_range(root) == before
-    assert calls(tools)[-1] == "nvpmodel -m 0"
+    assert "nvpmodel -m 0" in calls(tools)
     assert not (tmp_path / "state" / "power.json").exists()
 
 
@@ -303,7 +355,7 @@ def test_sigkill_then_the_next_agent_start_restores_before_applying(tools, tmp_p
     proc.communicate(timeout=20)
     # Another device state sneaks in while the agent is down: the restart must restore
     # the state saved before the first run, not this one.
-    (tools / "nvpmodel.mode").write_text("1")
+    (tools / "nvpmodel.mode").write_text("2")
     n = len(calls(tools))
     again = subprocess.run(
         [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg), "--quiet", "--frames", "10"],
@@ -314,7 +366,10 @@ def test_sigkill_then_the_next_agent_start_restores_before_applying(tools, tmp_p
     assert again.returncode == 0, again.stderr
     assert "never restored" in again.stderr, "the recovery is logged"
     restart_calls = calls(tools)[n:]
-    assert restart_calls[0] == "nvpmodel -q" and "nvpmodel -m 0" in restart_calls, restart_calls
+    # Recovery (query, back to mode 0) comes before the new snapshot and apply.
+    assert restart_calls[:4] == ["nvpmodel -q", "nvpmodel -m 0", "nvpmodel -q", "nvpmodel -m 1"], (
+        restart_calls
+    )
     assert gpu_range(root) == before and not (tmp_path / "state" / "power.json").exists()
 
 
@@ -339,7 +394,7 @@ def test_sigkill_then_power_restore_puts_it_back(tools, tmp_path, endpoint):
     )
     assert out.returncode == 0, out.stderr
     assert gpu_range(root) == before and not state_file.exists()
-    assert calls(tools)[-1] == "nvpmodel -m 0"
+    assert "nvpmodel -m 0" in calls(tools)
     # And restoring again finds nothing to do.
     again = subprocess.run(
         [sys.executable, "-m", "edge_agent", "power", "restore", "--config", str(cfg)],
@@ -421,3 +476,48 @@ def test_throttling_reaches_the_health_stream_and_each_result(tmp_path, const_mo
     assert power["telemetry"]["temps_c"] and power["backend"] == "sysfs"
     assert all(m["throttled"] for m in results), "each result says the device was throttling"
     assert gpu_range(root) == before, "an agent that does not manage power writes nothing"
+
+
+# -- the jetson-stats backend, against FakeJtop ---------------------------------------------
+
+
+@pytest.fixture
+def jtop_backend(tmp_path, monkeypatch):
+    from fakes.fake_jtop import FakeJtopService, fake_jtop_class
+
+    root = make_tree(tmp_path / "root", "orin-nano")
+    svc = FakeJtopService()
+    ctl = make_controller(PowerConfig(root=str(root)), jtop=fake_jtop_class(svc))
+    return root, svc, ctl
+
+
+def test_jtop_backend_switches_mode_waits_for_it_and_restores(jtop_backend, tmp_path):
+    root, svc, ctl = jtop_backend
+    assert ctl.name == "jtop"
+    cfg = profile(
+        root,
+        tmp_path,
+        nvpmodel="1",
+        jetson_clocks=False,
+        gpu_freq_mhz=0,
+        cpu_governor="",
+        fan_mode="manual",
+        fan_speed=80,
+    )
+    pm = PowerManager(cfg, ctl)
+    pm.start()
+    assert svc.nvpmodel_id == 1, "the asynchronous mode switch is waited for"
+    assert svc.jetson_clocks is False and (svc.fan_profile, svc.fan_speed) == ("manual", 80)
+    pm.close()
+    assert svc.nvpmodel_id == 0 and svc.jetson_clocks is True
+    assert svc.fan_profile == "quiet" and svc.fan_speed == 80, (
+        "a speed is only restored under the manual profile"
+    )
+    assert svc.calls.index("nvpmodel=0") < svc.calls.index("jetson_clocks=True"), "the mode comes back first"
+
+
+def test_jtop_service_down_is_a_power_error(jtop_backend, tmp_path):
+    root, svc, ctl = jtop_backend
+    svc.running = False
+    with pytest.raises(PowerError, match=r"jtop\.service is not active"):
+        PowerManager(profile(root, tmp_path, nvpmodel="1", gpu_freq_mhz=0, cpu_governor=""), ctl).start()
