@@ -7,7 +7,6 @@ import json
 import logging
 import signal
 import sys
-import threading
 import time
 from typing import Any
 
@@ -77,47 +76,39 @@ def _summary(stats: Any, elapsed_s: float) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from edge_agent.runner import Agent
+    from edge_agent.sdnotify import Notifier
+    from edge_agent.service import Signals, Supervisor
 
-    config = _load_config(args.config)
+    def load():
+        return _load_config(args.config)
+
+    config = load()
     _setup_logging(config.log_level)
     _latency_first_interpreter()
+    notifier = Notifier.from_env()
+    signals = Signals()
+    signals.install()
+    notifier.status("loading the model")
     agent = Agent(config, max_frames=args.frames or 0)
     agent.build()
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        log.info("received %s, stopping", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
     agent.start()
-    try:
-        return _run_until_done(args, agent, stop)
-    finally:
-        agent.stop()  # a second stop is harmless; an exception above must still restore power
-
-
-def _run_until_done(args: argparse.Namespace, agent: Any, stop: threading.Event) -> int:
-    assert agent.pipeline is not None and agent.health is not None
-    pipeline, health = agent.pipeline, agent.health
     log.info("running: %s", json.dumps(agent.describe()))
     t0 = time.monotonic()
-    shown = 0
-    while not stop.is_set():
-        stop.wait(0.2)
-        if pipeline.finished.is_set():
-            break
-        if args.duration and time.monotonic() - t0 >= args.duration:
-            break
-        if health.beats > shown and not args.quiet:
-            shown = health.beats
-            print(_status_line(health.latest), file=sys.stderr, flush=True)
-    clean = agent.stop()
-    elapsed = time.monotonic() - t0
-    print(_summary(pipeline.stats, elapsed), file=sys.stderr, flush=True)
-    if pipeline.error:
-        return _fail(pipeline.error)
+
+    def show(beat: dict[str, Any]) -> None:
+        if not args.quiet:
+            print(_status_line(beat), file=sys.stderr, flush=True)
+
+    try:
+        Supervisor(agent, notifier, signals, load, args.duration, show).run()
+        if signals.received:
+            log.info("received %s, stopping", signals.received)
+    finally:
+        clean = agent.stop()  # an exception above must still drain, publish and restore power
+        notifier.close()
+    print(_summary(agent.pipeline.stats, time.monotonic() - t0), file=sys.stderr, flush=True)
+    if agent.pipeline.error:
+        return _fail(agent.pipeline.error)
     return EXIT_OK if clean else EXIT_FAILED
 
 
@@ -369,6 +360,12 @@ def cmd_power(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_service(args: argparse.Namespace) -> int:
+    from edge_agent.service import install
+
+    return install(args.prefix, args.config_path, args.dry_run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edge-agent", description=__doc__)
     p.add_argument("--version", action="version", version=f"edge-agent {__version__}")
@@ -444,6 +441,14 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "status":
             p_.add_argument("--json", action="store_true")
         p_.set_defaults(func=cmd_power)
+
+    svc = sub.add_parser("service", help="install the systemd units")
+    svc_sub = svc.add_subparsers(dest="service_command", required=True)
+    si = svc_sub.add_parser("install", help="create the user, install and enable the units (root)")
+    si.add_argument("--dry-run", action="store_true", help="print what would be done, change nothing")
+    si.add_argument("--prefix", default="/etc/systemd/system")
+    si.add_argument("--config", dest="config_path", default="/etc/edge-agent/agent.yaml")
+    si.set_defaults(func=cmd_service)
 
     ev = sub.add_parser("eval", help="score a model on held-out synthetic frames (mAP@0.5)")
     ev.add_argument("--config", "-c", help="YAML config (its model and backend sections)")

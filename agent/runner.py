@@ -7,7 +7,7 @@ failure to build names the file, device or key at fault before anything is start
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -141,17 +141,15 @@ class Agent:
     def model(self) -> LoadedModel | None:
         return next(iter(self.models.values()), None)
 
-    def build(self) -> None:
-        """Load every model the config names (the ladder's too) and allocate all buffers.
+    def _load_profiles(self, cfg: AgentConfig) -> tuple[dict[str, Profile], dict[str, LoadedModel]]:
+        """Load every model the config names (the ladder's too) and allocate their buffers.
 
         Ladder models are loaded now, not when the ladder reaches them: a switch under
         overload must be instant, and a broken fallback must fail at start, not then.
         """
-        cfg = self.config
         main = load_model(cfg.model, cfg.backend)
         profiles = {main.manifest.name: Profile.allocate(main.manifest.name, main)}
-        self.models[main.manifest.name] = main
-        ladder = []
+        models = {main.manifest.name: main}
         for step in cfg.deadline.ladder:
             if step.model and step.model not in profiles:
                 alt_cfg = replace(cfg.model, path=step.model, manifest=step.manifest)
@@ -168,14 +166,15 @@ class Agent:
                     else f"{alt.manifest.name}@{step.name}"
                 )
                 profiles[step.model] = Profile.allocate(name, alt)
-                self.models[step.model] = alt
-            ladder.append(step)
-        source = create_source(cfg.source)
-        self.power = PowerManager(cfg.power)
-        self.publisher = ZmqPublisher(cfg.publish.endpoint, cfg.publish.send_hwm)
+                models[step.model] = alt
+        return profiles, models
+
+    def _pipeline(self, cfg: AgentConfig, source: Any, profiles: dict[str, Profile]) -> Pipeline:
+        main = next(iter(profiles.values())).model
+        assert self.publisher is not None
         builder = MessageBuilder(cfg.device_id, main.manifest.labels, cfg.deadline.budget_ms, self.power)
         # The pipeline looks profiles up by the ladder's model path; the main one is first.
-        self.pipeline = Pipeline(
+        return Pipeline(
             source,
             profiles,
             DeadlineMonitor(cfg.deadline),
@@ -184,9 +183,77 @@ class Agent:
             cfg.publish.topic,
             self.max_frames,
         )
+
+    def build(self) -> None:
+        cfg = self.config
+        profiles, self.models = self._load_profiles(cfg)
+        source = create_source(cfg.source)
+        self.power = PowerManager(cfg.power)
+        self.publisher = ZmqPublisher(cfg.publish.endpoint, cfg.publish.send_hwm)
+        self.pipeline = self._pipeline(cfg, source, profiles)
         self.health = HealthReporter(
             self.pipeline, self.publisher, cfg.device_id, cfg.publish.health_interval_s, self.power
         )
+
+    def reload(self, new: AgentConfig) -> list[str]:
+        """Swap to ``new`` at a frame boundary, keeping the result stream and its seq.
+
+        Everything that can fail (models, a new source) is prepared while the old
+        pipeline still runs; if it fails, the old config keeps running and the error is
+        raised. Returns what changed.
+        """
+        old = self.config
+        assert self.pipeline is not None and self.publisher is not None and self.health is not None
+        changed = [f.name for f in fields(AgentConfig) if getattr(old, f.name) != getattr(new, f.name)]
+        if not changed:
+            return []
+        models_changed = (
+            old.model != new.model
+            or old.backend != new.backend
+            or ([s.model for s in old.deadline.ladder] != [s.model for s in new.deadline.ladder])
+        )
+        profiles, models = (
+            self._load_profiles(new) if models_changed else (self.pipeline.profiles, self.models)
+        )
+        source = self.pipeline.source
+        if old.source != new.source:
+            source = create_source(new.source)
+            source.open()
+        # The swap: drain the old pipeline, then start the new one on the same socket.
+        old_pipeline = self.pipeline
+        old_pipeline.stop()
+        if source is not old_pipeline.source:
+            old_pipeline.source.close()
+            self._replace_started(old_pipeline.source, source)
+        if old.power != new.power:
+            assert self.power is not None
+            self.power.close()  # puts the old profile's state back first
+            power = PowerManager(new.power)
+            power.start()
+            self._replace_started(self.power, power)
+            self.power = power
+        if (old.publish.endpoint, old.publish.send_hwm) != (new.publish.endpoint, new.publish.send_hwm):
+            log.warning("reload: the stream moves to %s; subscribers must reconnect", new.publish.endpoint)
+            self.publisher.close()
+            self.publisher.endpoint, self.publisher.send_hwm = new.publish.endpoint, new.publish.send_hwm
+            self.publisher.open()
+        self.config = new
+        pipeline = self._pipeline(new, source, profiles)
+        pipeline.adopt(old_pipeline)
+        self.pipeline = pipeline
+        self._replace_started(old_pipeline, pipeline)
+        self.health.pipeline, self.health.power = pipeline, self.power
+        self.health.interval_s = new.publish.health_interval_s
+        pipeline.start()
+        if models_changed:
+            for m in self.models.values():
+                m.backend.close()
+            self.models = models
+        log.info("reload: applied (%s)", ", ".join(changed))
+        return changed
+
+    def _replace_started(self, old: Any, new: Any) -> None:
+        self._started = [new if part is old else part for part in self._started]
 
     def start(self) -> None:
         """Open the stream and the source, start the stages and the heartbeat.
@@ -226,6 +293,11 @@ class Agent:
             try:
                 if part is self.pipeline:
                     clean = self.pipeline.stop(timeout_s) and clean
+                elif part is self.publisher:
+                    if self.health is not None:
+                        # Drained: the last heartbeat holds the final counts.
+                        self.health.beat(final=True)
+                    part.close()
                 else:
                     part.close()
             except Exception:  # the parts after it (the power state last) must still close

@@ -65,12 +65,18 @@ class HealthReporter:
             except Exception:  # the heartbeat must outlive any one bad beat
                 log.exception("health: heartbeat failed")
 
-    def beat(self) -> dict[str, Any]:
-        """Step the ladder if needed, publish one heartbeat and return it."""
+    def beat(self, final: bool = False) -> dict[str, Any]:
+        """Step the ladder if needed, publish one heartbeat and return it.
+
+        ``final``: the agent is stopping and the pipeline has drained; marked so a
+        consumer knows the counts are complete.
+        """
         p = self.pipeline
         now = time.monotonic_ns()
-        change = p.monitor.tick(now)
+        change = None if final else p.monitor.tick(now)
         msg = self.snapshot(now, change)
+        if final:
+            msg["final"] = True
         self.publisher.send(HEALTH_TOPIC, json.dumps(msg, separators=(",", ":")).encode())
         self.latest = msg
         self.beats += 1

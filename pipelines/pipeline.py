@@ -179,6 +179,14 @@ class Pipeline:
         self._seq = 0
         self._stride_count = 0
 
+    def adopt(self, old: Pipeline) -> None:
+        """Continue where ``old`` stopped (a reload): its sequence numbers and its counts."""
+        self._seq = old._seq
+        old.stats.by_profile.update(
+            {k: v for k, v in self.stats.by_profile.items() if k not in old.stats.by_profile}
+        )
+        self.stats = old.stats
+
     def start(self) -> None:
         for name, target in (("capture", self._capture), ("infer", self._infer), ("post", self._post)):
             t = threading.Thread(target=target, name=f"{name}-{self.source.name}")

@@ -77,7 +77,7 @@ def pipeline_threads() -> list[str]:
 
 
 def test_frames_flow_to_subscribers_with_accounting(const_model, endpoint):
-    sub = Subscriber(endpoint)
+    sub = Subscriber(endpoint, "det")
     agent = make_agent(const_model, endpoint, source=SyntheticSourceConfig(fps=100, seed=1, name="front"))
     agent.start()
     try:

@@ -1,0 +1,187 @@
+"""Running as a service: the main loop under systemd, reload on SIGHUP, and installing the units.
+
+The main thread owns the agent's lifetime. It reports READY=1 only after the models are
+loaded and warmed up and the stages run, pings the watchdog only while frames are being
+published (a pipeline that stalls stops the pings, and systemd kills and restarts it),
+keeps STATUS= current, and on SIGHUP reloads: the new config is validated and prepared
+while the old one still runs, and a bad one is refused with the old config kept.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from edge_agent.sdnotify import Notifier
+
+log = logging.getLogger(__name__)
+
+UNITS = ("edge-agent.service", "edge-agent-power.service")
+UNIT_DIR = Path(__file__).resolve().parent.parent / "systemd"  # the repo's systemd/ (editable installs)
+
+
+class Signals:
+    """SIGINT/SIGTERM → stop, SIGHUP → reload; handlers only set events."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.reload = threading.Event()
+        self.received = ""
+
+    def install(self) -> None:
+        def on_stop(signum: int, _frame: Any) -> None:
+            self.received = signal.Signals(signum).name
+            self.stop.set()
+
+        signal.signal(signal.SIGINT, on_stop)
+        signal.signal(signal.SIGTERM, on_stop)
+        signal.signal(signal.SIGHUP, lambda *_: self.reload.set())
+
+
+def status_text(beat: dict[str, Any]) -> str:
+    w, c = beat["latency_ms"]["window"], beat["counts"]
+    return (
+        f"{beat['fps']:.1f} fps, e2e p50 {w['p50']:.1f} ms p99 {w['p99']:.1f} ms, "
+        f"late {c['late']}, dropped {c['dropped']}, ladder {beat['ladder']['name']}"
+    )
+
+
+class Supervisor:
+    """The main loop: status, watchdog, reload, and the end conditions of ``run``."""
+
+    def __init__(
+        self,
+        agent: Any,
+        notifier: Notifier,
+        signals: Signals,
+        load_config: Callable[[], Any],
+        duration_s: float = 0.0,
+        on_beat: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.agent = agent
+        self.notifier = notifier
+        self.signals = signals
+        self.load_config = load_config
+        self.duration_s = duration_s
+        self.on_beat = on_beat
+        self.reloads = 0
+        self.refused_reloads = 0
+        self._last_published = -1
+        self._last_ping = 0.0
+
+    def run(self) -> None:
+        agent, n = self.agent, self.notifier
+        n.ready(f"running {agent.config.source.type} source")
+        t0 = time.monotonic()
+        shown = 0
+        interval = n.watchdog_interval_s()
+        while not self.signals.stop.is_set():
+            self.signals.stop.wait(0.1)
+            if self.signals.reload.is_set():
+                self.signals.reload.clear()
+                self.reload()
+            pipeline, health = agent.pipeline, agent.health
+            if pipeline.finished.is_set() or (self.duration_s and time.monotonic() - t0 >= self.duration_s):
+                break
+            if health.beats > shown:
+                shown = health.beats
+                n.status(status_text(health.latest))
+                if self.on_beat is not None:
+                    self.on_beat(health.latest)
+            if interval and time.monotonic() - self._last_ping >= interval:
+                self.watchdog()
+        n.stopping()
+
+    def watchdog(self) -> None:
+        """Ping only if frames were published since the last ping and no stage failed."""
+        pipeline = self.agent.pipeline
+        published = pipeline.stats.published
+        if published > self._last_published and pipeline.error is None:
+            self.notifier.watchdog()
+            self._last_ping = time.monotonic()
+        self._last_published = published
+
+    def reload(self) -> bool:
+        from edge_agent.configload import ConfigError
+
+        self.notifier.reloading()
+        try:
+            new = self.load_config()
+            changed = self.agent.reload(new)
+        except (ConfigError, RuntimeError, OSError, ValueError) as e:
+            self.refused_reloads += 1
+            log.error("reload refused, the running config stays: %s", e)
+            self.notifier.ready("reload refused: " + str(e).splitlines()[0][:200])
+            return False
+        self.reloads += 1
+        self.notifier.ready(f"reloaded ({', '.join(changed) or 'no change'})")
+        return True
+
+
+# -- installing -------------------------------------------------------------------------
+
+
+def install_steps(prefix: str, config: str, user: str = "edge-agent") -> list[list[str] | tuple[str, str]]:
+    """What ``service install`` does, in order: commands, and ("copy", dest) for units."""
+    venv = _venv()
+    steps: list[Any] = []
+    if (
+        shutil.which("getent") is None
+        or subprocess.run(["getent", "passwd", user], capture_output=True).returncode
+    ):
+        steps.append(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", user])
+    for group in ("video", "render"):  # GPU and camera nodes on JetPack
+        steps.append(["usermod", "-aG", group, user])
+    steps.append(["install", "-d", "-o", user, "-g", user, "/var/lib/edge-agent", "/var/cache/edge-agent"])
+    steps.append(["install", "-d", str(Path(config).parent)])
+    for unit in UNITS:
+        steps.append(("copy", str(Path(prefix) / unit)))
+    steps.append(["systemctl", "daemon-reload"])
+    steps.append(["systemctl", "enable", "edge-agent.service"])
+    steps.append(("note", f"units run {venv}/bin/edge-agent with --config {config}"))
+    return steps
+
+
+def _venv() -> str:
+    """The environment whose ``bin/edge-agent`` the units run (this interpreter's)."""
+    return str(Path(sys.executable).parent.parent)  # not resolved: a venv's python is a symlink
+
+
+def render_unit(name: str, config: str) -> str:
+    """A unit file with this installation's paths in place of /opt/edge-agent/.venv."""
+    text = (UNIT_DIR / name).read_text()
+    venv = _venv()
+    return text.replace("/opt/edge-agent/.venv", venv).replace("/etc/edge-agent/agent.yaml", config)
+
+
+def install(
+    prefix: str = "/etc/systemd/system", config: str = "/etc/edge-agent/agent.yaml", dry_run: bool = False
+) -> int:
+    if not dry_run and os.geteuid() != 0:
+        print("edge-agent: service install needs root (or --dry-run)", file=sys.stderr)
+        return 1
+    for step in install_steps(prefix, config):
+        if isinstance(step, tuple):
+            kind, what = step
+            if kind == "note":
+                print(f"# {what}")
+                continue
+            print(f"write {what}")
+            if not dry_run:
+                Path(what).write_text(render_unit(Path(what).name, config))
+            continue
+        print(" ".join(step))
+        if not dry_run:
+            subprocess.run(step, check=step[0] not in ("usermod",))
+    if not Path(config).exists():
+        print(f"# no config at {config} yet: the agent runs its embedded default until you write one")
+    return 0

@@ -1,0 +1,273 @@
+"""Running under systemd: the notify protocol over real AF_UNIX datagram sockets, reload on
+SIGHUP with the stream uninterrupted, a graceful stop, the unit files and their install."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from test_pipeline import Subscriber
+
+from edge_agent.config import AgentConfig, ModelConfig, PublishConfig, SyntheticSourceConfig
+from edge_agent.runner import Agent
+from edge_agent.sdnotify import Notifier
+from edge_agent.service import UNITS, Signals, Supervisor, install_steps, render_unit
+
+
+class NotifySocket:
+    """A real datagram socket standing where systemd's would; collects what arrives."""
+
+    def __init__(self, tmp_path: Path, abstract: bool) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        if abstract:
+            name = f"edge-agent-test-{uuid.uuid4().hex}"
+            self.sock.bind("\0" + name)
+            self.address = "@" + name
+        else:
+            path = str(tmp_path / "notify.sock")
+            self.sock.bind(path)
+            self.address = path
+        self.sock.settimeout(0.1)
+        self.messages: list[tuple[float, dict[str, str]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(4096)
+            except OSError:
+                continue
+            fields = dict(line.split("=", 1) for line in data.decode().splitlines())
+            self.messages.append((time.monotonic(), fields))
+
+    def names(self) -> list[str]:
+        return [k for _, m in self.messages for k in m if k != "STATUS"]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("abstract", [False, True], ids=["path", "abstract"])
+def test_notifier_reaches_a_real_socket(tmp_path, abstract):
+    sock = NotifySocket(tmp_path, abstract)
+    n = Notifier.from_env({"NOTIFY_SOCKET": sock.address, "WATCHDOG_USEC": "3000000"})
+    assert n.enabled and n.watchdog_interval_s() == 1.5
+    assert n.ready("up") and n.watchdog() and n.stopping()
+    time.sleep(0.3)
+    sock.close()
+    n.close()
+    assert [m for _, m in sock.messages] == [
+        {"READY": "1", "STATUS": "up"},
+        {"WATCHDOG": "1"},
+        {"STOPPING": "1", "STATUS": "stopping"},
+    ]
+
+
+@pytest.mark.parametrize(
+    "env, interval",
+    [
+        ({"WATCHDOG_USEC": "2000000"}, 1.0),
+        ({"WATCHDOG_USEC": "2000000", "WATCHDOG_PID": "1"}, None),  # someone else's watchdog
+        ({}, None),
+    ],
+)
+def test_watchdog_interval_is_half_the_timeout_and_only_ours(env, interval):
+    assert Notifier.from_env(env, pid=4242).watchdog_interval_s() == interval
+
+
+def test_without_systemd_notifications_are_noops():
+    n = Notifier.from_env({})
+    assert not n.enabled and not n.ready() and not n.watchdog()
+
+
+def write_config(path: Path, endpoint: str, device: str, fps: int = 30, extra: str = "") -> Path:
+    path.write_text(
+        f"device_id: {device}\nsource: {{type: synthetic, fps: {fps}}}\n"
+        f"publish: {{endpoint: '{endpoint}', health_interval_s: 0.2}}\n{extra}"
+    )
+    return path
+
+
+def run_agent(cfg: Path, notify: str, watchdog_usec: int = 400_000) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "NOTIFY_SOCKET": notify,
+        "WATCHDOG_USEC": str(watchdog_usec),
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("WATCHDOG_PID", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def wait_until(predicate, timeout_s: float = 30.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError("timed out")
+        time.sleep(0.02)
+
+
+def test_ready_after_warmup_watchdog_while_flowing_stopping_on_sigterm(tmp_path, endpoint):
+    sock = NotifySocket(tmp_path, abstract=True)
+    sub = Subscriber(endpoint, "health")
+    proc = run_agent(write_config(tmp_path / "a.yaml", endpoint, "svc"), sock.address)
+    try:
+        wait_until(lambda: sock.names().count("WATCHDOG") >= 3)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        time.sleep(0.2)
+        sock.close()
+        sub.close()
+    assert proc.returncode == 0, err
+    msgs = [m for _, m in sock.messages]
+    assert msgs[0] == {"STATUS": "loading the model"}, "the first word is that the model is loading"
+    keys = sock.names()
+    assert keys.index("READY") < keys.index("WATCHDOG"), "no watchdog ping before READY"
+    assert keys[-1] == "STOPPING"
+    pings = [t for t, m in sock.messages if "WATCHDOG" in m]
+    gaps = [b - a for a, b in itertools.pairwise(pings)]
+    assert all(0.1 < g < 1.0 for g in gaps), f"pings about every 0.2 s (half of 0.4 s): {gaps}"
+    assert any(m.get("STATUS", "").endswith(("full", "fps")) or "fps" in m.get("STATUS", "") for m in msgs)
+    final = sub.messages[-1]
+    assert final.get("final") is True, "a last heartbeat after the drain"
+    assert final["counts"]["in_flight"] == 0
+
+
+def test_watchdog_stops_when_the_pipeline_stalls(tmp_path, const_model, endpoint):
+    sock = NotifySocket(tmp_path, abstract=False)
+    cfg = AgentConfig(
+        source=SyntheticSourceConfig(fps=50),
+        model=ModelConfig(path=str(const_model)),
+        publish=PublishConfig(endpoint=endpoint),
+    )
+    agent = Agent(cfg)
+    agent.build()
+    agent.start()
+    notifier = Notifier(sock.address, watchdog_usec=200_000)
+    signals = Signals()
+    sup = Supervisor(agent, notifier, signals, lambda: cfg)
+    t = threading.Thread(target=sup.run)
+    t.start()
+    try:
+        wait_until(lambda: sock.names().count("WATCHDOG") >= 3)
+        source = agent.pipeline.source
+        source.read = lambda timeout_s: (time.sleep(timeout_s), None)[1]  # the camera hangs
+        time.sleep(0.3)  # frames in flight drain
+        stalled_at = len([k for k in sock.names() if k == "WATCHDOG"])
+        time.sleep(1.0)
+        after = len([k for k in sock.names() if k == "WATCHDOG"])
+    finally:
+        signals.stop.set()
+        t.join(5)
+        agent.stop()
+        time.sleep(0.1)
+        sock.close()
+    assert after <= stalled_at + 1, f"pings went on while nothing was published ({stalled_at} -> {after})"
+    assert sock.names()[-1] == "STOPPING"
+
+
+def test_sighup_reload_keeps_the_stream_and_refuses_a_bad_config(tmp_path, endpoint):
+    sock = NotifySocket(tmp_path, abstract=True)
+    cfg = write_config(tmp_path / "agent.yaml", endpoint, "before")
+    sub = Subscriber(endpoint, "det")
+    proc = run_agent(cfg, sock.address, watchdog_usec=10_000_000)
+    try:
+        wait_until(lambda: len(sub.messages) >= 20)
+        write_config(cfg, endpoint, "after", fps=20, extra="model: {score_threshold: 0.5}\n")
+        proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: any(m["device"] == "after" for m in sub.messages))
+        n_good = len(sub.messages)
+        wait_until(lambda: len(sub.messages) >= n_good + 10)
+        cfg.write_text("source: {type: synthetic, fps: -3}\n")  # invalid: refused
+        proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: sock.names().count("RELOADING") >= 2)
+        n_bad = len(sub.messages)
+        wait_until(lambda: len(sub.messages) >= n_bad + 10)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        sub.close()
+        time.sleep(0.1)
+        sock.close()
+    assert proc.returncode == 0, err
+    seqs = [m["seq"] for m in sub.messages]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "seq continuous across both reloads"
+    devices = [m["device"] for m in sub.messages]
+    first_after = devices.index("after")
+    assert set(devices[:first_after]) == {"before"} and set(devices[first_after:]) == {"after"}
+    assert "reload refused" in err and "source.fps" in err, err
+    keys = sock.names()
+    i1 = keys.index("RELOADING")
+    assert keys[i1 + 1] == "READY", "READY=1 again after each reload"
+
+
+def test_units_pass_systemd_analyze_verify(tmp_path):
+    tool = shutil.which("systemd-analyze")
+    if tool is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must have systemd-analyze (.ci/run installs systemd)")
+        pytest.skip("systemd-analyze is not installed")
+    for unit in UNITS:
+        (tmp_path / unit).write_text(render_unit(unit, "/etc/edge-agent/agent.yaml"))
+    out = subprocess.run(
+        [tool, "verify", *(str(tmp_path / u) for u in UNITS)], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_agent_unit_speaks_notify_with_a_watchdog():
+    text = render_unit("edge-agent.service", "/etc/edge-agent/agent.yaml")
+    for line in (
+        "Type=notify",
+        "WatchdogSec=",
+        "Restart=on-failure",
+        "ExecReload=",
+        "User=edge-agent",
+        "TimeoutStopSec=",
+        "NoNewPrivileges=yes",
+    ):
+        assert line in text, line
+    assert "PrivateDevices" not in text.replace("not PrivateDevices", ""), "it would hide the GPU nodes"
+
+
+def test_service_install_dry_run_prints_and_changes_nothing(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "service", "install", "--dry-run", "--prefix", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    for unit in UNITS:
+        assert f"write {tmp_path / unit}" in out.stdout
+        assert not (tmp_path / unit).exists()
+    assert "systemctl enable edge-agent.service" in out.stdout
+    steps = install_steps(str(tmp_path), "/etc/edge-agent/agent.yaml")
+    assert ["systemctl", "daemon-reload"] in steps
+    assert json.dumps(steps)  # plain data
