@@ -88,7 +88,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     notifier = Notifier.from_env()
     signals = Signals()
     signals.install()
-    notifier.status("loading the model")
+    # A first TensorRT engine build can outlast TimeoutStartSec: ask for the time it needs.
+    notifier.extend_timeout(900, "loading the model")
     agent = Agent(config, max_frames=args.frames or 0)
     agent.build()
     agent.start()

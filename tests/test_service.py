@@ -144,7 +144,8 @@ def test_ready_after_warmup_watchdog_while_flowing_stopping_on_sigterm(tmp_path,
         sub.close()
     assert proc.returncode == 0, err
     msgs = [m for _, m in sock.messages]
-    assert msgs[0] == {"STATUS": "loading the model"}, "the first word is that the model is loading"
+    assert msgs[0]["STATUS"] == "loading the model" and "READY" not in msgs[0], msgs[0]
+    assert int(msgs[0]["EXTEND_TIMEOUT_USEC"]) >= 60_000_000, "time for a first engine build"
     keys = sock.names()
     assert keys.index("READY") < keys.index("WATCHDOG"), "no watchdog ping before READY"
     assert keys[-1] == "STOPPING"
