@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from edge_agent import __version__
 
@@ -17,12 +18,32 @@ log = logging.getLogger("edge_agent")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
+class _JournalFormatter(logging.Formatter):
+    """sd-daemon(3) priority prefixes (``<3>`` error ... ``<7>`` debug): journald files each
+    line at its level, and adds the timestamp itself."""
+
+    _PRIORITY: ClassVar[dict[int, int]] = {
+        logging.CRITICAL: 2,
+        logging.ERROR: 3,
+        logging.WARNING: 4,
+        logging.INFO: 6,
+        logging.DEBUG: 7,
+    }
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = f"{record.name}: {record.getMessage()}"
+        if record.exc_info:
+            text += " | " + self.formatException(record.exc_info).replace("\n", " | ")
+        return f"<{self._PRIORITY.get(record.levelno, 6)}>{text}"
+
+
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    if os.environ.get("JOURNAL_STREAM"):  # set by systemd when stderr goes to the journal
+        handler.setFormatter(_JournalFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
 
 
 def _latency_first_interpreter() -> None:

@@ -272,3 +272,18 @@ def test_service_install_dry_run_prints_and_changes_nothing(tmp_path):
     steps = install_steps(str(tmp_path), "/etc/edge-agent/agent.yaml")
     assert ["systemctl", "daemon-reload"] in steps
     assert json.dumps(steps)  # plain data
+
+
+def test_logs_carry_journald_priorities_under_systemd(tmp_path, endpoint):
+    cfg = write_config(tmp_path / "a.yaml", endpoint, "journal")
+    env = {**os.environ, "JOURNAL_STREAM": "8:12345"}
+    out = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg), "--quiet", "--frames", "5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    log_lines = [line for line in out.stderr.splitlines() if line.startswith("<")]
+    assert any(line.startswith("<6>edge_agent: running:") for line in log_lines), out.stderr
