@@ -53,9 +53,30 @@ def _latency_first_interpreter() -> None:
     sys.setswitchinterval(0.0005)
 
 
-def _load_config(path: str | None):
+def _is_fleet(path: str) -> bool:
+    """A fleet is a directory of YAML files, or a file whose top level has defaults/groups/devices."""
+    import yaml
+
+    if os.path.isdir(path):
+        return True
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except (OSError, yaml.YAMLError):
+        return False  # the single-config loader reports it with its line
+    return isinstance(data, dict) and bool(data) and set(data) <= {"defaults", "groups", "devices"}
+
+
+def _load_config(path: str | None, device: str | None = None, overlay: str | None = None):
+    """The effective config: a single file, or one device of a fleet (default: this host)."""
+    import socket
+
     from edge_agent.config import load_config
 
+    if path is not None and _is_fleet(path):
+        from edge_agent.fleet import load_fleet
+
+        return load_fleet(path).render(device or socket.gethostname(), overlay=overlay).config
     return load_config(path)
 
 
@@ -101,7 +122,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from edge_agent.service import Signals, Supervisor
 
     def load():
-        return _load_config(args.config)
+        return _load_config(args.config, args.device, args.overlay)
 
     config = load()
     _setup_logging(config.log_level)
@@ -186,17 +207,37 @@ def cmd_listen(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from edge_agent.configload import ConfigError, dump
+    from edge_agent.configload import ConfigError, dump, to_plain
+    from edge_agent.fleet import diff_configs, load_fleet, validate_fleet
 
     try:
-        config = _load_config(args.file)
+        if args.config_command == "validate":
+            if _is_fleet(args.file):
+                problems = validate_fleet(args.file)
+                if problems:
+                    raise ConfigError(problems)
+                fleet = load_fleet(args.file)
+                print(
+                    f"{args.file}: OK ({len(fleet.device_ids())} devices, {len(fleet.group_names())} groups)"
+                )
+            else:
+                _load_config(args.file)
+                print(f"{args.file}: OK")
+        elif args.config_command == "render":
+            rendered = load_fleet(args.fleet).render(args.device, overlay=args.overlay)
+            if args.explain:
+                for key, origin in sorted(rendered.origins.items()):
+                    print(f"{key}: {origin}")
+            else:
+                print(dump(rendered.config), end="")
+        elif args.config_command == "diff":
+            a, b = (to_plain(_load_config(p, args.device)) for p in (args.a, args.b))
+            print("\n".join(diff_configs(a, b)) or "no differences")
+        else:
+            print(dump(_load_config(args.file, args.device)), end="")
     except ConfigError as e:
         print(str(e), file=sys.stderr)
         return EXIT_USAGE
-    if args.config_command == "validate":
-        print(f"{args.file}: OK")
-    else:
-        print(dump(config), end="")
     return EXIT_OK
 
 
@@ -394,7 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the agent (no arguments: the embedded default)")
-    run.add_argument("--config", "-c", help="YAML config file (default: the embedded default)")
+    run.add_argument("--config", "-c", help="YAML config or fleet (default: the embedded default)")
+    run.add_argument("--device", help="for a fleet: this device's id (default: the host name)")
+    run.add_argument("--overlay", help="for a fleet: a local overlay file (the tuning tool's)")
     run.add_argument("--frames", type=int, default=0, help="stop after N frames captured")
     run.add_argument("--duration", type=float, default=0.0, help="stop after S seconds")
     run.add_argument("--quiet", "-q", action="store_true", help="no status lines, only the summary")
@@ -408,12 +451,22 @@ def build_parser() -> argparse.ArgumentParser:
     listen.add_argument("--timeout", type=float, default=0.0, help="fail if no message for S seconds")
     listen.set_defaults(func=cmd_listen)
 
-    cfg = sub.add_parser("config", help="check or show a config file")
+    cfg = sub.add_parser("config", help="check, show, render and compare configs and fleets")
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
-    v = cfg_sub.add_parser("validate", help="check a config file; errors name file, line and key")
+    v = cfg_sub.add_parser("validate", help="check a config or a fleet (every device and group, all errors)")
     v.add_argument("file")
     s = cfg_sub.add_parser("show", help="print the effective config (defaults filled in)")
     s.add_argument("file", nargs="?", default=None)
+    s.add_argument("--device", help="for a fleet: the device (default: this host's name)")
+    r = cfg_sub.add_parser("render", help="a fleet device's effective config")
+    r.add_argument("fleet")
+    r.add_argument("--device", required=True)
+    r.add_argument("--overlay", help="a local overlay file (e.g. written by the tuning tool)")
+    r.add_argument("--explain", action="store_true", help="which layer set each value")
+    d = cfg_sub.add_parser("diff", help="compare two effective configs (files or fleets)")
+    d.add_argument("a")
+    d.add_argument("b")
+    d.add_argument("--device", help="for fleets: the device to render")
     cfg.set_defaults(func=cmd_config)
 
     bench = sub.add_parser("bench", help="measure inference, sequential, pipelined and live latency")

@@ -127,7 +127,11 @@ class Builder:
     def fail(self, node: yaml.Node | None, path: str, message: str) -> object:
         mark = node.start_mark if node is not None else None
         line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
-        self.problems.append(Problem(self.file, line, col, path, message))
+        # A node composed from an opened file (or given a name) names its own file: a tree
+        # merged from several files (the fleet's layers) blames the file each value came from.
+        name = getattr(mark, "name", None)
+        file = name if isinstance(name, str) and name and not name.startswith("<") else self.file
+        self.problems.append(Problem(file, line, col, path, message))
         return _MISSING
 
     def build(self, t: Any, node: yaml.Node, path: str) -> Any:
