@@ -148,7 +148,7 @@ class Builder:
 
     def _scalar(self, t: Any, node: yaml.Node, path: str) -> Any:
         if not isinstance(node, yaml.ScalarNode):
-            return self.fail(node, path, f"expected {_type_name(t)}, got a {_kind(node)}")
+            return self.fail(node, path, f"expected {_type_name(t)}, got {node_kind(node)}")
         value = _scalars.construct_object(node)
         if t is Any:
             return value
@@ -212,7 +212,7 @@ class Builder:
 
     def _sequence(self, t: Any, node: yaml.Node, path: str) -> Any:
         if not isinstance(node, yaml.SequenceNode):
-            return self.fail(node, path, f"expected a list, got a {_kind(node)}")
+            return self.fail(node, path, f"expected a list, got {node_kind(node)}")
         args = typing.get_args(t) or (Any,)
         if typing.get_origin(t) is tuple and not (len(args) == 2 and args[1] is Ellipsis):
             if len(node.value) != len(args):
@@ -227,7 +227,7 @@ class Builder:
 
     def _mapping(self, t: Any, node: yaml.Node, path: str) -> Any:
         if not isinstance(node, yaml.MappingNode):
-            return self.fail(node, path, f"expected a mapping, got a {_kind(node)}")
+            return self.fail(node, path, f"expected a mapping, got {node_kind(node)}")
         key_t, value_t = typing.get_args(t) or (str, Any)
         out = {}
         for k_node, v_node in node.value:
@@ -239,7 +239,7 @@ class Builder:
 
     def _dataclass(self, cls: type, node: yaml.Node, path: str) -> Any:
         if not isinstance(node, yaml.MappingNode):
-            return self.fail(node, path, f"expected a mapping, got a {_kind(node)}")
+            return self.fail(node, path, f"expected a mapping, got {node_kind(node)}")
         hints = typing.get_type_hints(cls)
         fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
         values: dict[str, Any] = {}
@@ -298,12 +298,13 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def _kind(node: yaml.Node) -> str:
+def node_kind(node: yaml.Node) -> str:
+    """What a node is, for messages: "a mapping", "a list" or "a scalar 'x'"."""
     if isinstance(node, yaml.MappingNode):
-        return "mapping"
+        return "a mapping"
     if isinstance(node, yaml.SequenceNode):
-        return "list"
-    return f"scalar {_scalars.construct_object(node)!r}"
+        return "a list"
+    return f"a scalar {_scalars.construct_object(node)!r}"
 
 
 def to_plain(value: Any) -> Any:

@@ -72,7 +72,7 @@ from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
 from edge_agent.config import AgentConfig
-from edge_agent.configload import Builder, ConfigError, Problem, to_plain
+from edge_agent.configload import Builder, ConfigError, Problem, node_kind, to_plain
 
 ENV_PREFIX = "EDGE_AGENT__"
 
@@ -200,7 +200,7 @@ def _str_value(node: yaml.Node, path: str, problems: list[Problem]) -> str | Non
         value = _scalars.construct_object(node)
         if isinstance(value, str) and value:
             return value
-    problems.append(_problem(node, path, f"expected a non-empty string, got {_kind(node)}"))
+    problems.append(_problem(node, path, f"expected a non-empty string, got {node_kind(node)}"))
     return None
 
 
@@ -208,7 +208,7 @@ def _labels(node: yaml.Node, path: str, problems: list[Problem]) -> dict[str, st
     if _is_null(node):
         return {}
     if not isinstance(node, yaml.MappingNode):
-        problems.append(_problem(node, path, f"expected a mapping of label: value, got {_kind(node)}"))
+        problems.append(_problem(node, path, f"expected a mapping of label: value, got {node_kind(node)}"))
         return {}
     out = {}
     for key, _k, v_node in _items(node, path, problems, None):
@@ -216,7 +216,7 @@ def _labels(node: yaml.Node, path: str, problems: list[Problem]) -> dict[str, st
             out[key] = v_node.value  # as written: `floor: 3` is the label "3"
         else:
             problems.append(
-                _problem(v_node, f"{path}.{key}", f"expected a scalar label value, got {_kind(v_node)}")
+                _problem(v_node, f"{path}.{key}", f"expected a scalar label value, got {node_kind(v_node)}")
             )
     return out
 
@@ -225,7 +225,7 @@ def _config_node(node: yaml.Node, path: str, problems: list[Problem]) -> yaml.Ma
     if _is_null(node):
         return None
     if not isinstance(node, yaml.MappingNode):
-        problems.append(_problem(node, path, f"expected an agent config mapping, got {_kind(node)}"))
+        problems.append(_problem(node, path, f"expected an agent config mapping, got {node_kind(node)}"))
         return None
     _check_duplicates(node, path, problems)
     return node
@@ -258,7 +258,9 @@ def load_fleet(path: str) -> Fleet:
             continue
         if not isinstance(root, yaml.MappingNode):
             problems.append(
-                _problem(root, "", f"expected a mapping with defaults, groups, devices; got {_kind(root)}")
+                _problem(
+                    root, "", "expected a mapping with defaults, groups, devices; got " + node_kind(root)
+                )
             )
             continue
         for key, _k, v_node in _items(root, "", problems, ("defaults", "groups", "devices")):
@@ -277,13 +279,13 @@ def _load_groups(fleet: Fleet, node: yaml.Node, problems: list[Problem], groups_
     if _is_null(node):
         return
     if not isinstance(node, yaml.SequenceNode):
-        problems.append(_problem(node, "groups", f"expected a list of groups, got {_kind(node)}"))
+        problems.append(_problem(node, "groups", f"expected a list of groups, got {node_kind(node)}"))
         return
     for i, g_node in enumerate(node.value):
         path = f"groups[{i}]"
         if not isinstance(g_node, yaml.MappingNode):
             problems.append(
-                _problem(g_node, path, f"expected a mapping (name, match, config), got {_kind(g_node)}")
+                _problem(g_node, path, f"expected a mapping (name, match, config), got {node_kind(g_node)}")
             )
             continue
         name = None
@@ -308,7 +310,7 @@ def _load_groups(fleet: Fleet, node: yaml.Node, problems: list[Problem], groups_
             elif not isinstance(v_node, yaml.MappingNode):
                 problems.append(
                     _problem(
-                        v_node, sub, f"expected a mapping (hostname, module, labels), got {_kind(v_node)}"
+                        v_node, sub, f"expected a mapping (hostname, module, labels), got {node_kind(v_node)}"
                     )
                 )
             else:
@@ -332,14 +334,16 @@ def _load_devices(fleet: Fleet, node: yaml.Node, problems: list[Problem]) -> Non
         return
     if not isinstance(node, yaml.MappingNode):
         problems.append(
-            _problem(node, "devices", f"expected a mapping of device id: entry, got {_kind(node)}")
+            _problem(node, "devices", f"expected a mapping of device id: entry, got {node_kind(node)}")
         )
         return
     for k_node, d_node in node.value:
         device_id = _scalars.construct_object(k_node) if isinstance(k_node, yaml.ScalarNode) else None
         if not isinstance(device_id, str) or not device_id:
             problems.append(
-                _problem(k_node, "devices", f"a device id must be a non-empty string, got {_kind(k_node)}")
+                _problem(
+                    k_node, "devices", "a device id must be a non-empty string, got " + node_kind(k_node)
+                )
             )
             continue
         path = f"devices.{device_id}"
@@ -355,7 +359,7 @@ def _load_devices(fleet: Fleet, node: yaml.Node, problems: list[Problem]) -> Non
                 _problem(
                     d_node,
                     path,
-                    f"expected a mapping (hostname, module, labels, config), got {_kind(d_node)}",
+                    f"expected a mapping (hostname, module, labels, config), got {node_kind(d_node)}",
                 )
             )
         elif isinstance(d_node, yaml.MappingNode):
@@ -425,7 +429,9 @@ class Fleet:
         if overlay is not None:
             node = _compose_file(overlay)
             if node is not None and not isinstance(node, yaml.MappingNode):
-                problems.append(_problem(node, "", f"expected an agent config mapping, got {_kind(node)}"))
+                problems.append(
+                    _problem(node, "", "expected an agent config mapping, got " + node_kind(node))
+                )
             elif node is not None:
                 _check_duplicates(node, "", problems)
                 layers.append(_Layer("overlay", node))
@@ -730,14 +736,6 @@ def _fmt(value: Any) -> str:
 
 
 # -- helpers -----------------------------------------------------------------------------------
-
-
-def _kind(node: yaml.Node) -> str:
-    if isinstance(node, yaml.MappingNode):
-        return "a mapping"
-    if isinstance(node, yaml.SequenceNode):
-        return "a list"
-    return f"{_scalars.construct_object(node)!r}"
 
 
 def _quote(name: str) -> str:
