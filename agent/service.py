@@ -114,6 +114,11 @@ class Supervisor:
         from edge_agent.configload import ConfigError
 
         self.notifier.reloading()
+        # Preparing the new config (a model, perhaps an engine build) can take longer than
+        # the watchdog: the old pipeline still runs meanwhile, so its frames keep it fed.
+        done = threading.Event()
+        feeder = threading.Thread(target=self._feed_watchdog, args=(done,), name="watchdog-reload")
+        feeder.start()
         try:
             new = self.load_config()
             changed = self.agent.reload(new)
@@ -122,9 +127,17 @@ class Supervisor:
             log.error("reload refused, the running config stays: %s", e)
             self.notifier.ready("reload refused: " + str(e).splitlines()[0][:200])
             return False
+        finally:
+            done.set()
+            feeder.join()
         self.reloads += 1
         self.notifier.ready(f"reloaded ({', '.join(changed) or 'no change'})")
         return True
+
+    def _feed_watchdog(self, done: threading.Event) -> None:
+        interval = self.notifier.watchdog_interval_s()
+        while interval and not done.wait(interval):
+            self.watchdog()
 
 
 # -- installing -------------------------------------------------------------------------
