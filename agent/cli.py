@@ -423,6 +423,31 @@ def cmd_power(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from edge_agent.tune import TuneSettings, tune
+
+    _setup_logging("warning")
+    _latency_first_interpreter()
+    config = _load_config(args.config, args.device)
+    settings = TuneSettings(
+        budget_ms=args.budget_ms if args.budget_ms else config.deadline.budget_ms,
+        objective=args.objective,
+        margin=args.margin,
+        quick=args.quick,
+        models=tuple(args.model or ()),
+        source_fps=args.source_fps,
+    )
+    chosen, _grid, paths = tune(config, settings, Path(args.out))
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    if chosen is None:
+        return _fail(f"no candidate holds the {settings.budget_ms:g} ms budget (see {paths['report']})")
+    print(f"chosen: {chosen.name} (p99 {chosen.e2e['p99']:.2f} ms)")
+    return EXIT_OK
+
+
 def cmd_service(args: argparse.Namespace) -> int:
     from edge_agent.service import install
 
@@ -516,6 +541,24 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "status":
             p_.add_argument("--json", action="store_true")
         p_.set_defaults(func=cmd_power)
+
+    tu = sub.add_parser("tune", help="find the cheapest configuration that holds the deadline")
+    tu.add_argument("--config", "-c", help="YAML config or fleet (default: the embedded default)")
+    tu.add_argument("--device", help="for a fleet: the device")
+    tu.add_argument("--budget-ms", type=float, default=0.0, help="default: the config's deadline.budget_ms")
+    tu.add_argument("--objective", choices=["latency", "throughput", "power"], default="latency")
+    tu.add_argument("--margin", type=float, default=0.1, help="p99 must stay under budget × (1 - margin)")
+    tu.add_argument("--quick", action="store_true", help="a smaller grid and shorter windows (< 2 min here)")
+    tu.add_argument(
+        "--model", action="append", help="a model variant to try (repeatable), e.g. another input size"
+    )
+    tu.add_argument(
+        "--source-fps", type=float, default=0.0, help="camera rate (default: the config's, else 30)"
+    )
+    tu.add_argument(
+        "--out", default="edge-agent-tune", help="folder for tuned.yaml, the report and the chart"
+    )
+    tu.set_defaults(func=cmd_tune)
 
     svc = sub.add_parser("service", help="install the systemd units")
     svc_sub = svc.add_subparsers(dest="service_command", required=True)
