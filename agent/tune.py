@@ -54,6 +54,7 @@ class TuneSettings:
     models: tuple[str, ...] = ()  # extra model variants (input size profiles)
     source_fps: float = 0.0  # 0: the config's synthetic fps, else 30
     runtime_axes: bool = True  # ONNX Runtime threads / optimisation / spinning
+    min_gain: float = 0.1  # a change must beat the current config by this much on the objective
 
     @property
     def warmup_s(self) -> float:
@@ -308,6 +309,14 @@ def tune(
         )
     feasible = [c for c in grid if c.status == "feasible"]
     chosen = min(feasible, key=lambda c: _score(c, s.objective)) if feasible else None
+    current = grid[0]
+    if chosen is not None and chosen is not current and current.status == "feasible":
+        # Measured differences within run-to-run noise are not worth a change: the
+        # current config stays unless the best beats it by min_gain on the objective.
+        best, cur = _score(chosen, s.objective)[0], _score(current, s.objective)[0]
+        if abs(best - cur) < s.min_gain * abs(cur):
+            chosen.reason = f"within {s.min_gain:.0%} of the current config: not worth a change"
+            chosen = current
     if chosen is not None:
         chosen.status = "chosen"
     paths = write_outputs(base, s, grid, chosen, out_dir, time.monotonic() - t_start)
