@@ -38,7 +38,8 @@ def _synthetic(config: AgentConfig, fps: float) -> AgentConfig:
     src = config.source
     if not isinstance(src, SyntheticSourceConfig):
         src = SyntheticSourceConfig()
-    return replace(config, source=replace(src, fps=fps))
+    # Its own agents need no metrics endpoint (and must not take the real agent's port).
+    return replace(config, source=replace(src, fps=fps), metrics=replace(config.metrics, enabled=False))
 
 
 def _raw(config: AgentConfig) -> AgentConfig:

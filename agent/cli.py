@@ -158,48 +158,84 @@ def cmd_run(args: argparse.Namespace) -> int:
 # -- listen -------------------------------------------------------------------
 
 
-def _format_result(msg: dict[str, Any]) -> str:
+def _format_result(msg: Any) -> str:
     dets = " ".join(
-        f"{d['label']}:{d['score']:.2f}@[{','.join(f'{v:.0f}' for v in d['box_xyxy'])}]"
-        for d in msg["detections"]
+        f"{d.label}:{d.score:.2f}@[{','.join(f'{v:.0f}' for v in d.box_xyxy)}]" for d in msg.detections
     )
-    lat = msg["latency_ms"]
-    late = " LATE" if msg.get("deadline_missed") else ""
-    return f"{msg['source']} seq={msg['seq']} frame={msg['frame_id']} e2e={lat['total']:.2f}ms{late} {dets}"
+    late = " LATE" if msg.deadline_missed else ""
+    gap = f" (lost {msg.gap})" if msg.gap else ""
+    e2e = msg.latency_ms.get("total", 0.0)
+    return f"{msg.source} seq={msg.seq}{gap} frame={msg.frame_id} e2e={e2e:.2f}ms{late} {dets}"
 
 
 def cmd_listen(args: argparse.Namespace) -> int:
+    import numpy as np
     import zmq
 
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.SUB)
-    sock.linger = 0
-    sock.rcvtimeo = int(args.timeout * 1000) if args.timeout else -1
-    sock.connect(args.endpoint)
-    for topic in args.topic or [""]:
-        sock.subscribe(topic)
-    count = 0
+    from edge_agent.client import GapTracker, Health, connect, decode, parse
+
+    sock = connect(args.endpoint, tuple(args.topic or [""]), args.server_key, args.client_cert)
+    sock.rcvtimeo = 200
+    gaps = GapTracker()
+    per_source: dict[str, list[float]] = {}
+    count, t_last, t_start = 0, time.monotonic(), time.monotonic()
     try:
         while not args.count or count < args.count:
             try:
-                raw = sock.recv()
+                frame = sock.recv()
             except zmq.Again:
-                return _fail(f"no message from {args.endpoint} within {args.timeout} s")
-            topic, _, body = raw.partition(b" ")
-            if args.json:
-                print(body.decode(), flush=True)
-            else:
-                msg = json.loads(body)
+                if args.timeout and time.monotonic() - t_last > args.timeout:
+                    return _fail(f"no message from {args.endpoint} within {args.timeout} s")
+                continue
+            t_last = time.monotonic()
+            topic, body = decode(frame)
+            msg = parse(topic, body, gaps.update(topic, int(body["seq"])) if "seq" in body else 0)
+            count += 1
+            if args.stats:
+                if not isinstance(msg, Health):
+                    per_source.setdefault(msg.source, []).append(msg.latency_ms.get("total", 0.0))
+                if t_last - t_start >= 1.0:
+                    for source, lat in per_source.items():
+                        a = np.asarray(lat)
+                        print(
+                            f"{source}: {len(a) / (t_last - t_start):6.1f} msg/s"
+                            f"  e2e p50 {np.percentile(a, 50):6.2f} ms "
+                            f"p99 {np.percentile(a, 99):6.2f} ms  lost {gaps.lost.get(f'det.{source}', 0)}",
+                            flush=True,
+                        )
+                    per_source, t_start = {}, t_last
+            elif args.json:
+                print(json.dumps(body), flush=True)
+            elif isinstance(msg, Health):
+                c = msg.counts
                 print(
-                    _format_result(msg) if "detections" in msg else f"{topic.decode()} {body.decode()}",
+                    f"{topic} fps={msg.fps:.1f} captured={c.get('captured')} late={c.get('late')} "
+                    f"dropped={c.get('dropped')}{' final' if msg.final else ''}",
                     flush=True,
                 )
-            count += 1
+            else:
+                print(_format_result(msg), flush=True)
     except KeyboardInterrupt:
         pass
     finally:
         sock.close()
-        ctx.term()
+    return EXIT_OK
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import zmq.auth
+
+    folder = Path(args.dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    public, secret = zmq.auth.create_certificates(str(folder), args.name)
+    # The secret certificate is the identity: readable by its owner only.
+    os.chmod(secret, 0o600)
+    os.chmod(public, 0o644)
+    print(f"public key (give it to the other side): {public}")
+    print(f"secret key (keep it here, mode 600): {secret}")
     return EXIT_OK
 
 
@@ -474,6 +510,11 @@ def build_parser() -> argparse.ArgumentParser:
     listen.add_argument("--json", action="store_true", help="print each message body as JSON")
     listen.add_argument("--count", type=int, default=0, help="exit after N messages")
     listen.add_argument("--timeout", type=float, default=0.0, help="fail if no message for S seconds")
+    listen.add_argument(
+        "--stats", action="store_true", help="once a second: rate, latency percentiles, gaps per source"
+    )
+    listen.add_argument("--server-key", help="CURVE: the agent's public certificate (.key)")
+    listen.add_argument("--client-cert", help="CURVE: this client's secret certificate (.key_secret)")
     listen.set_defaults(func=cmd_listen)
 
     cfg = sub.add_parser("config", help="check, show, render and compare configs and fleets")
@@ -559,6 +600,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", default="edge-agent-tune", help="folder for tuned.yaml, the report and the chart"
     )
     tu.set_defaults(func=cmd_tune)
+
+    keys = sub.add_parser("keys", help="CURVE key pairs for the result stream")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    kg = keys_sub.add_parser("generate", help="write NAME.key (public) and NAME.key_secret (mode 600)")
+    kg.add_argument("name")
+    kg.add_argument("--dir", default=".", help="folder for the two files (made mode 700)")
+    kg.set_defaults(func=cmd_keys)
 
     svc = sub.add_parser("service", help="install the systemd units")
     svc_sub = svc.add_subparsers(dest="service_command", required=True)

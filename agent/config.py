@@ -228,9 +228,19 @@ class PublishConfig:
     topic: str = "det"  # messages go out as "<topic>.<source name>"
     send_hwm: int = 100  # messages queued per subscriber before ZeroMQ drops for it
     health_interval_s: float = 1.0  # heartbeat on topic "health"; also the ladder's clock
+    encoding: Literal["json", "msgpack"] = "json"  # msgpack (the msgpack extra) for bandwidth
+    # CURVE encryption and authentication: the server's secret certificate (written by
+    # `edge-agent keys generate`) and a folder of the allowed clients' public ones.
+    curve_server_key: str = ""
+    curve_clients_dir: str = ""
 
     def __post_init__(self) -> None:
         check(0.05 <= self.health_interval_s <= 1.0, "health_interval_s", "must be within 0.05..1.0")
+        check(
+            bool(self.curve_server_key) == bool(self.curve_clients_dir),
+            "curve_clients_dir" if self.curve_server_key else "curve_server_key",
+            "CURVE needs both curve_server_key and curve_clients_dir",
+        )
         check("://" in self.endpoint, "endpoint", "expected a ZeroMQ endpoint like tcp://host:port")
         check(_name_ok(self.topic), "topic", "use letters, digits, '-' and '_' only")
         check(self.send_hwm >= 1, "send_hwm", "must be >= 1")
@@ -339,6 +349,18 @@ class PowerConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """The Prometheus endpoint. Loopback by default: metrics are not for the open network."""
+
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = 9108  # 0: any free port (logged)
+
+    def __post_init__(self) -> None:
+        check(0 <= self.port <= 65535, "port", "must be within 0..65535")
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     device_id: str = field(default_factory=socket.gethostname)
     source: SourceConfig = field(default_factory=SyntheticSourceConfig)
@@ -347,6 +369,7 @@ class AgentConfig:
     publish: PublishConfig = field(default_factory=PublishConfig)
     deadline: DeadlineConfig = field(default_factory=DeadlineConfig)
     power: PowerConfig = field(default_factory=PowerConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 

@@ -135,6 +135,7 @@ class Agent:
         self.publisher: ZmqPublisher | None = None
         self.health: HealthReporter | None = None
         self.power: PowerManager | None = None
+        self.metrics: Any = None
         self._started: list[Any] = []
 
     @property
@@ -189,7 +190,10 @@ class Agent:
         profiles, self.models = self._load_profiles(cfg)
         source = create_source(cfg.source)
         self.power = PowerManager(cfg.power)
-        self.publisher = ZmqPublisher(cfg.publish.endpoint, cfg.publish.send_hwm)
+        pub = cfg.publish
+        self.publisher = ZmqPublisher(
+            pub.endpoint, pub.send_hwm, pub.encoding, pub.curve_server_key, pub.curve_clients_dir
+        )
         self.pipeline = self._pipeline(cfg, source, profiles)
         self.health = HealthReporter(
             self.pipeline, self.publisher, cfg.device_id, cfg.publish.health_interval_s, self.power
@@ -276,6 +280,12 @@ class Agent:
             assert self.health is not None
             self.health.start()
             self._started.append(self.health)
+            if self.config.metrics.enabled:
+                from edge_agent.metrics import MetricsServer
+
+                self.metrics = MetricsServer(self, self.config.metrics.host, self.config.metrics.port)
+                self.metrics.start()
+                self._started.append(self.metrics)
         except BaseException:
             self.stop()
             raise

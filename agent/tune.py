@@ -166,6 +166,7 @@ def _private(cfg: AgentConfig, fps: float) -> AgentConfig:
         source=replace(src, fps=fps),
         publish=replace(cfg.publish, endpoint="tcp://127.0.0.1:*"),
         power=replace(cfg.power, manage=False),
+        metrics=replace(cfg.metrics, enabled=False),
     )
 
 

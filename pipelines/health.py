@@ -6,7 +6,6 @@ still reports (with fps 0 and growing drop counts) instead of going silent.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -77,7 +76,7 @@ class HealthReporter:
         msg = self.snapshot(now, change)
         if final:
             msg["final"] = True
-        self.publisher.send(HEALTH_TOPIC, json.dumps(msg, separators=(",", ":")).encode())
+        self.publisher.send(HEALTH_TOPIC, self.publisher.encode(msg))
         self.latest = msg
         self.beats += 1
         return msg

@@ -404,7 +404,7 @@ class Pipeline:
         total = int(st[PUBLISH] - st[CAPTURED])
         message["latency_ms"] = self.builder.latencies(slot)
         message["deadline_missed"] = total > self.builder.budget_ns
-        self.publisher.send(self.topic, self.builder.encode(message))
+        self.publisher.send(self.topic, self.publisher.encode(message))
         self._seq += 1
         return total
 

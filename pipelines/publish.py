@@ -10,6 +10,8 @@ the agent does not wait for it.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import threading
 import time
 from typing import Any
@@ -20,17 +22,37 @@ from edge_agent.pipelines.handoff import CAPTURED, N_STAMPS, PUBLISH, STAGES, Fr
 
 SCHEMA_VERSION = 1
 
+log = logging.getLogger(__name__)
+
 
 class ZmqPublisher:
-    def __init__(self, endpoint: str, send_hwm: int = 100) -> None:
+    """The PUB socket. With CURVE, only clients whose public key is in the allowed folder
+    can connect (a ZAP authenticator in the socket's own context checks them)."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        send_hwm: int = 100,
+        encoding: str = "json",
+        curve_server_key: str = "",
+        curve_clients_dir: str = "",
+    ) -> None:
         self.endpoint = endpoint
         self.send_hwm = send_hwm
+        self.encoding = encoding
+        self.curve_server_key = curve_server_key
+        self.curve_clients_dir = curve_clients_dir
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
+        self._auth: Any = None
         # Results come from the post thread and heartbeats from the health thread; a
         # ZeroMQ socket must not be used by two threads at once.
         self._lock = threading.Lock()
         self.sent = 0
+        self._pack = _packer(encoding)
+
+    def encode(self, message: dict[str, Any]) -> bytes:
+        return self._pack(message)
 
     def open(self) -> None:
         self._ctx = zmq.Context()
@@ -39,13 +61,44 @@ class ZmqPublisher:
         sock.sndhwm = self.send_hwm
         sock.linger = 0
         try:
+            if self.curve_server_key:
+                self._curve(sock)
+            elif not _loopback(self.endpoint):
+                log.warning(
+                    "result stream on %s without CURVE: anyone who can reach it reads it "
+                    "(set publish.curve_server_key and curve_clients_dir)",
+                    self.endpoint,
+                )
             sock.bind(self.endpoint)
-        except zmq.ZMQError as e:
+        except (zmq.ZMQError, OSError, ValueError) as e:
             sock.close()
+            self._stop_auth()
             self._ctx.term()
             self._ctx = None
             raise OSError(f"cannot bind result stream to {self.endpoint}: {e}") from None
+        self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT) or self.endpoint
         self._sock = sock
+
+    def _curve(self, sock: zmq.Socket) -> None:
+        import zmq.auth
+        from zmq.auth.thread import ThreadAuthenticator
+
+        public, secret = zmq.auth.load_certificate(self.curve_server_key)
+        if secret is None:
+            raise ValueError(f"{self.curve_server_key} holds no secret key (use the .key_secret file)")
+        if not os.path.isdir(self.curve_clients_dir):
+            raise ValueError(f"allowed-clients folder not found: {self.curve_clients_dir}")
+        self._auth = ThreadAuthenticator(self._ctx)
+        self._auth.start()
+        self._auth.configure_curve(domain="*", location=self.curve_clients_dir)
+        sock.curve_secretkey = secret
+        sock.curve_publickey = public
+        sock.curve_server = True  # before bind
+
+    def _stop_auth(self) -> None:
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
 
     def send(self, topic: bytes, body: bytes) -> None:
         with self._lock:
@@ -59,9 +112,29 @@ class ZmqPublisher:
             if self._sock is not None:
                 self._sock.close(linger=0)
                 self._sock = None
+        self._stop_auth()
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
+
+
+def _loopback(endpoint: str) -> bool:
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    host = endpoint.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _packer(encoding: str):
+    if encoding == "msgpack":
+        try:
+            import msgpack
+        except ImportError:
+            raise ValueError(
+                "publish.encoding msgpack needs the msgpack package: pip install 'edge-agent[msgpack]'"
+            ) from None
+        return lambda message: msgpack.packb(message, use_bin_type=True)
+    return lambda message: json.dumps(message, separators=(",", ":")).encode()
 
 
 class MessageBuilder:
@@ -116,7 +189,3 @@ class MessageBuilder:
         latency = {STAGES[i]: round((st[i + 1] - st[i]) / 1e6, 3) for i in range(N_STAMPS - 1)}
         latency["total"] = round((st[PUBLISH] - st[CAPTURED]) / 1e6, 3)
         return latency
-
-    @staticmethod
-    def encode(message: dict[str, Any]) -> bytes:
-        return json.dumps(message, separators=(",", ":")).encode()

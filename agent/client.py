@@ -1,0 +1,160 @@
+"""A small client for the result stream: typed results, gap detection, CURVE.
+
+    from edge_agent.client import subscribe
+
+    for msg in subscribe("tcp://jetson-07:5556", topics=("det",)):
+        if msg.gap:
+            print(f"lost {msg.gap} messages before seq {msg.seq}")
+        for d in msg.detections:
+            print(msg.source, d.label, d.score, d.box_xyxy)
+
+Each ZeroMQ frame is ``<topic> <body>``; the body is JSON, or msgpack when the agent
+publishes with ``publish.encoding: msgpack`` (told apart by its first byte). The schema
+is ``pipelines/schema/message-v1.schema.json``; fields may be added within version 1, so
+unknown fields are kept in ``raw`` and otherwise ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+
+
+@dataclass(frozen=True)
+class Detection:
+    label: str
+    class_id: int
+    score: float
+    box_xyxy: tuple[float, float, float, float]  # source pixels
+
+
+@dataclass(frozen=True)
+class Result:
+    topic: str
+    source: str
+    seq: int
+    frame_id: int
+    capture_unix_s: float
+    latency_ms: dict[str, float]
+    deadline_missed: bool
+    throttled: bool
+    detections: tuple[Detection, ...]
+    gap: int  # messages lost on this topic just before this one (from seq)
+    raw: dict[str, Any] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Health:
+    topic: str
+    fps: float
+    counts: dict[str, Any]
+    final: bool
+    raw: dict[str, Any] = field(repr=False)
+
+
+def decode(frame: bytes) -> tuple[str, dict[str, Any]]:
+    """Split a stream frame into its topic and decoded body (JSON or msgpack)."""
+    topic, _, body = frame.partition(b" ")
+    if body[:1] == b"{":
+        return topic.decode(), json.loads(body)
+    import msgpack
+
+    return topic.decode(), msgpack.unpackb(body, raw=False)
+
+
+def parse(topic: str, body: dict[str, Any], gap: int = 0) -> Result | Health:
+    if body.get("type") == "health":
+        return Health(
+            topic, float(body.get("fps", 0.0)), body.get("counts", {}), bool(body.get("final")), body
+        )
+    dets = tuple(
+        Detection(d["label"], int(d["class_id"]), float(d["score"]), tuple(d["box_xyxy"]))
+        for d in body.get("detections", ())
+    )
+    return Result(
+        topic,
+        body["source"],
+        int(body["seq"]),
+        int(body["frame_id"]),
+        float(body.get("capture_unix_s", 0.0)),
+        body.get("latency_ms", {}),
+        bool(body.get("deadline_missed")),
+        bool(body.get("throttled")),
+        dets,
+        gap,
+        body,
+    )
+
+
+class GapTracker:
+    """Messages lost per topic, from the sequence numbers (a restart of the agent resets seq)."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, int] = {}
+        self.lost: dict[str, int] = {}
+
+    def update(self, topic: str, seq: int) -> int:
+        prev = self.last.get(topic)
+        self.last[topic] = seq
+        gap = seq - prev - 1 if prev is not None and seq > prev else 0
+        if gap:
+            self.lost[topic] = self.lost.get(topic, 0) + gap
+        return gap
+
+
+def connect(
+    endpoint: str,
+    topics: tuple[str, ...] = ("",),
+    server_key: str | None = None,
+    client_cert: str | None = None,
+    context: zmq.Context | None = None,
+) -> zmq.Socket:
+    """A SUB socket connected to the stream; with CURVE, ``server_key`` is the agent's public
+    certificate and ``client_cert`` this client's secret one (`edge-agent keys generate`)."""
+    ctx = context or zmq.Context.instance()
+    sock = ctx.socket(zmq.SUB)
+    sock.linger = 0
+    if server_key or client_cert:
+        from zmq import auth
+
+        if not (server_key and client_cert):
+            raise ValueError("CURVE needs both the server's public key and this client's certificate")
+        server_public, _ = auth.load_certificate(server_key)
+        public, secret = auth.load_certificate(client_cert)
+        if secret is None:
+            raise ValueError(f"{client_cert} holds no secret key (use the .key_secret file)")
+        sock.curve_serverkey = server_public
+        sock.curve_publickey = public
+        sock.curve_secretkey = secret
+    for topic in topics:
+        sock.subscribe(topic)
+    sock.connect(endpoint)
+    return sock
+
+
+def subscribe(
+    endpoint: str,
+    topics: tuple[str, ...] = ("det", "health"),
+    server_key: str | None = None,
+    client_cert: str | None = None,
+    timeout_s: float | None = None,
+) -> Iterator[Result | Health]:
+    """Yield typed messages; stops (returns) after ``timeout_s`` without a message."""
+    sock = connect(endpoint, topics, server_key, client_cert)
+    sock.rcvtimeo = int(timeout_s * 1000) if timeout_s else -1
+    gaps = GapTracker()
+    try:
+        while True:
+            try:
+                frame = sock.recv()
+            except zmq.Again:
+                return
+            topic, body = decode(frame)
+            gap = gaps.update(topic, int(body["seq"])) if "seq" in body else 0
+            yield parse(topic, body, gap)
+    finally:
+        sock.close()

@@ -1,0 +1,202 @@
+"""Prometheus metrics, read from the agent's own counters and histograms at scrape time.
+
+Nothing is observed per frame for Prometheus: the pipeline already keeps counts and
+fixed-bucket latency histograms, and a custom collector turns them into Prometheus
+families when scraped, so the hot path pays nothing. Latency buckets suit a 50 ms
+budget; every value is in base units (seconds, hertz, watts, bytes).
+
+Metric names (the Grafana dashboard in tools/ uses exactly these):
+
+- ``edge_agent_frames_captured_total{source}``
+- ``edge_agent_frames_published_total{source,outcome}`` (on_time | late)
+- ``edge_agent_frames_dropped_total{source,reason}``
+- ``edge_agent_frames_in_flight{source}``
+- ``edge_agent_stage_latency_seconds{source,stage}`` (histogram)
+- ``edge_agent_end_to_end_latency_seconds{source}`` (histogram)
+- ``edge_agent_deadline_budget_seconds{source}``, ``edge_agent_deadline_miss_ratio{source}``
+- ``edge_agent_ladder_step{source,step}`` (the step index; the name as a label)
+- ``edge_agent_model_info{model,backend,device}`` (always 1)
+- power telemetry, where present: ``edge_agent_gpu_frequency_hertz``, ``edge_agent_gpu_load_ratio``,
+  ``edge_agent_cpu_frequency_hertz{cpu}``, ``edge_agent_emc_frequency_hertz``,
+  ``edge_agent_temperature_celsius{zone}``, ``edge_agent_rail_power_watts{rail}``,
+  ``edge_agent_power_watts``, ``edge_agent_throttled``
+- ``process_resident_memory_bytes``, ``process_cpu_seconds_total``, ... (the client's process collector)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from edge_agent.latency import _UPPER, LatencyHistogram
+
+log = logging.getLogger(__name__)
+
+#: Seconds; dense below the 50 ms budget, a few beyond to show how late late is.
+BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 1.0)
+
+
+def histogram_buckets(h: LatencyHistogram) -> tuple[list[tuple[str, float]], float]:
+    """Cumulative Prometheus buckets from a log-bucket histogram, and the sum in seconds.
+
+    A sample is counted under a bound when its bucket's upper edge is at or below it,
+    so counts are exact to the histogram's 2 % resolution.
+    """
+    counts = h.counts.copy()
+    cum = np.cumsum(counts)
+    out = []
+    for bound in BUCKETS_S:
+        idx = int(np.searchsorted(_UPPER, bound * 1e9, side="right")) - 1
+        out.append((repr(bound), float(cum[idx]) if idx >= 0 else 0.0))
+    out.append(("+Inf", float(cum[-1]) if len(cum) else 0.0))
+    return out, h.total_ns / 1e9
+
+
+class AgentCollector:
+    """Reads the running agent at scrape time (the agent object stays the owner)."""
+
+    def __init__(self, agent: Any) -> None:
+        self.agent = agent
+
+    def collect(self):
+        agent = self.agent
+        pipeline = agent.pipeline
+        if pipeline is None:
+            return
+        src = pipeline.source.name
+        stats, monitor = pipeline.stats, pipeline.monitor
+        c = stats.counts()
+        captured = CounterMetricFamily(
+            "edge_agent_frames_captured", "Frames the source produced", labels=["source"]
+        )
+        captured.add_metric([src], c["captured"])
+        yield captured
+        published = CounterMetricFamily(
+            "edge_agent_frames_published",
+            "Frames published, by deadline outcome",
+            labels=["source", "outcome"],
+        )
+        published.add_metric([src, "on_time"], c["on_time"])
+        published.add_metric([src, "late"], c["late"])
+        yield published
+        dropped = CounterMetricFamily(
+            "edge_agent_frames_dropped", "Frames dropped, by reason", labels=["source", "reason"]
+        )
+        for reason, n in c["dropped_by_reason"].items():
+            dropped.add_metric([src, reason], n)
+        yield dropped
+        in_flight = GaugeMetricFamily(
+            "edge_agent_frames_in_flight", "Frames in the pipeline now", labels=["source"]
+        )
+        in_flight.add_metric([src], c["in_flight"])
+        yield in_flight
+        stage = HistogramMetricFamily(
+            "edge_agent_stage_latency_seconds", "Time per pipeline stage", labels=["source", "stage"]
+        )
+        for name, h in stats.stages.items():
+            buckets, total = histogram_buckets(h)
+            stage.add_metric([src, name], buckets, total)
+        yield stage
+        e2e = HistogramMetricFamily(
+            "edge_agent_end_to_end_latency_seconds",
+            "Capture to publish, per published frame",
+            labels=["source"],
+        )
+        buckets, total = histogram_buckets(stats.total)
+        e2e.add_metric([src], buckets, total)
+        yield e2e
+        budget = GaugeMetricFamily(
+            "edge_agent_deadline_budget_seconds", "The end-to-end budget", labels=["source"]
+        )
+        budget.add_metric([src], monitor.config.budget_ms / 1e3)
+        yield budget
+        rate, _ = monitor.miss_rate(time.monotonic_ns())
+        miss = GaugeMetricFamily(
+            "edge_agent_deadline_miss_ratio", "Misses in the sliding window", labels=["source"]
+        )
+        miss.add_metric([src], rate)
+        yield miss
+        step = GaugeMetricFamily(
+            "edge_agent_ladder_step", "Degradation ladder step (0: normal)", labels=["source", "step"]
+        )
+        step.add_metric([src, monitor.current.name], monitor.step)
+        yield step
+        if agent.model is not None:
+            info = agent.model.backend.describe()
+            model = GaugeMetricFamily(
+                "edge_agent_model_info", "Model and backend", labels=["model", "backend", "device"]
+            )
+            model.add_metric(
+                [agent.model.manifest.name, str(info.get("backend", "")), str(info.get("device", "cpu"))], 1
+            )
+            yield model
+        yield from self._power(agent.power)
+
+    @staticmethod
+    def _power(power: Any):
+        t = power.latest if power is not None else None
+        if t is None:
+            return
+        gauges = [
+            ("edge_agent_gpu_frequency_hertz", "GPU clock", t.gpu_freq_hz),
+            (
+                "edge_agent_gpu_load_ratio",
+                "GPU load",
+                None if t.gpu_load_pct is None else t.gpu_load_pct / 100,
+            ),
+            ("edge_agent_emc_frequency_hertz", "Memory clock", t.emc_hz),
+            ("edge_agent_power_watts", "Total board power", None if t.total_mw is None else t.total_mw / 1e3),
+        ]
+        for name, text, value in gauges:
+            if value is not None:
+                yield GaugeMetricFamily(name, text, value=value)
+        cpu = GaugeMetricFamily("edge_agent_cpu_frequency_hertz", "CPU clock per core", labels=["cpu"])
+        for name, khz in t.cpu_freq_khz.items():
+            cpu.add_metric([name], khz * 1e3)
+        temps = GaugeMetricFamily(
+            "edge_agent_temperature_celsius", "Thermal zone temperature", labels=["zone"]
+        )
+        for zone, celsius in t.temps_c.items():
+            temps.add_metric([zone], celsius)
+        rails = GaugeMetricFamily("edge_agent_rail_power_watts", "Power per INA3221 rail", labels=["rail"])
+        for rail, mw in t.rails_mw.items():
+            rails.add_metric([rail], mw / 1e3)
+        yield from (cpu, temps, rails)
+        yield GaugeMetricFamily(
+            "edge_agent_throttled", "Throttling now (1) or not (0)", value=float(bool(power.throttled))
+        )
+
+
+class MetricsServer:
+    """The HTTP endpoint (``/metrics``); failure to bind is logged, never fatal."""
+
+    def __init__(self, agent: Any, host: str, port: int) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(AgentCollector(agent))
+        self.registry.register(ProcessCollector(registry=None))
+        self.host, self.port = host, port
+        self._server: Any = None
+        self._thread: Any = None
+
+    def start(self) -> None:
+        try:
+            self._server, self._thread = start_http_server(self.port, self.host, self.registry)
+        except OSError as e:
+            log.warning(
+                "metrics: cannot listen on %s:%d (%s); running without metrics", self.host, self.port, e
+            )
+            return
+        self.port = self._server.server_port  # the real one when 0 asked for any
+        log.info("metrics on http://%s:%d/metrics", self.host, self.port)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(1.0)
+            self._server = None

@@ -1,0 +1,329 @@
+"""Operating a fleet: Prometheus over real HTTP, CURVE on the real socket, the client."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import zmq
+from prometheus_client.parser import text_string_to_metric_families
+from test_pipeline import Subscriber
+from test_sources import write_video
+
+from edge_agent.client import GapTracker, Result, connect, decode, subscribe
+from edge_agent.config import (
+    AgentConfig,
+    MetricsConfig,
+    ModelConfig,
+    PublishConfig,
+    SyntheticSourceConfig,
+    VideoSourceConfig,
+)
+from edge_agent.runner import Agent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict[str, list]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def value(families: dict, family: str, sample: str, **labels) -> float:
+    for s in families[family]:
+        if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
+            return s.value
+    raise KeyError((family, sample, labels))
+
+
+def test_metrics_over_http_agree_with_the_health_stream(tmp_path, const_model, endpoint):
+    port = free_port()
+    video = write_video(tmp_path / "clip.avi", 60)
+    cfg = AgentConfig(
+        source=VideoSourceConfig(path=str(video), name="file"),
+        model=ModelConfig(path=str(const_model)),
+        publish=PublishConfig(endpoint=endpoint, health_interval_s=0.1),
+        metrics=MetricsConfig(port=port),
+    )
+    health = Subscriber(endpoint, "health")
+    agent = Agent(cfg)
+    agent.build()
+    agent.start()
+    try:
+        assert agent.pipeline.finished.wait(30)
+        time.sleep(0.3)  # a heartbeat after the last frame
+        families = scrape(port)
+    finally:
+        agent.stop()
+        health.close()
+    beat = [m for m in health.messages if not m.get("final")][-1]["counts"]
+    assert (
+        value(families, "edge_agent_frames_captured", "edge_agent_frames_captured_total", source="file")
+        == beat["captured"]
+        == 60
+    )
+    on_time = value(
+        families, "edge_agent_frames_published", "edge_agent_frames_published_total", outcome="on_time"
+    )
+    assert on_time == beat["on_time"]
+    e2e_count = value(
+        families, "edge_agent_end_to_end_latency_seconds", "edge_agent_end_to_end_latency_seconds_count"
+    )
+    assert e2e_count == beat["on_time"] + beat["late"]
+    buckets = [s for s in families["edge_agent_end_to_end_latency_seconds"] if s.name.endswith("_bucket")]
+    counts = [s.value for s in buckets]
+    assert counts == sorted(counts) and buckets[-1].labels["le"] == "+Inf", "cumulative buckets"
+    assert "edge_agent_model_info" in families and "process_resident_memory_bytes" in families
+    assert value(families, "edge_agent_ladder_step", "edge_agent_ladder_step", step="full") == 0
+
+
+def keypairs(tmp_path: Path) -> dict[str, Path]:
+    out = {}
+    for name in ("server", "good", "bad"):
+        r = subprocess.run(
+            [sys.executable, "-m", "edge_agent", "keys", "generate", name, "--dir", str(tmp_path / "keys")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert r.returncode == 0, r.stderr
+        out[name] = tmp_path / "keys" / name
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    (allowed / "good.key").write_bytes((tmp_path / "keys" / "good.key").read_bytes())
+    out["allowed"] = allowed
+    return out
+
+
+def test_keys_are_written_with_safe_permissions(tmp_path):
+    keys = keypairs(tmp_path)
+    secret = Path(f"{keys['server']}.key_secret")
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "keys").stat().st_mode) == 0o700
+
+
+def test_curve_lets_only_allowed_clients_read(tmp_path, const_model, endpoint):
+    keys = keypairs(tmp_path)
+    cfg = AgentConfig(
+        source=SyntheticSourceConfig(fps=50),
+        model=ModelConfig(path=str(const_model)),
+        publish=PublishConfig(
+            endpoint=endpoint,
+            curve_server_key=f"{keys['server']}.key_secret",
+            curve_clients_dir=str(keys["allowed"]),
+        ),
+        metrics=MetricsConfig(enabled=False),
+    )
+    agent = Agent(cfg)
+    agent.build()
+    agent.start()
+    ctx = zmq.Context()
+    server_pub = f"{keys['server']}.key"
+    socks = {
+        "good": connect(endpoint, ("det",), server_pub, f"{keys['good']}.key_secret", ctx),
+        "bad": connect(endpoint, ("det",), server_pub, f"{keys['bad']}.key_secret", ctx),
+        "plain": connect(endpoint, ("det",), None, None, ctx),
+    }
+    got = {name: 0 for name in socks}
+    try:
+        end = time.monotonic() + 3.0
+        while time.monotonic() < end:
+            for name, s in socks.items():
+                try:
+                    while True:
+                        s.recv(zmq.NOBLOCK)
+                        got[name] += 1
+                except zmq.Again:
+                    pass
+            time.sleep(0.02)
+        running = agent.pipeline.stats.published
+        time.sleep(0.3)
+        assert agent.pipeline.stats.published > running, "the agent keeps publishing"
+    finally:
+        for s in socks.values():
+            s.close()
+        ctx.term()
+        agent.stop()
+    assert got["good"] > 20, got
+    assert got["bad"] == 0 and got["plain"] == 0, got
+
+
+def test_without_curve_a_public_bind_warns(const_model, caplog):
+    from edge_agent.pipelines.publish import ZmqPublisher
+
+    port = free_port()
+    pub = ZmqPublisher(f"tcp://0.0.0.0:{port}")
+    with caplog.at_level("WARNING"):
+        pub.open()
+    pub.close()
+    assert "without CURVE" in caplog.text
+
+
+def test_client_detects_an_injected_gap(endpoint):
+    import threading
+
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.bind(endpoint)
+    got: list = []
+
+    def consume() -> None:
+        for m in subscribe(endpoint, ("det",), timeout_s=5.0):
+            got.append(m)
+            if len(got) >= 1 and got[-1].seq == 7:
+                return
+
+    t = threading.Thread(target=consume)
+    t.start()
+    try:
+        end = time.monotonic() + 5
+        while not got and time.monotonic() < end:  # slow joiner: until the client is connected
+            pub.send(b"det.cam " + json.dumps(_result(0)).encode())
+            time.sleep(0.05)
+        for seq in (1, 2, 6, 7):  # 3, 4, 5 never sent
+            pub.send(b"det.cam " + json.dumps(_result(seq)).encode())
+        t.join(10)
+    finally:
+        pub.close(linger=0)
+        ctx.term()
+    assert isinstance(got[0], Result)
+    tail = [(m.seq, m.gap) for m in got if m.seq != 0]
+    assert tail == [(1, 0), (2, 0), (6, 3), (7, 0)], tail
+    assert got[0].detections[0].label == "circle"
+
+
+def _result(seq: int) -> dict:
+    return {
+        "schema": 1,
+        "device": "d",
+        "source": "cam",
+        "seq": seq,
+        "frame_id": seq,
+        "capture_mono_ns": 1,
+        "capture_unix_s": 1.0,
+        "image_wh": [640, 480],
+        "model": "m",
+        "latency_ms": {"total": 1.0},
+        "deadline_ms": 50.0,
+        "deadline_missed": False,
+        "throttled": False,
+        "detections": [{"label": "circle", "class_id": 0, "score": 0.9, "box_xyxy": [1, 2, 3, 4]}],
+    }
+
+
+def test_gap_tracker_counts_per_topic():
+    g = GapTracker()
+    assert [g.update("a", s) for s in (0, 1, 4)] == [0, 0, 2]
+    assert g.update("b", 10) == 0 and g.lost == {"a": 2}
+
+
+def test_msgpack_encoding_round_trips_through_the_client(const_model, endpoint):
+    cfg = AgentConfig(
+        source=SyntheticSourceConfig(fps=50),
+        model=ModelConfig(path=str(const_model)),
+        publish=PublishConfig(endpoint=endpoint, encoding="msgpack"),
+        metrics=MetricsConfig(enabled=False),
+    )
+    sock = connect(endpoint, ("det",))
+    sock.rcvtimeo = 5000
+    agent = Agent(cfg)
+    agent.build()
+    agent.start()
+    try:
+        raw = sock.recv()
+    finally:
+        sock.close()
+        agent.stop()
+    assert raw.split(b" ", 1)[1][:1] != b"{", "not JSON"
+    topic, body = decode(raw)
+    assert topic == "det.cam0" and body["schema"] == 1 and len(body["detections"]) == 2
+
+
+def test_listen_stats_reports_rates_and_losses(const_model, endpoint, tmp_path):
+    cfg = tmp_path / "a.yaml"
+    cfg.write_text(
+        f"source: {{type: synthetic, fps: 50}}\nmodel: {{path: '{const_model}'}}\n"
+        f"publish: {{endpoint: '{endpoint}'}}\nmetrics: {{enabled: false}}\n"
+    )
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg), "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "edge_agent",
+                "listen",
+                endpoint,
+                "--topic",
+                "det",
+                "--stats",
+                "--count",
+                "120",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        agent.terminate()
+        agent.wait(10)
+    assert out.returncode == 0, out.stderr
+    line = out.stdout.splitlines()[0]
+    assert line.startswith("cam0:") and "msg/s" in line and "p99" in line and "lost 0" in line, out.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to bind any port")
+def test_default_metrics_bind_loopback_only():
+    assert MetricsConfig().host == "127.0.0.1"
+
+
+def test_grafana_dashboard_uses_only_metrics_the_agent_exports(tmp_path, const_model, endpoint):
+    import re
+
+    dashboard = json.loads((Path(__file__).parent.parent / "tools" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {
+        re.sub(r"_(bucket|count|sum)$", "", m)
+        for e in exprs
+        for m in re.findall(r"\b((?:edge_agent|process)_[a-z_]+)", e)
+    }
+    port = free_port()
+    cfg = AgentConfig(
+        source=SyntheticSourceConfig(fps=30),
+        model=ModelConfig(path=str(const_model)),
+        publish=PublishConfig(endpoint=endpoint),
+        metrics=MetricsConfig(port=port),
+    )
+    agent = Agent(cfg)
+    agent.build()
+    agent.start()
+    try:
+        time.sleep(0.5)
+        exported = set(scrape(port))
+    finally:
+        agent.stop()
+    # Counters are exported as <name>_total; power gauges exist only on a Jetson.
+    exported |= {f"{n}_total" for n in exported}
+    power_only = {n for n in used if re.search(r"gpu|cpu_frequency|emc|temperature|power_watts|throttled", n)}
+    missing = used - exported - power_only
+    assert not missing, f"dashboard queries metrics the agent does not export: {missing}"
+    from edge_agent import metrics
+
+    for name in power_only:  # named in the module's list, where the power collector makes them
+        assert name in metrics.__doc__, name
