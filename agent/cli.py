@@ -138,7 +138,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     log.info("running: %s", json.dumps(agent.describe()))
     t0 = time.monotonic()
 
+    # Footprint after warm-up and at the end: a soak run (--duration) shows any growth.
+    footprints: dict[str, Any] = {}
+
     def show(beat: dict[str, Any]) -> None:
+        proc = beat.get("process", {})
+        if "after_warmup" not in footprints and beat["uptime_s"] >= min(10.0, (args.duration or 60) / 10):
+            footprints["after_warmup"] = (beat["uptime_s"], proc)
+        footprints["last"] = (beat["uptime_s"], proc)
         if not args.quiet:
             print(_status_line(beat), file=sys.stderr, flush=True)
 
@@ -150,6 +157,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         clean = agent.stop()  # an exception above must still drain, publish and restore power
         notifier.close()
     print(_summary(agent.pipeline.stats, time.monotonic() - t0), file=sys.stderr, flush=True)
+    for when, (at, proc) in footprints.items():
+        rss_mib = proc["rss_bytes"] / 2**20 if proc.get("rss_bytes") else float("nan")
+        print(
+            f"process {when.replace('_', ' ')} ({at:.0f} s): RSS {rss_mib:.1f} MiB, "
+            f"{proc.get('open_fds')} fds, {proc.get('threads')} threads",
+            file=sys.stderr,
+            flush=True,
+        )
     if agent.pipeline.error:
         return _fail(agent.pipeline.error)
     return EXIT_OK if clean else EXIT_FAILED

@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any
 
+from edge_agent import resources
 from edge_agent.pipelines.deadline import LadderChange
 from edge_agent.pipelines.handoff import STAGES
 from edge_agent.pipelines.publish import SCHEMA_VERSION, ZmqPublisher
@@ -121,6 +122,7 @@ class HealthReporter:
                 "step_up_after_s": monitor.config.step_up_after_s * monitor.up_backoff,
             },
             "source_state": p.source.describe(),
+            "process": resources.snapshot(),
         }
         if self.power is not None:
             msg["power"] = self.power.snapshot()
