@@ -7,6 +7,7 @@ bundled detector, ONNX Runtime on the CPU). Sources and backends are told apart 
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass, field
 from typing import Literal
@@ -361,6 +362,49 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class ResilienceConfig:
+    """What the agent does when inference keeps failing: reload the backend, then fall
+    back to ONNX Runtime on the CPU (with ``fallback_model``, or the same model), then
+    exit non-zero for systemd to restart it."""
+
+    max_consecutive_errors: int = 10  # inference errors in a row that trip the breaker
+    fallback_model: str = ""  # empty: the main model
+
+    def __post_init__(self) -> None:
+        check(1 <= self.max_consecutive_errors <= 10_000, "max_consecutive_errors", "must be within 1..10000")
+
+
+@dataclass(frozen=True)
+class FaultsConfig:
+    """Fault injection, for tests on the real pipeline only: refused unless the
+    environment variable EDGE_AGENT_FAULTS=1 is set."""
+
+    source_outage_after_frames: int = 0  # the camera disappears after this many frames ...
+    source_outage_s: float = 0.0  # ... for this long, then comes back
+    backend_error_rate: float = 0.0  # share of inferences that raise
+    backend_fail_after_frames: int = 0  # every inference after this many raises (0: never)
+    backend_delay_ms: float = 0.0  # added to every inference
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        check(0.0 <= self.backend_error_rate <= 1.0, "backend_error_rate", "must be within 0..1")
+        check(self.source_outage_s >= 0 and self.backend_delay_ms >= 0, "source_outage_s", "must be >= 0")
+        check(
+            not self.active() or os.environ.get("EDGE_AGENT_FAULTS") == "1",
+            "backend_error_rate" if self.backend_error_rate else "source_outage_after_frames",
+            "fault injection is for tests: set EDGE_AGENT_FAULTS=1 to allow it",
+        )
+
+    def active(self) -> bool:
+        return bool(
+            self.source_outage_after_frames
+            or self.backend_error_rate
+            or self.backend_fail_after_frames
+            or self.backend_delay_ms
+        )
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     device_id: str = field(default_factory=socket.gethostname)
     source: SourceConfig = field(default_factory=SyntheticSourceConfig)
@@ -370,6 +414,8 @@ class AgentConfig:
     deadline: DeadlineConfig = field(default_factory=DeadlineConfig)
     power: PowerConfig = field(default_factory=PowerConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
+    faults: FaultsConfig = field(default_factory=FaultsConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 

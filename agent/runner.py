@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.config import AgentConfig, BackendConfig, ModelConfig
+from edge_agent.config import AgentConfig, BackendConfig, LadderStep, ModelConfig, OnnxRuntimeConfig
 from edge_agent.models.manifest import InputSpec, ModelError, ModelManifest, ResolvedModel, resolve_model
 from edge_agent.pipelines.backends.base import InferenceBackend, TensorSpec
 from edge_agent.pipelines.backends.registry import create_backend
@@ -148,13 +148,13 @@ class Agent:
         Ladder models are loaded now, not when the ladder reaches them: a switch under
         overload must be instant, and a broken fallback must fail at start, not then.
         """
-        main = load_model(cfg.model, cfg.backend)
+        main = self._faulty(load_model(cfg.model, cfg.backend), cfg)
         profiles = {main.manifest.name: Profile.allocate(main.manifest.name, main)}
         models = {main.manifest.name: main}
         for step in cfg.deadline.ladder:
             if step.model and step.model not in profiles:
                 alt_cfg = replace(cfg.model, path=step.model, manifest=step.manifest)
-                alt = load_model(alt_cfg, cfg.backend)
+                alt = self._faulty(load_model(alt_cfg, cfg.backend), cfg)
                 if alt.manifest.labels != main.manifest.labels:
                     raise ModelError(
                         f"ladder step {step.name!r}: {step.model} has other labels than the main model"
@@ -170,6 +170,23 @@ class Agent:
                 models[step.model] = alt
         return profiles, models
 
+    @staticmethod
+    def _faulty(model: LoadedModel, cfg: AgentConfig) -> LoadedModel:
+        f = cfg.faults
+        if f.backend_error_rate or f.backend_fail_after_frames or f.backend_delay_ms:
+            from edge_agent.pipelines.faults import FaultyBackend
+
+            model.backend = FaultyBackend(model.backend, f)
+        return model
+
+    def _source(self, cfg: AgentConfig) -> Any:
+        source = create_source(cfg.source)
+        if cfg.faults.source_outage_after_frames:
+            from edge_agent.pipelines.faults import FaultySource
+
+            source = FaultySource(source, cfg.faults)
+        return source
+
     def _pipeline(self, cfg: AgentConfig, source: Any, profiles: dict[str, Profile]) -> Pipeline:
         main = next(iter(profiles.values())).model
         assert self.publisher is not None
@@ -183,12 +200,13 @@ class Agent:
             self.publisher,
             cfg.publish.topic,
             self.max_frames,
+            cfg.resilience.max_consecutive_errors,
         )
 
     def build(self) -> None:
         cfg = self.config
         profiles, self.models = self._load_profiles(cfg)
-        source = create_source(cfg.source)
+        source = self._source(cfg)
         self.power = PowerManager(cfg.power)
         pub = cfg.publish
         self.publisher = ZmqPublisher(
@@ -199,7 +217,34 @@ class Agent:
             self.pipeline, self.publisher, cfg.device_id, cfg.publish.health_interval_s, self.power
         )
 
-    def reload(self, new: AgentConfig) -> list[str]:
+    def recover(self) -> str:
+        """The inference breaker opened: reload the backend, then fall back to ONNX Runtime
+        on the CPU, then give up (the pipeline's error makes `run` exit non-zero, and
+        systemd restarts the agent). Returns what was done."""
+        self._breaker_trips = getattr(self, "_breaker_trips", 0) + 1
+        cfg = self.config
+        if self._breaker_trips == 1:
+            log.error("breaker: reloading the backend")
+            self.reload(cfg, force=True)
+            return "reloaded the backend"
+        fallback = replace(
+            cfg,
+            backend=OnnxRuntimeConfig(),
+            model=replace(cfg.model, path=cfg.resilience.fallback_model or cfg.model.path),
+            deadline=replace(cfg.deadline, ladder=(LadderStep(),)),
+        )
+        if self._breaker_trips == 2 and fallback != cfg:
+            log.error(
+                "breaker: falling back to ONNX Runtime on the CPU (%s)", fallback.model.path or "bundled"
+            )
+            self.reload(fallback, force=True)
+            return "fell back to ONNX Runtime on the CPU"
+        assert self.pipeline is not None
+        self.pipeline.error = "inference keeps failing after a backend reload and the fallback: giving up"
+        log.error("breaker: %s", self.pipeline.error)
+        return "gave up"
+
+    def reload(self, new: AgentConfig, force: bool = False) -> list[str]:
         """Swap to ``new`` at a frame boundary, keeping the result stream and its seq.
 
         Everything that can fail (models, a new source) is prepared while the old
@@ -209,10 +254,11 @@ class Agent:
         old = self.config
         assert self.pipeline is not None and self.publisher is not None and self.health is not None
         changed = [f.name for f in fields(AgentConfig) if getattr(old, f.name) != getattr(new, f.name)]
-        if not changed:
+        if not changed and not force:
             return []
         models_changed = (
-            old.model != new.model
+            force
+            or old.model != new.model
             or old.backend != new.backend
             or ([s.model for s in old.deadline.ladder] != [s.model for s in new.deadline.ladder])
         )
@@ -221,7 +267,7 @@ class Agent:
         )
         source = self.pipeline.source
         if old.source != new.source:
-            source = create_source(new.source)
+            source = self._source(new)
             source.open()
         # The swap: drain the old pipeline, then start the new one on the same socket.
         old_pipeline = self.pipeline

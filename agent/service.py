@@ -89,6 +89,10 @@ class Supervisor:
             if self.signals.reload.is_set():
                 self.signals.reload.clear()
                 self.reload()
+            if agent.pipeline.breaker.is_set():
+                self.notifier.status("inference failing: " + agent.recover())
+                if agent.pipeline.error is not None:
+                    break
             pipeline, health = agent.pipeline, agent.health
             if pipeline.finished.is_set() or (self.duration_s and time.monotonic() - t0 >= self.duration_s):
                 break

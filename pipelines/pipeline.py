@@ -156,6 +156,7 @@ class Pipeline:
         publisher: ZmqPublisher,
         topic: str,
         max_frames: int = 0,
+        max_consecutive_errors: int = 10,
     ) -> None:
         self.source = source
         self.profiles = profiles
@@ -170,6 +171,11 @@ class Pipeline:
             self.stats.by_profile[p.name] = LatencyHistogram()
         self.error: str | None = None
         self.finished = threading.Event()  # set once the last frame has been published
+        # Set by the inference thread when that many inferences in a row have failed: the
+        # owner (the agent's supervisor) reloads, falls back, or gives up.
+        self.breaker = threading.Event()
+        self.max_consecutive_errors = max_consecutive_errors
+        self._consecutive_errors = 0
         self._stop = threading.Event()
         self._abort = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -367,10 +373,17 @@ class Pipeline:
         slot.stamps[INFER_START] = now
         try:
             slot.profile.model.backend.infer(slot.io)
-        except Exception:
-            log.exception("pipeline: inference failed for frame %d", slot.frame_id)
+        except Exception as e:
+            self._consecutive_errors += 1
+            # One line per failure, not a traceback per frame: a broken backend can fail
+            # hundreds of times a second.
+            log.error("pipeline: inference failed for frame %d: %s", slot.frame_id, e)
             self._drop(slot, "error")
+            if self._consecutive_errors >= self.max_consecutive_errors and not self.breaker.is_set():
+                log.error("pipeline: %d inferences in a row failed: breaker open", self._consecutive_errors)
+                self.breaker.set()
             return False
+        self._consecutive_errors = 0
         slot.stamps[INFER_END] = time.monotonic_ns()
         return True
 

@@ -1,0 +1,161 @@
+"""Faults on the real pipeline: a camera that goes and comes back, a backend that fails
+sometimes or for good (breaker → reload → fallback → exit), and a slow subscriber."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import zmq
+from test_pipeline import Subscriber
+
+from edge_agent import resources
+from edge_agent.config import (
+    AgentConfig,
+    FaultsConfig,
+    MetricsConfig,
+    ModelConfig,
+    PublishConfig,
+    SyntheticSourceConfig,
+)
+from edge_agent.configload import FieldError
+from edge_agent.runner import Agent
+
+
+@pytest.fixture
+def faults_allowed(monkeypatch):
+    monkeypatch.setenv("EDGE_AGENT_FAULTS", "1")
+
+
+def agent_with(const_model, endpoint, fps: float, faults: FaultsConfig, **kw) -> Agent:
+    cfg = AgentConfig(
+        source=SyntheticSourceConfig(fps=fps),
+        model=ModelConfig(path=str(const_model)),
+        publish=PublishConfig(endpoint=endpoint, health_interval_s=0.1, **kw),
+        metrics=MetricsConfig(enabled=False),
+        faults=faults,
+    )
+    agent = Agent(cfg)
+    agent.build()
+    return agent
+
+
+def test_fault_injection_is_refused_outside_tests(monkeypatch):
+    monkeypatch.delenv("EDGE_AGENT_FAULTS", raising=False)
+    with pytest.raises(FieldError, match="EDGE_AGENT_FAULTS"):
+        FaultsConfig(backend_error_rate=0.1)
+    assert not FaultsConfig().active()
+
+
+def test_camera_loss_and_return_is_recovered_without_restart(faults_allowed, const_model, endpoint):
+    faults = FaultsConfig(source_outage_after_frames=25, source_outage_s=0.6)
+    sub = Subscriber(endpoint)
+    agent = agent_with(const_model, endpoint, 50, faults)
+    pipeline = agent.pipeline
+    agent.start()
+    try:
+        time.sleep(2.5)
+    finally:
+        agent.stop()
+        sub.close()
+    assert agent.pipeline is pipeline, "recovered without restarting the pipeline"
+    results = [m for m in sub.messages if "detections" in m]
+    times = [m["capture_unix_s"] for m in results]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert max(gaps) >= 0.5, "the outage shows as a gap in capture times"
+    assert len([t for t in times if t > times[0] + 0.6]) > 25, "frames flow again after the camera returns"
+    states = [m["source_state"] for m in sub.messages if m.get("type") == "health"]
+    assert any(not s["connected"] for s in states) and states[-1]["connected"] and states[-1]["failures"] == 1
+    c = agent.pipeline.stats.counts()
+    assert c["in_flight"] == 0 and c["captured"] == c["on_time"] + c["late"] + c["dropped"]
+
+
+def test_backend_errors_on_one_percent_drop_only_those_frames(faults_allowed, const_model, endpoint):
+    faults = FaultsConfig(backend_error_rate=0.01, seed=3)
+    agent = agent_with(const_model, endpoint, 0, faults)
+    agent.max_frames = agent.pipeline.max_frames = 1500
+    agent.start()
+    try:
+        assert agent.pipeline.finished.wait(60)
+    finally:
+        agent.stop()
+    backend = agent.pipeline.primary.model.backend
+    c = agent.pipeline.stats.counts()
+    injected = c["dropped_by_reason"]["error"]
+    assert 3 <= injected <= 40, f"~1 % of 1500: {injected}"
+    assert c["on_time"] + c["late"] == 1500 - injected and c["captured"] == 1500
+    assert not agent.pipeline.breaker.is_set() and backend.calls >= 1500
+
+
+def test_repeated_failures_trip_the_breaker_reload_fallback_then_exit_nonzero(
+    tmp_path, endpoint, const_model
+):
+    cfg = tmp_path / "faulty.yaml"
+    cfg.write_text(
+        f"source: {{type: synthetic, fps: 100}}\nmodel: {{path: '{const_model}'}}\n"
+        f"publish: {{endpoint: '{endpoint}'}}\nmetrics: {{enabled: false}}\n"
+        "resilience: {max_consecutive_errors: 5}\nfaults: {backend_fail_after_frames: 20}\n"
+    )
+    env = {**os.environ, "EDGE_AGENT_FAULTS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg), "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    err = proc.stderr
+    assert proc.returncode == 1, err
+    steps = [
+        "breaker: reloading the backend",
+        "breaker: falling back to ONNX Runtime",
+        "breaker: inference keeps failing",
+    ]
+    positions = [err.find(s) for s in steps]
+    assert all(p >= 0 for p in positions) and positions == sorted(positions), err[-2000:]
+    assert "giving up" in err.splitlines()[-1]
+
+
+def test_a_slow_subscriber_never_slows_the_agent(const_model, endpoint):
+    agent = agent_with(const_model, endpoint, 100, FaultsConfig(), send_hwm=10)
+    ctx = zmq.Context()
+    slow = ctx.socket(zmq.SUB)
+    slow.rcvhwm = 10
+    slow.subscribe("det")
+    slow.connect(endpoint)
+    stop = threading.Event()
+
+    def read_slowly() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(zmq.Again):
+                slow.recv(zmq.NOBLOCK)
+            time.sleep(0.1)  # 10 messages/s against 100 published
+
+    reader = threading.Thread(target=read_slowly)
+    agent.start()
+    reader.start()
+    try:
+        time.sleep(1.0)
+        rss_before = resources.rss_bytes()
+        published_before = agent.pipeline.stats.published
+        time.sleep(3.0)
+        rss_after = resources.rss_bytes()
+        published = agent.pipeline.stats.published - published_before
+    finally:
+        stop.set()
+        reader.join()
+        slow.close(linger=0)
+        ctx.term()
+        agent.stop()
+    stats = agent.pipeline.stats
+    assert published >= 200, f"the agent kept its rate with a slow reader ({published} in 3 s at 100 fps)"
+    assert stats.send.max_ns < 50e6, "a send never waits for a subscriber"
+    assert stats.dropped_total() == 0
+    if rss_before and rss_after:
+        assert rss_after - rss_before < 20 * 2**20, "memory stays flat: the queue per subscriber is bounded"
