@@ -11,6 +11,7 @@ Metric names (the Grafana dashboard in tools/ uses exactly these):
 - ``edge_agent_frames_published_total{source,outcome}`` (on_time | late)
 - ``edge_agent_frames_dropped_total{source,reason}``
 - ``edge_agent_frames_in_flight{source}``
+- ``edge_agent_source_connected{source}``, ``edge_agent_source_failures_total{source}`` (live sources)
 - ``edge_agent_stage_latency_seconds{source,stage}`` (histogram)
 - ``edge_agent_end_to_end_latency_seconds{source}`` (histogram)
 - ``edge_agent_deadline_budget_seconds{source}``, ``edge_agent_deadline_miss_ratio{source}``
@@ -90,6 +91,20 @@ class AgentCollector:
         for reason, n in c["dropped_by_reason"].items():
             dropped.add_metric([src, reason], n)
         yield dropped
+        state = pipeline.source.describe()
+        if "connected" in state:
+            up = GaugeMetricFamily(
+                "edge_agent_source_connected", "Live source delivering (1) or not", labels=["source"]
+            )
+            up.add_metric([src], float(bool(state["connected"])))
+            yield up
+            fails = CounterMetricFamily(
+                "edge_agent_source_failures",
+                "Camera failures (lost, errors, stalls, frozen)",
+                labels=["source"],
+            )
+            fails.add_metric([src], state.get("failures", 0))
+            yield fails
         in_flight = GaugeMetricFamily(
             "edge_agent_frames_in_flight", "Frames in the pipeline now", labels=["source"]
         )

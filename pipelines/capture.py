@@ -108,6 +108,8 @@ class OpenCvCapture(Source):
         self._thread: threading.Thread | None = None
         self._gen = 0
         self._last_frame_ns = 0
+        self._frozen_sample: np.ndarray | None = None
+        self._frozen_since = 0.0
         self.failures = 0
         self.stalls = 0
         self.connected = False
@@ -143,6 +145,7 @@ class OpenCvCapture(Source):
                 return
             self.connected = True
             self._last_frame_ns = time.monotonic_ns()
+            self._frozen_sample = None  # a new connection starts a new comparison
             log.info("source %s: connected", self.name)
             try:
                 while current():
@@ -156,6 +159,7 @@ class OpenCvCapture(Source):
                         # First frame, or the camera changed resolution: (re)allocate.
                         self._bufs = [img, np.empty_like(img), np.empty_like(img)]
                         slot = 0
+                    self._check_frozen(self._bufs[slot])
                     self._publish(slot, frame_id)
                     frame_id += 1
                     backoff.reset()
@@ -180,6 +184,20 @@ class OpenCvCapture(Source):
                 if i != self._latest and i != self._reading:
                     return i
         return 0
+
+    def _check_frozen(self, img: np.ndarray) -> None:
+        """A camera that keeps sending the same picture is as good as gone: after
+        stall_timeout_s of identical frames it is reopened like a stalled one. A sparse
+        sample of pixels is compared; a live sensor's noise always changes it."""
+        sample = img[::37, ::41]
+        now = time.monotonic()
+        if self._frozen_sample is not None and np.array_equal(sample, self._frozen_sample):
+            if now - self._frozen_since > self.config.stall_timeout_s:
+                self._frozen_sample = None
+                raise SourceError(f"frozen: the same image for {now - self._frozen_since:.1f} s")
+            return
+        self._frozen_sample = sample.copy()
+        self._frozen_since = now
 
     def _publish(self, slot: int, frame_id: int) -> None:
         with self._cond:

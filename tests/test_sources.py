@@ -300,3 +300,41 @@ def test_stalled_camera_is_replaced_by_a_new_reader(tmp_path):
         src.close()
     time.sleep(0.1)
     assert caps[0].released
+
+
+class FakeFrozenCapture:
+    """A camera whose driver keeps returning the very same picture (cannot exist here)."""
+
+    def __init__(self) -> None:
+        self.img = np.full((48, 64, 3), 77, np.uint8)
+        self.released = False
+
+    def read(self, image=None):
+        time.sleep(0.01)
+        if image is not None and image.shape == self.img.shape:
+            image[:] = self.img
+            return True, image
+        return True, self.img.copy()
+
+    def release(self) -> None:
+        self.released = True
+
+
+def test_a_frozen_camera_is_reopened():
+    opened = []
+
+    def opener():
+        opened.append(FakeFrozenCapture())
+        return opened[-1]
+
+    cfg = V4L2SourceConfig(stall_timeout_s=0.3, retry_initial_s=0.01, retry_max_s=0.02)
+    src = OpenCvCapture(cfg, opener=opener)
+    src.open()
+    try:
+        end = time.monotonic() + 5
+        while len(opened) < 2 and time.monotonic() < end:
+            src.read(0.05)
+    finally:
+        src.close()
+    assert len(opened) >= 2, "identical frames past stall_timeout_s must reopen the camera"
+    assert "frozen" in src.last_error and src.failures >= 1
