@@ -157,7 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         clean = agent.stop()  # an exception above must still drain, publish and restore power
         notifier.close()
     print(_summary(agent.pipeline.stats, time.monotonic() - t0), file=sys.stderr, flush=True)
-    for when, (at, proc) in footprints.items():
+    for when, (at, proc) in sorted(footprints.items(), key=lambda item: item[1][0]):
         rss_mib = proc["rss_bytes"] / 2**20 if proc.get("rss_bytes") else float("nan")
         print(
             f"process {when.replace('_', ' ')} ({at:.0f} s): RSS {rss_mib:.1f} MiB, "
