@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import copy
 import json
-import threading
 import time
 from pathlib import Path
 
 import jsonschema
 import pytest
-import zmq
 from conftest import free_endpoint, write_manifest
+from test_pipeline import Subscriber
 
 from edge_agent.config import AgentConfig, ModelConfig, PublishConfig, SyntheticSourceConfig
 from edge_agent.models.testmodels import constant_detector, yolov8_output
@@ -33,46 +32,6 @@ def validator(schema) -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(schema)
 
 
-class RawSubscriber:
-    """Every frame of the stream, split into topic and decoded body, on a background thread."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.SUB)
-        self.sock.linger = 0
-        self.sock.rcvtimeo = 100
-        self.sock.subscribe(b"")
-        self.sock.connect(endpoint)
-        self.messages: list[tuple[str, dict]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                raw = self.sock.recv()
-            except zmq.Again:
-                continue
-            topic, sep, body = raw.partition(b" ")
-            assert sep == b" ", raw[:80]
-            self.messages.append((topic.decode(), json.loads(body)))
-
-    def wait_until(self, predicate, timeout_s: float = 10.0) -> bool:
-        end = time.monotonic() + timeout_s
-        while not predicate():
-            if time.monotonic() > end:
-                return False
-            time.sleep(0.01)
-        return True
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sock.close()
-        self.ctx.term()
-
-
 @pytest.fixture(scope="module")
 def stream(tmp_path_factory) -> list[tuple[str, dict]]:
     """About a second of a real agent's stream: results and heartbeats, the final one last."""
@@ -83,7 +42,7 @@ def stream(tmp_path_factory) -> list[tuple[str, dict]]:
     write_manifest(tmp / "manifest.yaml")
     endpoint = free_endpoint()
 
-    sub = RawSubscriber(endpoint)
+    sub = Subscriber(endpoint)
     cfg = AgentConfig(
         device_id="schema-device",
         source=SyntheticSourceConfig(fps=50, seed=1, name="cam0"),
@@ -97,10 +56,12 @@ def stream(tmp_path_factory) -> list[tuple[str, dict]]:
         time.sleep(1.0)
     finally:
         assert agent.stop(), "pipeline threads must end"
-        got_final = sub.wait_until(lambda: any(m.get("final") for _, m in sub.messages), 5.0)
+        end = time.monotonic() + 5.0
+        while not any(m.get("final") for m in sub.messages) and time.monotonic() < end:
+            time.sleep(0.01)
         sub.close()
-    assert got_final, "the final heartbeat must arrive"
-    return sub.messages
+    assert any(m.get("final") for m in sub.messages), "the final heartbeat must arrive"
+    return list(zip(sub.topics, sub.messages))
 
 
 def test_schema_is_valid_draft_2020_12(schema):
