@@ -272,9 +272,40 @@ class Agent:
         # The swap: drain the old pipeline, then start the new one on the same socket.
         old_pipeline = self.pipeline
         old_pipeline.stop()
+        try:
+            self._swap_parts(old, new)
+            pipeline = self._pipeline(new, source, profiles)
+        except BaseException:
+            # Past the drain nothing may leave the agent without a pipeline: the old
+            # config comes back (its models and source are still open), then the error.
+            log.exception("reload: failed after the swap began; resuming the old config")
+            if source is not old_pipeline.source:
+                source.close()
+            if models_changed:
+                for m in models.values():
+                    m.backend.close()
+            try:
+                self._swap_parts(new, old)
+            except Exception:
+                log.exception("reload: could not put the old power profile or socket back")
+            self._start_pipeline(
+                self._pipeline(old, old_pipeline.source, old_pipeline.profiles), old_pipeline
+            )
+            raise
         if source is not old_pipeline.source:
             old_pipeline.source.close()
             self._replace_started(old_pipeline.source, source)
+        self.config = new
+        self._start_pipeline(pipeline, old_pipeline)
+        if models_changed:
+            for m in self.models.values():
+                m.backend.close()
+            self.models = models
+        log.info("reload: applied (%s)", ", ".join(changed))
+        return changed
+
+    def _swap_parts(self, old: AgentConfig, new: AgentConfig) -> None:
+        """The power profile and the result socket for ``new`` (the pipeline is stopped)."""
         if old.power != new.power:
             assert self.power is not None
             self.power.close()  # puts the old profile's state back first
@@ -282,25 +313,31 @@ class Agent:
             power.start()
             self._replace_started(self.power, power)
             self.power = power
-        if (old.publish.endpoint, old.publish.send_hwm) != (new.publish.endpoint, new.publish.send_hwm):
-            log.warning("reload: the stream moves to %s; subscribers must reconnect", new.publish.endpoint)
+        pub_old, pub_new = old.publish, new.publish
+        socket_keys = ("endpoint", "send_hwm", "encoding", "curve_server_key", "curve_clients_dir")
+        if any(getattr(pub_old, k) != getattr(pub_new, k) for k in socket_keys):
+            log.warning("reload: the result stream is rebound (%s); subscribers reconnect", pub_new.endpoint)
+            assert self.publisher is not None
             self.publisher.close()
-            self.publisher.endpoint, self.publisher.send_hwm = new.publish.endpoint, new.publish.send_hwm
-            self.publisher.open()
-        self.config = new
-        pipeline = self._pipeline(new, source, profiles)
+            publisher = ZmqPublisher(
+                pub_new.endpoint,
+                pub_new.send_hwm,
+                pub_new.encoding,
+                pub_new.curve_server_key,
+                pub_new.curve_clients_dir,
+            )
+            publisher.open()
+            self._replace_started(self.publisher, publisher)
+            self.publisher = publisher
+
+    def _start_pipeline(self, pipeline: Pipeline, old_pipeline: Pipeline) -> None:
+        assert self.health is not None
         pipeline.adopt(old_pipeline)
+        self._replace_started(self.pipeline, pipeline)
         self.pipeline = pipeline
-        self._replace_started(old_pipeline, pipeline)
-        self.health.pipeline, self.health.power = pipeline, self.power
-        self.health.interval_s = new.publish.health_interval_s
+        self.health.pipeline, self.health.power, self.health.publisher = pipeline, self.power, self.publisher
+        self.health.interval_s = self.config.publish.health_interval_s
         pipeline.start()
-        if models_changed:
-            for m in self.models.values():
-                m.backend.close()
-            self.models = models
-        log.info("reload: applied (%s)", ", ".join(changed))
-        return changed
 
     def _replace_started(self, old: Any, new: Any) -> None:
         self._started = [new if part is old else part for part in self._started]

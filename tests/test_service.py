@@ -287,3 +287,44 @@ def test_logs_carry_journald_priorities_under_systemd(tmp_path, endpoint):
     assert out.returncode == 0, out.stderr
     log_lines = [line for line in out.stderr.splitlines() if line.startswith("<")]
     assert any(line.startswith("<6>edge_agent: running:") for line in log_lines), out.stderr
+
+
+def test_a_reload_that_fails_after_the_drain_resumes_the_old_config(tmp_path, const_model, endpoint):
+    from dataclasses import replace
+
+    from jetson_tree import make_tree
+
+    from edge_agent.config import MetricsConfig, PowerConfig
+    from edge_agent.power import sysfs
+
+    root = make_tree(tmp_path / "root", "orin-nano")
+    (sysfs.find_gpu(str(root)).devfreq / "max_freq").unlink()  # the new profile cannot apply
+    cfg = AgentConfig(
+        source=SyntheticSourceConfig(fps=50),
+        model=ModelConfig(path=str(const_model)),
+        publish=PublishConfig(endpoint=endpoint),
+        metrics=MetricsConfig(enabled=False),
+    )
+    sub = Subscriber(endpoint, "det")
+    agent = Agent(cfg)
+    agent.build()
+    agent.start()
+    try:
+        time.sleep(0.5)
+        bad = replace(
+            cfg,
+            power=PowerConfig(
+                manage=True, gpu_freq_mhz=600, root=str(root), state_file=str(tmp_path / "s.json")
+            ),
+        )
+        with pytest.raises(RuntimeError, match="max_freq"):
+            agent.reload(bad)
+        assert agent.config == cfg
+        n = len(sub.messages)
+        time.sleep(0.5)
+        assert len(sub.messages) > n + 10, "the old config runs again"
+    finally:
+        agent.stop()
+        sub.close()
+    seqs = [m["seq"] for m in sub.messages]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "and the stream kept its sequence"
