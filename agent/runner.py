@@ -225,20 +225,31 @@ class Agent:
         cfg = self.config
         if self._breaker_trips == 1:
             log.error("breaker: reloading the backend")
-            self.reload(cfg, force=True)
-            return "reloaded the backend"
+            try:
+                self.reload(cfg, force=True)
+                return "reloaded the backend"
+            except Exception as e:  # a backend that no longer loads: on to the fallback
+                log.error("breaker: the reload failed (%s)", e)
+                self._breaker_trips = 2
+        fb_model = cfg.resilience.fallback_model
         fallback = replace(
             cfg,
             backend=OnnxRuntimeConfig(),
-            model=replace(cfg.model, path=cfg.resilience.fallback_model or cfg.model.path),
+            # A manifest written for the main model does not describe another one.
+            model=replace(
+                cfg.model, path=fb_model or cfg.model.path, manifest="" if fb_model else cfg.model.manifest
+            ),
             deadline=replace(cfg.deadline, ladder=(LadderStep(),)),
         )
         if self._breaker_trips == 2 and fallback != cfg:
             log.error(
                 "breaker: falling back to ONNX Runtime on the CPU (%s)", fallback.model.path or "bundled"
             )
-            self.reload(fallback, force=True)
-            return "fell back to ONNX Runtime on the CPU"
+            try:
+                self.reload(fallback, force=True)
+                return "fell back to ONNX Runtime on the CPU"
+            except Exception as e:
+                log.error("breaker: the fallback failed (%s)", e)
         assert self.pipeline is not None
         self.pipeline.error = "inference keeps failing after a backend reload and the fallback: giving up"
         log.error("breaker: %s", self.pipeline.error)
@@ -262,16 +273,24 @@ class Agent:
             or old.backend != new.backend
             or ([s.model for s in old.deadline.ladder] != [s.model for s in new.deadline.ladder])
         )
+        if not force:
+            self._breaker_trips = 0  # a new config starts the breaker's escalation afresh
         profiles, models = (
             self._load_profiles(new) if models_changed else (self.pipeline.profiles, self.models)
         )
         source = self.pipeline.source
         if old.source != new.source:
-            source = self._source(new)
-            source.open()
+            try:
+                source = self._source(new)
+                source.open()
+            except BaseException:
+                if models_changed:  # loaded for nothing: give the sessions (GPU memory) back
+                    for m in models.values():
+                        m.backend.close()
+                raise
         # The swap: drain the old pipeline, then start the new one on the same socket.
         old_pipeline = self.pipeline
-        old_pipeline.stop()
+        drained = old_pipeline.stop()
         try:
             self._swap_parts(old, new)
             pipeline = self._pipeline(new, source, profiles)
@@ -296,10 +315,14 @@ class Agent:
             old_pipeline.source.close()
             self._replace_started(old_pipeline.source, source)
         self.config = new
+        self.publisher.refresh_clients()  # CURVE: keys added to the allowed folder
         self._start_pipeline(pipeline, old_pipeline)
         if models_changed:
-            for m in self.models.values():
-                m.backend.close()
+            if drained:
+                for m in self.models.values():
+                    m.backend.close()
+            else:  # a stage is stuck inside the old backend: never pull it from under it
+                log.warning("reload: the old pipeline did not drain; its models stay open")
             self.models = models
         log.info("reload: applied (%s)", ", ".join(changed))
         return changed
@@ -313,6 +336,8 @@ class Agent:
             power.start()
             self._replace_started(self.power, power)
             self.power = power
+        if old.metrics != new.metrics:
+            self._restart_metrics(new)
         pub_old, pub_new = old.publish, new.publish
         socket_keys = ("endpoint", "send_hwm", "encoding", "curve_server_key", "curve_clients_dir")
         if any(getattr(pub_old, k) != getattr(pub_new, k) for k in socket_keys):
@@ -329,6 +354,18 @@ class Agent:
             publisher.open()
             self._replace_started(self.publisher, publisher)
             self.publisher = publisher
+
+    def _restart_metrics(self, cfg: AgentConfig) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+            self._started = [p for p in self._started if p is not self.metrics]
+            self.metrics = None
+        if cfg.metrics.enabled:
+            from edge_agent.metrics import MetricsServer
+
+            self.metrics = MetricsServer(self, cfg.metrics.host, cfg.metrics.port)
+            self.metrics.start()
+            self._started.append(self.metrics)
 
     def _start_pipeline(self, pipeline: Pipeline, old_pipeline: Pipeline) -> None:
         assert self.health is not None

@@ -9,6 +9,7 @@ while the old one still runs, and a bad one is refused with the old config kept.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -90,7 +91,9 @@ class Supervisor:
                 self.signals.reload.clear()
                 self.reload()
             if agent.pipeline.breaker.is_set():
-                self.notifier.status("inference failing: " + agent.recover())
+                with self._watchdog_fed():  # a recovery can load models for a while
+                    action = agent.recover()
+                self.notifier.status("inference failing: " + action)
                 if agent.pipeline.error is not None:
                     break
             pipeline, health = agent.pipeline, agent.health
@@ -120,23 +123,31 @@ class Supervisor:
         self.notifier.reloading()
         # Preparing the new config (a model, perhaps an engine build) can take longer than
         # the watchdog: the old pipeline still runs meanwhile, so its frames keep it fed.
-        done = threading.Event()
-        feeder = threading.Thread(target=self._feed_watchdog, args=(done,), name="watchdog-reload")
-        feeder.start()
         try:
-            new = self.load_config()
-            changed = self.agent.reload(new)
+            with self._watchdog_fed():
+                new = self.load_config()
+                changed = self.agent.reload(new)
         except (ConfigError, RuntimeError, OSError, ValueError) as e:
             self.refused_reloads += 1
             log.error("reload refused, the running config stays: %s", e)
             self.notifier.ready("reload refused: " + str(e).splitlines()[0][:200])
             return False
-        finally:
-            done.set()
-            feeder.join()
         self.reloads += 1
         self.notifier.ready(f"reloaded ({', '.join(changed) or 'no change'})")
         return True
+
+    @contextlib.contextmanager
+    def _watchdog_fed(self):
+        """Ping the watchdog from a helper thread while the main thread is busy (the
+        running pipeline keeps publishing meanwhile, so the pings stay truthful)."""
+        done = threading.Event()
+        feeder = threading.Thread(target=self._feed_watchdog, args=(done,), name="watchdog-busy")
+        feeder.start()
+        try:
+            yield
+        finally:
+            done.set()
+            feeder.join()
 
     def _feed_watchdog(self, done: threading.Event) -> None:
         interval = self.notifier.watchdog_interval_s()

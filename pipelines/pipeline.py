@@ -188,6 +188,10 @@ class Pipeline:
     def adopt(self, old: Pipeline) -> None:
         """Continue where ``old`` stopped (a reload): its sequence numbers and its counts."""
         self._seq = old._seq
+        if self.monitor.config == old.monitor.config:
+            # Same deadline settings: the ladder's step, backoff and estimates carry over,
+            # so a reload under overload does not start again from the top.
+            self.monitor = old.monitor
         old.stats.by_profile.update(
             {k: v for k, v in self.stats.by_profile.items() if k not in old.stats.by_profile}
         )

@@ -95,6 +95,11 @@ class ZmqPublisher:
         sock.curve_publickey = public
         sock.curve_server = True  # before bind
 
+    def refresh_clients(self) -> None:
+        """Re-read the allowed-clients folder (the authenticator reads it only when told)."""
+        if self._auth is not None:
+            self._auth.configure_curve(domain="*", location=self.curve_clients_dir)
+
     def _stop_auth(self) -> None:
         if self._auth is not None:
             self._auth.stop()
@@ -103,7 +108,9 @@ class ZmqPublisher:
     def send(self, topic: bytes, body: bytes) -> None:
         with self._lock:
             if self._sock is None:
-                raise RuntimeError("result stream is not open")
+                # Closed for a rebind or the stop: the message is dropped, not an error.
+                log.debug("result stream closed: message on %s dropped", topic[:40])
+                return
             self._sock.send(topic + b" " + body, zmq.NOBLOCK)
             self.sent += 1
 

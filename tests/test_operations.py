@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -327,3 +328,35 @@ def test_grafana_dashboard_uses_only_metrics_the_agent_exports(tmp_path, const_m
 
     for name in power_only:  # named in the module's list, where the power collector makes them
         assert name in metrics.__doc__, name
+
+
+def test_a_reload_moves_the_metrics_server_to_its_new_port(const_model, endpoint):
+    first, second = free_port(), free_port()
+    cfg = AgentConfig(
+        source=SyntheticSourceConfig(fps=50),
+        model=ModelConfig(path=str(const_model)),
+        publish=PublishConfig(endpoint=endpoint),
+        metrics=MetricsConfig(port=first),
+    )
+    agent = Agent(cfg)
+    agent.build()
+    agent.start()
+    try:
+        assert "edge_agent_frames_captured" in scrape(first)
+        agent.reload(replace(cfg, metrics=MetricsConfig(port=second)))
+        assert "edge_agent_frames_captured" in scrape(second)
+        with pytest.raises(OSError):
+            scrape(first)
+    finally:
+        agent.stop()
+
+
+def test_a_message_sent_while_the_stream_is_closed_is_dropped_quietly(endpoint):
+    from edge_agent.pipelines.publish import ZmqPublisher
+
+    pub = ZmqPublisher(endpoint)
+    pub.open()
+    pub.send(b"det", b"{}")
+    pub.close()
+    pub.send(b"det", b"{}")  # a heartbeat racing a rebind or the stop: not an error
+    assert pub.sent == 1
