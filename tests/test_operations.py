@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -40,6 +41,24 @@ def free_port() -> int:
 def scrape(port: int) -> dict[str, list]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+@contextlib.contextmanager
+def running_agent(const_model: Path, endpoint: str, metrics_port: int):
+    """A started agent on the synthetic camera with metrics on ``metrics_port``."""
+    cfg = AgentConfig(
+        source=SyntheticSourceConfig(fps=30),
+        model=ModelConfig(path=str(const_model)),
+        publish=PublishConfig(endpoint=endpoint),
+        metrics=MetricsConfig(port=metrics_port),
+    )
+    agent = Agent(cfg)
+    agent.build()
+    agent.start()
+    try:
+        yield agent
+    finally:
+        agent.stop()
 
 
 def value(families: dict, family: str, sample: str, **labels) -> float:
@@ -305,20 +324,9 @@ def test_grafana_dashboard_uses_only_metrics_the_agent_exports(tmp_path, const_m
         for m in re.findall(r"\b((?:edge_agent|process)_[a-z_]+)", e)
     }
     port = free_port()
-    cfg = AgentConfig(
-        source=SyntheticSourceConfig(fps=30),
-        model=ModelConfig(path=str(const_model)),
-        publish=PublishConfig(endpoint=endpoint),
-        metrics=MetricsConfig(port=port),
-    )
-    agent = Agent(cfg)
-    agent.build()
-    agent.start()
-    try:
+    with running_agent(const_model, endpoint, port):
         time.sleep(0.5)
         exported = set(scrape(port))
-    finally:
-        agent.stop()
     # Counters are exported as <name>_total; power gauges exist only on a Jetson.
     exported |= {f"{n}_total" for n in exported}
     power_only = {n for n in used if re.search(r"gpu|cpu_frequency|emc|temperature|power_watts|throttled", n)}
@@ -332,23 +340,12 @@ def test_grafana_dashboard_uses_only_metrics_the_agent_exports(tmp_path, const_m
 
 def test_a_reload_moves_the_metrics_server_to_its_new_port(const_model, endpoint):
     first, second = free_port(), free_port()
-    cfg = AgentConfig(
-        source=SyntheticSourceConfig(fps=50),
-        model=ModelConfig(path=str(const_model)),
-        publish=PublishConfig(endpoint=endpoint),
-        metrics=MetricsConfig(port=first),
-    )
-    agent = Agent(cfg)
-    agent.build()
-    agent.start()
-    try:
+    with running_agent(const_model, endpoint, first) as agent:
         assert "edge_agent_frames_captured" in scrape(first)
-        agent.reload(replace(cfg, metrics=MetricsConfig(port=second)))
+        agent.reload(replace(agent.config, metrics=MetricsConfig(port=second)))
         assert "edge_agent_frames_captured" in scrape(second)
         with pytest.raises(OSError):
             scrape(first)
-    finally:
-        agent.stop()
 
 
 def test_a_message_sent_while_the_stream_is_closed_is_dropped_quietly(endpoint):
