@@ -265,6 +265,9 @@ class Agent:
         old = self.config
         assert self.pipeline is not None and self.publisher is not None and self.health is not None
         changed = [f.name for f in fields(AgentConfig) if getattr(old, f.name) != getattr(new, f.name)]
+        # CURVE: keys added to (or removed from) the allowed folder count from now on, even
+        # when the config itself did not change. A rebind below reads the folder anyway.
+        self.publisher.refresh_clients()
         if not changed and not force:
             return []
         models_changed = (
@@ -315,7 +318,6 @@ class Agent:
             old_pipeline.source.close()
             self._replace_started(old_pipeline.source, source)
         self.config = new
-        self.publisher.refresh_clients()  # CURVE: keys added to the allowed folder
         self._start_pipeline(pipeline, old_pipeline)
         if models_changed:
             if drained:

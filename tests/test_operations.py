@@ -180,6 +180,49 @@ def test_curve_lets_only_allowed_clients_read(tmp_path, const_model, endpoint):
     assert got["bad"] == 0 and got["plain"] == 0, got
 
 
+def test_a_client_key_added_before_a_reload_is_admitted(tmp_path, const_model, endpoint):
+    keys = keypairs(tmp_path)
+    cfg = AgentConfig(
+        source=SyntheticSourceConfig(fps=50),
+        model=ModelConfig(path=str(const_model)),
+        publish=PublishConfig(
+            endpoint=endpoint,
+            curve_server_key=f"{keys['server']}.key_secret",
+            curve_clients_dir=str(keys["allowed"]),
+        ),
+        metrics=MetricsConfig(enabled=False),
+    )
+    agent = Agent(cfg)
+    agent.build()
+    agent.start()
+    ctx = zmq.Context()
+    server_pub, bad_secret = f"{keys['server']}.key", f"{keys['bad']}.key_secret"
+
+    def received(seconds: float) -> int:
+        s = connect(endpoint, ("det",), server_pub, bad_secret, ctx)
+        s.rcvtimeo = 100
+        n, end = 0, time.monotonic() + seconds
+        try:
+            while time.monotonic() < end:
+                try:
+                    s.recv()
+                    n += 1
+                except zmq.Again:
+                    pass
+        finally:
+            s.close()
+        return n
+
+    try:
+        assert received(1.0) == 0, "not yet allowed"
+        (keys["allowed"] / "bad.key").write_bytes((tmp_path / "keys" / "bad.key").read_bytes())
+        assert agent.reload(agent.config) == [], "the config itself did not change"
+        assert received(1.5) > 10, "allowed after the reload, without a restart"
+    finally:
+        ctx.term()
+        agent.stop()
+
+
 def test_without_curve_a_public_bind_warns(const_model, caplog):
     from edge_agent.pipelines.publish import ZmqPublisher
 
