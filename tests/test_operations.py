@@ -127,15 +127,8 @@ def keypairs(tmp_path: Path) -> dict[str, Path]:
     return out
 
 
-def test_keys_are_written_with_safe_permissions(tmp_path):
-    keys = keypairs(tmp_path)
-    secret = Path(f"{keys['server']}.key_secret")
-    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
-    assert stat.S_IMODE((tmp_path / "keys").stat().st_mode) == 0o700
-
-
-def test_curve_lets_only_allowed_clients_read(tmp_path, const_model, endpoint):
-    keys = keypairs(tmp_path)
+def curve_agent(keys: dict[str, Path], const_model: Path, endpoint: str) -> Agent:
+    """A started agent whose stream admits only the clients in ``keys["allowed"]``."""
     cfg = AgentConfig(
         source=SyntheticSourceConfig(fps=50),
         model=ModelConfig(path=str(const_model)),
@@ -149,6 +142,19 @@ def test_curve_lets_only_allowed_clients_read(tmp_path, const_model, endpoint):
     agent = Agent(cfg)
     agent.build()
     agent.start()
+    return agent
+
+
+def test_keys_are_written_with_safe_permissions(tmp_path):
+    keys = keypairs(tmp_path)
+    secret = Path(f"{keys['server']}.key_secret")
+    assert stat.S_IMODE(secret.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "keys").stat().st_mode) == 0o700
+
+
+def test_curve_lets_only_allowed_clients_read(tmp_path, const_model, endpoint):
+    keys = keypairs(tmp_path)
+    agent = curve_agent(keys, const_model, endpoint)
     ctx = zmq.Context()
     server_pub = f"{keys['server']}.key"
     socks = {
@@ -182,19 +188,7 @@ def test_curve_lets_only_allowed_clients_read(tmp_path, const_model, endpoint):
 
 def test_a_client_key_added_before_a_reload_is_admitted(tmp_path, const_model, endpoint):
     keys = keypairs(tmp_path)
-    cfg = AgentConfig(
-        source=SyntheticSourceConfig(fps=50),
-        model=ModelConfig(path=str(const_model)),
-        publish=PublishConfig(
-            endpoint=endpoint,
-            curve_server_key=f"{keys['server']}.key_secret",
-            curve_clients_dir=str(keys["allowed"]),
-        ),
-        metrics=MetricsConfig(enabled=False),
-    )
-    agent = Agent(cfg)
-    agent.build()
-    agent.start()
+    agent = curve_agent(keys, const_model, endpoint)
     ctx = zmq.Context()
     server_pub, bad_secret = f"{keys['server']}.key", f"{keys['bad']}.key_secret"
 
