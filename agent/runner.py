@@ -137,6 +137,7 @@ class Agent:
         self.power: PowerManager | None = None
         self.metrics: Any = None
         self._started: list[Any] = []
+        self._breaker_trips = 0  # Agent.recover's escalation since the last config change
 
     @property
     def model(self) -> LoadedModel | None:
@@ -221,7 +222,7 @@ class Agent:
         """The inference breaker opened: reload the backend, then fall back to ONNX Runtime
         on the CPU, then give up (the pipeline's error makes `run` exit non-zero, and
         systemd restarts the agent). Returns what was done."""
-        self._breaker_trips = getattr(self, "_breaker_trips", 0) + 1
+        self._breaker_trips += 1
         cfg = self.config
         if self._breaker_trips == 1:
             log.error("breaker: reloading the backend")
@@ -358,6 +359,7 @@ class Agent:
             self.publisher = publisher
 
     def _restart_metrics(self, cfg: AgentConfig) -> None:
+        """Close the metrics server, if any, and start one as ``cfg`` says (if enabled)."""
         if self.metrics is not None:
             self.metrics.close()
             self._started = [p for p in self._started if p is not self.metrics]
@@ -402,12 +404,7 @@ class Agent:
             assert self.health is not None
             self.health.start()
             self._started.append(self.health)
-            if self.config.metrics.enabled:
-                from edge_agent.metrics import MetricsServer
-
-                self.metrics = MetricsServer(self, self.config.metrics.host, self.config.metrics.port)
-                self.metrics.start()
-                self._started.append(self.metrics)
+            self._restart_metrics(self.config)
         except BaseException:
             self.stop()
             raise

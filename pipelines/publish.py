@@ -90,7 +90,7 @@ class ZmqPublisher:
             raise ValueError(f"allowed-clients folder not found: {self.curve_clients_dir}")
         self._auth = ThreadAuthenticator(self._ctx)
         self._auth.start()
-        self._auth.configure_curve(domain="*", location=self.curve_clients_dir)
+        self.refresh_clients()
         sock.curve_secretkey = secret
         sock.curve_publickey = public
         sock.curve_server = True  # before bind
