@@ -104,7 +104,7 @@ def pure_inference(agent: Agent, runs: int) -> LatencyHistogram:
         t = time.perf_counter_ns()
         backend.infer(slot.io)
         hist.record(time.perf_counter_ns() - t)
-    slot.profile.pool.release(slot)
+    slot.pool.release(slot)
     return hist
 
 

@@ -94,7 +94,7 @@ def _status_line(beat: dict[str, Any]) -> str:
     ladder = beat["ladder"]
     step = f" | ladder: {ladder['name']}" if ladder["step"] else ""
     return (
-        f"[{beat['uptime_s']:7.1f}s] {beat['fps']:6.1f} fps"
+        f"[{beat['uptime_s']:7.1f}s] {beat['source']}: {beat['fps']:6.1f} fps"
         f" | e2e p50 {w['p50']:6.2f} ms p99 {w['p99']:6.2f} ms"
         f" | on time {c['on_time']} late {c['late']} dropped {c['dropped']}{step}"
     )
@@ -147,7 +147,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             footprints["after_warmup"] = (beat["uptime_s"], proc)
         footprints["last"] = (beat["uptime_s"], proc)
         if not args.quiet:
-            print(_status_line(beat), file=sys.stderr, flush=True)
+            beats = agent.health.latest_by_source if agent.health is not None else {}
+            for b in beats.values() if len(beats) > 1 else (beat,):
+                print(_status_line(b), file=sys.stderr, flush=True)
 
     try:
         Supervisor(agent, notifier, signals, load, args.duration, show).run()
@@ -156,7 +158,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         clean = agent.stop()  # an exception above must still drain, publish and restore power
         notifier.close()
-    print(_summary(agent.pipeline.stats, time.monotonic() - t0), file=sys.stderr, flush=True)
+    elapsed = time.monotonic() - t0
+    for lane in agent.pipeline.lanes:
+        title = f"source {lane.name}:\n" if len(agent.pipeline.lanes) > 1 else ""
+        print(title + _summary(lane.stats, elapsed), file=sys.stderr, flush=True)
+    if len(agent.pipeline.lanes) > 1:
+        print(f"batches: {agent.pipeline.scheduler.summary()}", file=sys.stderr, flush=True)
     for when, (at, proc) in sorted(footprints.items(), key=lambda item: item[1][0]):
         rss_mib = proc["rss_bytes"] / 2**20 if proc.get("rss_bytes") else float("nan")
         print(

@@ -23,9 +23,19 @@ def _name_ok(name: str) -> bool:
 @dataclass(frozen=True)
 class _SourceBase:
     name: str = "cam0"
+    # Scheduling, when several sources share the accelerator (see ``AgentConfig.sources``).
+    priority: int = 0  # higher is served first when the accelerator is contended
+    budget_ms: float = 0.0  # this source's end-to-end budget; 0: deadline.budget_ms
+    max_fps: float = 0.0  # frame-rate cap; frames a live source makes in between are skipped; 0: none
+    model: str = ""  # this source's own model (same thresholds as model:); empty: the shared one
+    manifest: str = ""  # its manifest; empty: beside it
 
     def __post_init__(self) -> None:
         check(_name_ok(self.name), "name", "use letters, digits, '-' and '_' only (it is a topic)")
+        check(-1000 <= self.priority <= 1000, "priority", "must be within -1000..1000")
+        check(0 <= self.budget_ms <= 60_000, "budget_ms", "must be within 0..60000 (0: deadline.budget_ms)")
+        check(0 <= self.max_fps <= 1000, "max_fps", "must be within 0..1000 (0: no cap)")
+        check(bool(self.model) or not self.manifest, "manifest", "a manifest needs a model")
 
 
 @dataclass(frozen=True)
@@ -302,6 +312,26 @@ class DeadlineConfig:
 
 
 @dataclass(frozen=True)
+class BatchingConfig:
+    """How the scheduler in front of inference batches frames of several sources.
+
+    A batch holds at most one frame per source. The scheduler waits for more frames only
+    while the most urgent frame in hand keeps its slack (and at most ``max_wait_ms``), and
+    a batch never grows past what keeps its frames, and the next frame of any
+    higher-priority source, within their budgets.
+    """
+
+    max_batch: int = 0  # 0: up to one frame per source (or the model's fixed batch); 1: no batching
+    max_wait_ms: float = 4.0  # longest wait for more frames once one is ready
+    margin_ms: float = 2.0  # kept free of each budget, for the error of the time estimates
+
+    def __post_init__(self) -> None:
+        check(0 <= self.max_batch <= 64, "max_batch", "must be within 0..64 (0: as many as sources)")
+        check(0 <= self.max_wait_ms <= 1000, "max_wait_ms", "must be within 0..1000")
+        check(0 <= self.margin_ms <= 1000, "margin_ms", "must be within 0..1000")
+
+
+@dataclass(frozen=True)
 class PowerConfig:
     """The device state the agent runs in (Jetson), and the telemetry that watches it.
 
@@ -408,6 +438,8 @@ class FaultsConfig:
 class AgentConfig:
     device_id: str = field(default_factory=socket.gethostname)
     source: SourceConfig = field(default_factory=SyntheticSourceConfig)
+    # Several cameras on one accelerator: give ``sources`` instead of ``source``.
+    sources: tuple[SourceConfig, ...] = ()
     model: ModelConfig = field(default_factory=ModelConfig)
     backend: BackendConfig = field(default_factory=AutoBackendConfig)
     publish: PublishConfig = field(default_factory=PublishConfig)
@@ -416,7 +448,22 @@ class AgentConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    def __post_init__(self) -> None:
+        check(
+            not self.sources or self.source == SyntheticSourceConfig(),
+            "source",
+            "give either source (one camera) or sources (several), not both",
+        )
+        names = [s.name for s in self.sources]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        check(not dup, "sources", f"source names must be unique (they are topics): {', '.join(dup)}")
+
+    def source_list(self) -> tuple[SourceConfig, ...]:
+        """Every source, in config order (``source`` alone when ``sources`` is empty)."""
+        return self.sources or (self.source,)
 
 
 def load_config(path: str | None) -> AgentConfig:

@@ -16,6 +16,7 @@ Metric names (the Grafana dashboard in tools/ uses exactly these):
 - ``edge_agent_end_to_end_latency_seconds{source}`` (histogram)
 - ``edge_agent_deadline_budget_seconds{source}``, ``edge_agent_deadline_miss_ratio{source}``
 - ``edge_agent_ladder_step{source,step}`` (the step index; the name as a label)
+- ``edge_agent_inference_batches_total{size}`` (batches of several sources' frames, by size)
 - ``edge_agent_model_info{model,backend,device}`` (always 1)
 - power telemetry, where present: ``edge_agent_gpu_frequency_hertz``, ``edge_agent_gpu_load_ratio``,
   ``edge_agent_cpu_frequency_hertz{cpu}``, ``edge_agent_emc_frequency_hertz``,
@@ -69,78 +70,79 @@ class AgentCollector:
         pipeline = agent.pipeline
         if pipeline is None:
             return
-        src = pipeline.source.name
-        stats, monitor = pipeline.stats, pipeline.monitor
-        c = stats.counts()
+        now = time.monotonic_ns()
         captured = CounterMetricFamily(
             "edge_agent_frames_captured", "Frames the source produced", labels=["source"]
         )
-        captured.add_metric([src], c["captured"])
-        yield captured
         published = CounterMetricFamily(
             "edge_agent_frames_published",
             "Frames published, by deadline outcome",
             labels=["source", "outcome"],
         )
-        published.add_metric([src, "on_time"], c["on_time"])
-        published.add_metric([src, "late"], c["late"])
-        yield published
         dropped = CounterMetricFamily(
             "edge_agent_frames_dropped", "Frames dropped, by reason", labels=["source", "reason"]
         )
-        for reason, n in c["dropped_by_reason"].items():
-            dropped.add_metric([src, reason], n)
-        yield dropped
-        state = pipeline.source.describe()
-        if "connected" in state:
-            up = GaugeMetricFamily(
-                "edge_agent_source_connected", "Live source delivering (1) or not", labels=["source"]
-            )
-            up.add_metric([src], float(bool(state["connected"])))
-            yield up
-            fails = CounterMetricFamily(
-                "edge_agent_source_failures",
-                "Camera failures (lost, errors, stalls, frozen)",
-                labels=["source"],
-            )
-            fails.add_metric([src], state.get("failures", 0))
-            yield fails
+        up = GaugeMetricFamily(
+            "edge_agent_source_connected", "Live source delivering (1) or not", labels=["source"]
+        )
+        fails = CounterMetricFamily(
+            "edge_agent_source_failures",
+            "Camera failures (lost, errors, stalls, frozen)",
+            labels=["source"],
+        )
         in_flight = GaugeMetricFamily(
             "edge_agent_frames_in_flight", "Frames in the pipeline now", labels=["source"]
         )
-        in_flight.add_metric([src], c["in_flight"])
-        yield in_flight
         stage = HistogramMetricFamily(
             "edge_agent_stage_latency_seconds", "Time per pipeline stage", labels=["source", "stage"]
         )
-        for name, h in stats.stages.items():
-            buckets, total = histogram_buckets(h)
-            stage.add_metric([src, name], buckets, total)
-        yield stage
         e2e = HistogramMetricFamily(
             "edge_agent_end_to_end_latency_seconds",
             "Capture to publish, per published frame",
             labels=["source"],
         )
-        buckets, total = histogram_buckets(stats.total)
-        e2e.add_metric([src], buckets, total)
-        yield e2e
         budget = GaugeMetricFamily(
             "edge_agent_deadline_budget_seconds", "The end-to-end budget", labels=["source"]
         )
-        budget.add_metric([src], monitor.config.budget_ms / 1e3)
-        yield budget
-        rate, _ = monitor.miss_rate(time.monotonic_ns())
         miss = GaugeMetricFamily(
             "edge_agent_deadline_miss_ratio", "Misses in the sliding window", labels=["source"]
         )
-        miss.add_metric([src], rate)
-        yield miss
         step = GaugeMetricFamily(
             "edge_agent_ladder_step", "Degradation ladder step (0: normal)", labels=["source", "step"]
         )
-        step.add_metric([src, monitor.current.name], monitor.step)
-        yield step
+        live = False
+        for lane in pipeline.lanes:
+            src, stats, monitor = lane.name, lane.stats, lane.monitor
+            c = stats.counts()
+            captured.add_metric([src], c["captured"])
+            published.add_metric([src, "on_time"], c["on_time"])
+            published.add_metric([src, "late"], c["late"])
+            for reason, n in c["dropped_by_reason"].items():
+                dropped.add_metric([src, reason], n)
+            state = lane.source.describe()
+            if "connected" in state:
+                live = True
+                up.add_metric([src], float(bool(state["connected"])))
+                fails.add_metric([src], state.get("failures", 0))
+            in_flight.add_metric([src], c["in_flight"])
+            for name, h in stats.stages.items():
+                buckets, total = histogram_buckets(h)
+                stage.add_metric([src, name], buckets, total)
+            buckets, total = histogram_buckets(stats.total)
+            e2e.add_metric([src], buckets, total)
+            budget.add_metric([src], monitor.config.budget_ms / 1e3)
+            miss.add_metric([src], monitor.miss_rate(now)[0])
+            step.add_metric([src, monitor.current.name], monitor.step)
+        yield from (captured, published, dropped)
+        if live:
+            yield from (up, fails)
+        yield from (in_flight, stage, e2e, budget, miss, step)
+        batches = CounterMetricFamily(
+            "edge_agent_inference_batches", "Inference batches run, by size (frames)", labels=["size"]
+        )
+        for size, n in pipeline.scheduler.summary()["sizes"].items():
+            batches.add_metric([size], n)
+        yield batches
         if agent.model is not None:
             info = agent.model.backend.describe()
             model = GaugeMetricFamily(

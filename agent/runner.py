@@ -12,14 +12,21 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.config import AgentConfig, BackendConfig, LadderStep, ModelConfig, OnnxRuntimeConfig
+from edge_agent.config import (
+    AgentConfig,
+    BackendConfig,
+    LadderStep,
+    ModelConfig,
+    OnnxRuntimeConfig,
+    SourceConfig,
+)
 from edge_agent.models.manifest import InputSpec, ModelError, ModelManifest, ResolvedModel, resolve_model
 from edge_agent.pipelines.backends.base import InferenceBackend, TensorSpec
 from edge_agent.pipelines.backends.registry import create_backend
 from edge_agent.pipelines.deadline import DeadlineMonitor
 from edge_agent.pipelines.decode import DECODERS, Decoded, DecodeParams
 from edge_agent.pipelines.health import HealthReporter
-from edge_agent.pipelines.pipeline import Pipeline, Profile
+from edge_agent.pipelines.pipeline import Lane, Pipeline, Profile
 from edge_agent.pipelines.preprocess import InputFormat, Preprocessor
 from edge_agent.pipelines.publish import MessageBuilder, ZmqPublisher
 from edge_agent.pipelines.sources import create_source
@@ -130,7 +137,9 @@ class Agent:
     def __init__(self, config: AgentConfig, max_frames: int = 0) -> None:
         self.config = config
         self.max_frames = max_frames
-        self.models: dict[str, LoadedModel] = {}
+        self.models: dict[str, LoadedModel] = {}  # by path, the main model under ""
+        self.profiles: dict[str, Profile] = {}  # the same keys
+        self.sources: dict[str, Any] = {}  # by source name
         self.pipeline: Pipeline | None = None
         self.publisher: ZmqPublisher | None = None
         self.health: HealthReporter | None = None
@@ -144,31 +153,30 @@ class Agent:
         return next(iter(self.models.values()), None)
 
     def _load_profiles(self, cfg: AgentConfig) -> tuple[dict[str, Profile], dict[str, LoadedModel]]:
-        """Load every model the config names (the ladder's too) and allocate their buffers.
+        """Load every model the config names (the ladder's and the sources' own too) and
+        key them by path (the main model under "").
 
         Ladder models are loaded now, not when the ladder reaches them: a switch under
         overload must be instant, and a broken fallback must fail at start, not then.
         """
         main = self._faulty(load_model(cfg.model, cfg.backend), cfg)
-        profiles = {main.manifest.name: Profile.allocate(main.manifest.name, main)}
-        models = {main.manifest.name: main}
-        for step in cfg.deadline.ladder:
-            if step.model and step.model not in profiles:
-                alt_cfg = replace(cfg.model, path=step.model, manifest=step.manifest)
-                alt = self._faulty(load_model(alt_cfg, cfg.backend), cfg)
-                if alt.manifest.labels != main.manifest.labels:
-                    raise ModelError(
-                        f"ladder step {step.name!r}: {step.model} has other labels than the main model"
-                    )
-                # Profile names key the per-model estimates and latencies: keep them unique.
-                taken = {p.name for p in profiles.values()}
-                name = (
-                    alt.manifest.name
-                    if alt.manifest.name not in taken
-                    else f"{alt.manifest.name}@{step.name}"
-                )
-                profiles[step.model] = Profile.allocate(name, alt)
-                models[step.model] = alt
+        profiles = {"": Profile.allocate(main.manifest.name, main)}
+        models = {"": main}
+        wanted = [("ladder step", s.name, s.model, s.manifest, True) for s in cfg.deadline.ladder]
+        wanted += [("source", s.name, s.model, s.manifest, False) for s in cfg.source_list()]
+        for what, tag, path, manifest, same_labels in wanted:
+            if not path or path in profiles:
+                continue
+            alt_cfg = replace(cfg.model, path=path, manifest=manifest)
+            alt = self._faulty(load_model(alt_cfg, cfg.backend), cfg)
+            if same_labels and alt.manifest.labels != main.manifest.labels:
+                raise ModelError(f"{what} {tag!r}: {path} has other labels than the main model")
+            # Profile names key the per-model estimates and latencies: keep them unique.
+            name = alt.manifest.name
+            if name in {p.name for p in profiles.values()}:
+                name = f"{name}@{tag}"
+            profiles[path] = Profile.allocate(name, alt)
+            models[path] = alt
         return profiles, models
 
     @staticmethod
@@ -180,40 +188,61 @@ class Agent:
             model.backend = FaultyBackend(model.backend, f)
         return model
 
-    def _source(self, cfg: AgentConfig) -> Any:
-        source = create_source(cfg.source)
+    @staticmethod
+    def _source(cfg: AgentConfig, src: SourceConfig) -> Any:
+        source = create_source(src)
         if cfg.faults.source_outage_after_frames:
             from edge_agent.pipelines.faults import FaultySource
 
             source = FaultySource(source, cfg.faults)
         return source
 
-    def _pipeline(self, cfg: AgentConfig, source: Any, profiles: dict[str, Profile]) -> Pipeline:
-        main = next(iter(profiles.values())).model
+    def _pipeline(self, cfg: AgentConfig, sources: dict[str, Any], profiles: dict[str, Profile]) -> Pipeline:
         assert self.publisher is not None
-        builder = MessageBuilder(cfg.device_id, main.manifest.labels, cfg.deadline.budget_ms, self.power)
-        # The pipeline looks profiles up by the ladder's model path; the main one is first.
+        lanes = []
+        shared = {""} | {step.model for step in cfg.deadline.ladder if step.model}
+        for i, src in enumerate(cfg.source_list()):
+            # A source on the shared model follows the ladder's models too; one with its
+            # own model keeps it (the ladder's strides and alert-only steps still apply).
+            if src.model:
+                lane_profiles = {"": profiles[src.model]}
+            else:
+                lane_profiles = {k: p for k, p in profiles.items() if k in shared}
+            budget_ms = src.budget_ms or cfg.deadline.budget_ms
+            labels = lane_profiles[""].model.manifest.labels
+            lanes.append(
+                Lane(
+                    i,
+                    sources[src.name],
+                    lane_profiles,
+                    DeadlineMonitor(replace(cfg.deadline, budget_ms=budget_ms)),
+                    MessageBuilder(cfg.device_id, labels, budget_ms, self.power),
+                    cfg.publish.topic,
+                    src.priority,
+                    src.max_fps,
+                )
+            )
+        b = cfg.batching
         return Pipeline(
-            source,
-            profiles,
-            DeadlineMonitor(cfg.deadline),
-            builder,
+            lanes,
             self.publisher,
-            cfg.publish.topic,
             self.max_frames,
             cfg.resilience.max_consecutive_errors,
+            b.max_batch,
+            b.max_wait_ms,
+            b.margin_ms,
         )
 
     def build(self) -> None:
         cfg = self.config
-        profiles, self.models = self._load_profiles(cfg)
-        source = self._source(cfg)
+        self.profiles, self.models = self._load_profiles(cfg)
+        self.sources = {src.name: self._source(cfg, src) for src in cfg.source_list()}
         self.power = PowerManager(cfg.power)
         pub = cfg.publish
         self.publisher = ZmqPublisher(
             pub.endpoint, pub.send_hwm, pub.encoding, pub.curve_server_key, pub.curve_clients_dir
         )
-        self.pipeline = self._pipeline(cfg, source, profiles)
+        self.pipeline = self._pipeline(cfg, self.sources, self.profiles)
         self.health = HealthReporter(
             self.pipeline, self.publisher, cfg.device_id, cfg.publish.health_interval_s, self.power
         )
@@ -276,48 +305,50 @@ class Agent:
             or old.model != new.model
             or old.backend != new.backend
             or ([s.model for s in old.deadline.ladder] != [s.model for s in new.deadline.ladder])
+            or {(s.model, s.manifest) for s in old.source_list()}
+            != {(s.model, s.manifest) for s in new.source_list()}
         )
         if not force:
             self._breaker_trips = 0  # a new config starts the breaker's escalation afresh
-        profiles, models = (
-            self._load_profiles(new) if models_changed else (self.pipeline.profiles, self.models)
-        )
-        source = self.pipeline.source
-        if old.source != new.source:
-            try:
-                source = self._source(new)
-                source.open()
-            except BaseException:
-                if models_changed:  # loaded for nothing: give the sessions (GPU memory) back
-                    for m in models.values():
-                        m.backend.close()
-                raise
+        profiles, models = self._load_profiles(new) if models_changed else (self.profiles, self.models)
+        # A source whose settings did not change keeps running; new or changed ones open now.
+        kept = {s.name: s for s in old.source_list()}
+        sources: dict[str, Any] = {}
+        try:
+            for src in new.source_list():
+                if kept.get(src.name) == src:
+                    sources[src.name] = self.sources[src.name]
+                else:
+                    sources[src.name] = self._source(new, src)
+                    sources[src.name].open()
+        except BaseException:
+            self._close_new(sources, models if models_changed else {})
+            raise
         # The swap: drain the old pipeline, then start the new one on the same socket.
         old_pipeline = self.pipeline
         drained = old_pipeline.stop()
         try:
             self._swap_parts(old, new)
-            pipeline = self._pipeline(new, source, profiles)
+            pipeline = self._pipeline(new, sources, profiles)
         except BaseException:
             # Past the drain nothing may leave the agent without a pipeline: the old
-            # config comes back (its models and source are still open), then the error.
+            # config comes back (its models and sources are still open), then the error.
             log.exception("reload: failed after the swap began; resuming the old config")
-            if source is not old_pipeline.source:
-                source.close()
-            if models_changed:
-                for m in models.values():
-                    m.backend.close()
+            self._close_new(sources, models if models_changed else {})
             try:
                 self._swap_parts(new, old)
             except Exception:
                 log.exception("reload: could not put the old power profile or socket back")
-            self._start_pipeline(
-                self._pipeline(old, old_pipeline.source, old_pipeline.profiles), old_pipeline
-            )
+            self._start_pipeline(self._pipeline(old, self.sources, self.profiles), old_pipeline)
             raise
-        if source is not old_pipeline.source:
-            old_pipeline.source.close()
-            self._replace_started(old_pipeline.source, source)
+        for name, source in self.sources.items():
+            if sources.get(name) is not source:
+                source.close()
+        self._started = [p for p in self._started if p not in self.sources.values()]
+        self._started[self._started.index(old_pipeline) : self._started.index(old_pipeline)] = list(
+            sources.values()
+        )
+        self.sources = sources
         self.config = new
         self._start_pipeline(pipeline, old_pipeline)
         if models_changed:
@@ -326,9 +357,18 @@ class Agent:
                     m.backend.close()
             else:  # a stage is stuck inside the old backend: never pull it from under it
                 log.warning("reload: the old pipeline did not drain; its models stay open")
-            self.models = models
+            self.models, self.profiles = models, profiles
         log.info("reload: applied (%s)", ", ".join(changed))
         return changed
+
+    def _close_new(self, sources: dict[str, Any], models: dict[str, LoadedModel]) -> None:
+        """A reload failed: close what it opened (sources the old config does not run, and
+        models loaded for it: their sessions hold memory, on a GPU too)."""
+        for name, source in sources.items():
+            if self.sources.get(name) is not source:
+                source.close()
+        for m in models.values():
+            m.backend.close()
 
     def _swap_parts(self, old: AgentConfig, new: AgentConfig) -> None:
         """The power profile and the result socket for ``new`` (the pipeline is stopped)."""
@@ -397,8 +437,9 @@ class Agent:
             self._started.append(self.power)
             self.publisher.open()
             self._started.append(self.publisher)
-            self.pipeline.source.open()
-            self._started.append(self.pipeline.source)
+            for source in self.sources.values():
+                source.open()
+                self._started.append(source)
             self.pipeline.start()
             self._started.append(self.pipeline)
             assert self.health is not None
@@ -444,7 +485,7 @@ class Agent:
             "model": self.model.resolved.path,
             "manifest": self.model.resolved.manifest_path or "(read from the ONNX)",
             **self.model.backend.describe(),
-            "source": self.pipeline.source.describe(),
+            "sources": [source.describe() for source in self.sources.values()],
             "endpoint": self.config.publish.endpoint,
             "ladder": [step.name for step in self.config.deadline.ladder],
         }

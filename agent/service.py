@@ -81,7 +81,7 @@ class Supervisor:
 
     def run(self) -> None:
         agent, n = self.agent, self.notifier
-        n.ready(f"running {agent.config.source.type} source")
+        n.ready("running " + ", ".join(f"{s.name} ({s.type})" for s in agent.config.source_list()))
         t0 = time.monotonic()
         shown = 0
         interval = n.watchdog_interval_s()
@@ -111,7 +111,7 @@ class Supervisor:
     def watchdog(self) -> None:
         """Ping only if frames were published since the last ping and no stage failed."""
         pipeline = self.agent.pipeline
-        published = pipeline.stats.published
+        published = pipeline.published()
         if published > self._last_published and pipeline.error is None:
             self.notifier.watchdog()
             self._last_ping = time.monotonic()

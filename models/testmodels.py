@@ -29,16 +29,19 @@ def constant_detector(
     output_name: str = "output0",
     metadata: dict[str, str] | None = None,
     conv_channels: int = 0,
+    batch: int | None = None,
 ) -> str:
-    """A model whose output is ``output`` (its batch axis dynamic) whatever the image.
+    """A model whose output is ``output`` (its batch axis dynamic, or fixed at ``batch``)
+    whatever the image.
 
     ``conv_channels`` > 0 adds a 3x3 convolution stack over the image whose result is
     multiplied by zero and added, so the output stays exact while the model costs real
     compute (a deliberately slow model, its cost set by its size).
     """
-    in_shape = ["batch", height, width, 3] if layout == "NHWC" else ["batch", 3, height, width]
+    b = batch or "batch"
+    in_shape = [b, height, width, 3] if layout == "NHWC" else [b, 3, height, width]
     x = helper.make_tensor_value_info(input_name, dtype, in_shape)
-    y = helper.make_tensor_value_info(output_name, TensorProto.FLOAT, ["batch", *output.shape[1:]])
+    y = helper.make_tensor_value_info(output_name, TensorProto.FLOAT, [b, *output.shape[1:]])
     const = numpy_helper.from_array(output[:1].astype(np.float32), "const")
     nodes = [helper.make_node("Cast", [input_name], ["xf"], to=TensorProto.FLOAT)]
     inits = [const, numpy_helper.from_array(np.array([0.0], np.float32), "zero")]

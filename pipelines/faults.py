@@ -96,8 +96,11 @@ class FaultyBackend(InferenceBackend):
     def host_format(self, fmt: Any) -> Any:
         return self.inner.host_format(fmt)
 
-    def allocate(self) -> IOSet:
-        return self.inner.allocate()
+    def allocate(self, batch: int = 1) -> IOSet:
+        return self.inner.allocate(batch)
+
+    def batch_axis(self) -> tuple[int, bool]:
+        return self.inner.batch_axis()
 
     def warmup(self, io: IOSet, runs: int = 3) -> None:
         self.inner.warmup(io, runs)  # warm-up is not a frame: no faults

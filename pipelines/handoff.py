@@ -2,14 +2,16 @@
 
 Every frame in flight occupies one preallocated ``FrameSlot`` (model input and output
 buffers, detections, stamps), taken from a ``SlotPool`` and given back after publishing.
-Between two stages sits a ``Handoff`` of capacity one: the producer fills one slot while
-the consumer works on the previous one, which is the double buffer of each boundary.
+In front of inference each source has a cell of capacity one in the batch scheduler
+(``scheduler.py``): the capture thread fills one slot while inference works on the
+previous one, which is the double buffer of that boundary. A batch's frames go on to
+postprocessing through a ``FrameQueue``.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -28,6 +30,7 @@ class FrameSlot:
     """All per-frame state, allocated once and reused for the agent's lifetime."""
 
     __slots__ = (
+        "batch",
         "det_class",
         "det_count",
         "det_score",
@@ -38,6 +41,8 @@ class FrameSlot:
         "gt_count",
         "index",
         "io",
+        "lane",
+        "pool",
         "profile",
         "source",
         "stamps",
@@ -49,6 +54,9 @@ class FrameSlot:
     ) -> None:
         self.index = index
         self.profile = profile  # the model profile whose buffers these are
+        self.pool: SlotPool | None = None  # where the slot goes back after publishing
+        self.lane = 0  # index of the source (pipeline lane) whose frame it holds
+        self.batch = 1  # frames in the batch it was inferred in
         self.io = io
         self.tensor = io.inputs[input_name]
         self.geo = Letterbox()
@@ -68,6 +76,8 @@ class SlotPool:
 
     def __init__(self, slots: list[FrameSlot]) -> None:
         self.slots = slots
+        for s in slots:
+            s.pool = self
         self._free = list(slots)
         self._cond = threading.Condition()
 
@@ -91,58 +101,35 @@ class Closed(Exception):
     """The producer side closed the hand-off and nothing is left in it."""
 
 
-class Handoff:
-    """Capacity-one channel between two stage threads.
+class FrameQueue:
+    """First in, first out, for the frames of a batch on their way to postprocessing.
 
-    ``newest_wins``: a put while a frame is still waiting replaces it, and the replaced
-    frame goes to ``on_replace`` (live sources: a queue never builds up). Otherwise the
-    producer waits for the consumer (files: nothing is dropped).
+    Unbounded by design: every frame in it holds a slot, so the slot pools bound it.
     """
 
-    def __init__(self, name: str, newest_wins: bool, on_replace: Callable[[FrameSlot], None]) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.newest_wins = newest_wins
-        self._on_replace = on_replace
-        self._item: FrameSlot | None = None
+        self._items: deque[FrameSlot] = deque()
         self._closed = False
         self._cond = threading.Condition()
 
-    def put(self, slot: FrameSlot, stop: threading.Event) -> bool:
-        """Hand ``slot`` over; False (slot not taken) if ``stop`` was set while waiting."""
-        replaced = None
+    def put(self, slot: FrameSlot) -> None:
         with self._cond:
-            if self._item is not None and self.newest_wins:
-                replaced = self._item
-            else:
-                while self._item is not None:
-                    if stop.is_set():
-                        return False
-                    self._cond.wait(0.05)
-            self._item = slot
-            self._cond.notify_all()
-        if replaced is not None:
-            self._on_replace(replaced)
-        return True
-
-    def wait_room(self, timeout_s: float) -> bool:
-        """Wait until nothing is waiting in the hand-off; False on timeout."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._item is None, timeout_s)
+            self._items.append(slot)
+            self._cond.notify()
 
     def get(self, timeout_s: float) -> FrameSlot | None:
-        """The waiting slot, or None after ``timeout_s``. Raises Closed when drained."""
+        """The oldest slot, or None after ``timeout_s``. Raises Closed when drained."""
         with self._cond:
-            if self._item is None:
+            if not self._items:
                 if self._closed:
                     raise Closed(self.name)
                 self._cond.wait(timeout_s)
-                if self._item is None:
+                if not self._items:
                     if self._closed:
                         raise Closed(self.name)
                     return None
-            slot, self._item = self._item, None
-            self._cond.notify_all()
-            return slot
+            return self._items.popleft()
 
     def close(self) -> None:
         with self._cond:

@@ -1,7 +1,9 @@
-"""The heartbeat: one ``health`` message a second, and the clock of the deadline ladder.
+"""The heartbeat: one ``health`` message a second per source, and the clock of the ladders.
 
 The heartbeat comes from its own thread, not from the frame path, so a stalled pipeline
-still reports (with fps 0 and growing drop counts) instead of going silent.
+still reports (with fps 0 and growing drop counts) instead of going silent. With several
+sources, each has its own message (its ``source`` field says which) with its own counts,
+latencies, deadline and ladder; all carry the shared batch scheduler's figures.
 """
 
 from __future__ import annotations
@@ -35,17 +37,17 @@ class HealthReporter:
         self.publisher = publisher
         self.device_id = device_id
         self.interval_s = interval_s
-        self.latest: dict[str, Any] = {}  # the last heartbeat, for the CLI's status line
+        self.latest: dict[str, Any] = {}  # the first source's last heartbeat, for the CLI
+        self.latest_by_source: dict[str, dict[str, Any]] = {}
         self.beats = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = time.monotonic_ns()
-        self._last_ns = self._t0
-        self._last_published = 0
+        self._last: dict[str, tuple[int, int]] = {}  # by source: (ns, published) at its last beat
         self._unix_offset_ns = time.time_ns() - time.monotonic_ns()
 
     def start(self) -> None:
-        self._t0 = self._last_ns = time.monotonic_ns()
+        self._t0 = time.monotonic_ns()
         self._thread = threading.Thread(target=self._run, name="health")
         self._thread.start()
 
@@ -66,35 +68,41 @@ class HealthReporter:
                 log.exception("health: heartbeat failed")
 
     def beat(self, final: bool = False) -> dict[str, Any]:
-        """Step the ladder if needed, publish one heartbeat and return it.
+        """Step the ladders if needed, publish one heartbeat per source; returns the first.
 
         ``final``: the agent is stopping and the pipeline has drained; marked so a
         consumer knows the counts are complete.
         """
-        p = self.pipeline
         now = time.monotonic_ns()
-        change = None if final else p.monitor.tick(now)
-        msg = self.snapshot(now, change)
-        if final:
-            msg["final"] = True
-        self.publisher.send(HEALTH_TOPIC, self.publisher.encode(msg))
-        self.latest = msg
+        first: dict[str, Any] = {}
+        for lane in self.pipeline.lanes:
+            change = None if final else lane.monitor.tick(now)
+            msg = self.snapshot(now, change, lane)
+            if final:
+                msg["final"] = True
+            self.publisher.send(HEALTH_TOPIC, self.publisher.encode(msg))
+            self.latest_by_source[lane.name] = msg
+            first = first or msg
+        self.latest = first
         self.beats += 1
-        return msg
+        return first
 
-    def snapshot(self, now: int, change: LadderChange | None = None) -> dict[str, Any]:
-        p, stats, monitor = self.pipeline, self.pipeline.stats, self.pipeline.monitor
+    def snapshot(self, now: int, change: LadderChange | None = None, lane: Any = None) -> dict[str, Any]:
+        p = self.pipeline
+        lane = lane or p.lanes[0]
+        stats, monitor = lane.stats, lane.monitor
         window = stats.take_window()
         published = stats.published
-        dt = (now - self._last_ns) / 1e9
-        fps = (published - self._last_published) / dt if dt > 0 else 0.0
-        self._last_ns, self._last_published = now, published
+        last_ns, last_published = self._last.get(lane.name, (self._t0, 0))
+        dt = (now - last_ns) / 1e9
+        fps = (published - last_published) / dt if dt > 0 else 0.0
+        self._last[lane.name] = (now, published)
         miss_rate, ended = monitor.miss_rate(now)
         msg: dict[str, Any] = {
             "schema": SCHEMA_VERSION,
             "type": "health",
             "device": self.device_id,
-            "source": p.source.name,
+            "source": lane.name,
             "ts_unix_s": round((now + self._unix_offset_ns) / 1e9, 3),
             "uptime_s": round((now - self._t0) / 1e9, 3),
             "fps": round(fps, 2),
@@ -121,7 +129,8 @@ class HealthReporter:
                 "changes": monitor.changes,
                 "step_up_after_s": monitor.config.step_up_after_s * monitor.up_backoff,
             },
-            "source_state": p.source.describe(),
+            "source_state": {**lane.source.describe(), "priority": lane.priority, "error": lane.error},
+            "batching": p.scheduler.summary(),
             "process": resources.snapshot(),
         }
         if self.power is not None:

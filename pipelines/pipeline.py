@@ -1,4 +1,4 @@
-"""The staged pipeline: capture+preprocess → infer → postprocess+publish, one thread each.
+"""The staged pipeline: capture+preprocess per source → batch scheduler → infer → postprocess+publish.
 
 Frame N+1 is captured and preprocessed while frame N is inferred and frame N-1 is decoded
 and published. Capture and preprocessing share a thread, as do postprocessing and
@@ -6,11 +6,17 @@ publishing: each pair is sub-millisecond, and a thread hand-off costs tens of
 microseconds, so splitting them would add latency without adding throughput. OpenCV and
 ONNX Runtime release the GIL, so the stages do overlap on separate cores.
 
-Every frame the source produced ends exactly once: published (on time or late) or
+Several sources share one accelerator: each source is a *lane* with its own capture
+thread, deadline monitor, counts, topic and sequence numbers, so a slow or dead camera
+only stalls its own lane. The lanes meet in the batch scheduler (``scheduler.py``),
+which orders frames by priority and deadline and forms batches across sources; one
+inference thread runs them, and one postprocessing thread publishes every lane's frames.
+
+Every frame a source produced ends exactly once: published (on time or late) or
 dropped with a reason (see ``deadline.DROP_REASONS``).
 
-Shutdown: ``stop`` ends capture; the hand-offs are closed behind the last frame, so the
-frames in flight are drained and published before the threads exit.
+Shutdown: ``stop`` ends capture; the scheduler and the post queue are closed behind the
+last frame, so the frames in flight are drained and published before the threads exit.
 """
 
 from __future__ import annotations
@@ -18,10 +24,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from edge_agent.latency import LatencyHistogram
+from edge_agent.pipelines.backends.base import IOSet
 from edge_agent.pipelines.deadline import DROP_REASONS, DeadlineMonitor
 from edge_agent.pipelines.handoff import (
     CAPTURED,
@@ -34,45 +41,100 @@ from edge_agent.pipelines.handoff import (
     PUBLISH,
     STAGES,
     Closed,
+    FrameQueue,
     FrameSlot,
-    Handoff,
     SlotPool,
 )
 from edge_agent.pipelines.preprocess import boxes_to_source
 from edge_agent.pipelines.publish import MessageBuilder, ZmqPublisher
+from edge_agent.pipelines.scheduler import BatchScheduler, LaneSpec
 from edge_agent.pipelines.sources import BufferPolicy, EndOfStream, Source, SourceError
 
 log = logging.getLogger(__name__)
 
-#: capture+preprocess, its hand-off, inference, its hand-off, postprocess: one slot each.
+#: Per source and model: capture+preprocess, the scheduler's cell, inference, the post
+#: queue, postprocess: one slot each.
 SLOTS = 5
 _POLL_S = 0.1
+_UNLIMITED = 1 << 30
 
 
 @dataclass
 class Profile:
-    """A loaded model with its own preallocated frame slots.
+    """A loaded model with its preallocated buffers: frame slots per source, and one
+    input/output set per batch size for batches of several sources.
 
     The degradation ladder may switch models at a frame boundary; each frame carries the
     profile it was preprocessed for, so frames already in flight finish on their model.
+    Buffers are kept across reloads that keep the model.
     """
 
     name: str
     model: Any  # runner.LoadedModel: backend, preprocessor, decode, params
-    pool: SlotPool
+    pools: dict[str, SlotPool] = field(default_factory=dict)  # by source name
+    batches: dict[int, IOSet] = field(default_factory=dict)  # by batch size (2 and up)
+    warm_ns: dict[int, int] = field(default_factory=dict)  # last warm-up run, by batch size
 
     @classmethod
-    def allocate(cls, name: str, model: Any, slots: int = SLOTS, max_gt: int = 64) -> Profile:
-        """Preallocate every slot's buffers and warm the backend up on one of them."""
-        max_det = model.params.max_detections
-        made = [
-            FrameSlot(i, model.backend.allocate(), model.input_name, max_det, max_gt) for i in range(slots)
-        ]
-        model.backend.warmup(made[0].io)
-        profile = cls(name, model, SlotPool(made))
-        for s in made:
-            s.profile = profile
-        return profile
+    def allocate(cls, name: str, model: Any) -> Profile:
+        return cls(name, model)
+
+    def pool(self, source: str, slots: int = SLOTS, max_gt: int = 64) -> SlotPool:
+        """The source's frame slots, allocated (and the backend warmed up) on first use."""
+        pool = self.pools.get(source)
+        if pool is None:
+            m = self.model
+            made = [
+                FrameSlot(i, m.backend.allocate(), m.input_name, m.params.max_detections, max_gt, self)
+                for i in range(slots)
+            ]
+            if not self.pools:
+                self.warm_ns[1] = _warm(m.backend, made[0].io)
+            pool = self.pools[source] = SlotPool(made)
+        return pool
+
+    def batch_limit(self) -> int:
+        """The largest batch the model runs (its fixed batch, or unlimited)."""
+        n, _ = self.model.backend.batch_axis()
+        return n or _UNLIMITED
+
+    def prepare_batches(self, largest: int) -> None:
+        """Allocate (and warm up) the sets for batches of 2..``largest`` frames; a model
+        with a fixed batch axis gets one set of its size, which smaller batches pad."""
+        backend = self.model.backend
+        _, fixed = backend.batch_axis()
+        for size in range(2, min(largest, self.batch_limit()) + 1):
+            if size in self.batches:
+                continue
+            if fixed and self.batches:
+                self.batches[size] = next(iter(self.batches.values()))
+                continue
+            io = self.batches[size] = backend.allocate(size)
+            self.warm_ns[size] = _warm(backend, io)
+
+    def infer(self, slots: list[FrameSlot]) -> None:
+        """Run one batch: a single frame on its own buffers, several through the batch set
+        (inputs copied in, outputs copied back to each frame's own buffers)."""
+        backend = self.model.backend
+        if len(slots) == 1:
+            backend.infer(slots[0].io)
+            return
+        io = self.batches[len(slots)]
+        batch_in = io.inputs[self.model.input_name]
+        for k, s in enumerate(slots):
+            batch_in[k] = s.tensor[0]
+        backend.infer(io)
+        for o, out in enumerate(io.outputs):
+            for k, s in enumerate(slots):
+                s.io.outputs[o][0] = out[k]
+
+
+def _warm(backend: Any, io: IOSet) -> int:
+    """Warm ``io`` up; returns the last run's ns (a first estimate for the scheduler)."""
+    backend.warmup(io, runs=2)
+    t = time.monotonic_ns()
+    backend.warmup(io, runs=1)
+    return time.monotonic_ns() - t
 
 
 class PipelineStats:
@@ -146,29 +208,84 @@ class PipelineStats:
         return window
 
 
-class Pipeline:
+class Lane:
+    """One source's share of the pipeline: its capture thread, deadline monitor (with its
+    own budget and ladder), counts, result topic and sequence numbers."""
+
     def __init__(
         self,
+        index: int,
         source: Source,
         profiles: dict[str, Profile],
         monitor: DeadlineMonitor,
         builder: MessageBuilder,
-        publisher: ZmqPublisher,
         topic: str,
-        max_frames: int = 0,
-        max_consecutive_errors: int = 10,
+        priority: int = 0,
+        max_fps: float = 0.0,
     ) -> None:
+        """``profiles``: by the ladder's model path, the lane's own model under ""."""
+        self.index = index
         self.source = source
+        self.name = source.name
         self.profiles = profiles
-        self.primary = next(iter(profiles.values()))
+        self.primary = profiles[""]
         self.monitor = monitor
         self.builder = builder
-        self.publisher = publisher
         self.topic = f"{topic}.{source.name}".encode()
-        self.max_frames = max_frames
+        self.priority = priority
+        self.period_ns = int(1e9 / max_fps) if max_fps > 0 else 0
         self.stats = PipelineStats()
         for p in profiles.values():
-            self.stats.by_profile[p.name] = LatencyHistogram()
+            self.stats.by_profile.setdefault(p.name, LatencyHistogram())
+        self.seq = 0
+        self.error: str | None = None  # why the source ended early, if it did
+        self.ended = False
+        self._stride_count = 0
+        self._next_read_ns = 0
+
+    def profile(self) -> Profile | None:
+        """The profile the ladder asks for, or None when this frame is not processed."""
+        step = self.monitor.current
+        if not step.infer:
+            return None
+        self._stride_count += 1
+        if step.frame_stride > 1 and self._stride_count % step.frame_stride:
+            return None
+        return self.profiles.get(step.model, self.primary) if step.model else self.primary
+
+    def around_ns(self) -> tuple[float, float]:
+        """Estimated ns before the inference stage and after it, for the scheduler."""
+        est = self.monitor.estimates(self.primary.name)
+        return float(est[:2].sum()), float(est[INFER_END:PUBLISH].sum())
+
+    def adopt(self, old: Lane) -> None:
+        """Continue where ``old`` (the same source before a reload) stopped."""
+        self.seq = old.seq
+        if self.monitor.config == old.monitor.config:
+            # Same deadline settings: the ladder's step, backoff and estimates carry over,
+            # so a reload under overload does not start again from the top.
+            self.monitor = old.monitor
+        old.stats.by_profile.update(
+            {k: v for k, v in self.stats.by_profile.items() if k not in old.stats.by_profile}
+        )
+        self.stats = old.stats
+
+
+class Pipeline:
+    def __init__(
+        self,
+        lanes: list[Lane],
+        publisher: ZmqPublisher,
+        max_frames: int = 0,
+        max_consecutive_errors: int = 10,
+        max_batch: int = 0,
+        max_wait_ms: float = 4.0,
+        margin_ms: float = 2.0,
+    ) -> None:
+        """``max_frames``: stop each source after that many frames (0: run on)."""
+        self.lanes = lanes
+        self.publisher = publisher
+        self.max_frames = max_frames
         self.error: str | None = None
         self.finished = threading.Event()  # set once the last frame has been published
         # Set by the inference thread when that many inferences in a row have failed: the
@@ -179,27 +296,70 @@ class Pipeline:
         self._stop = threading.Event()
         self._abort = threading.Event()
         self._threads: list[threading.Thread] = []
-        newest = source.policy is BufferPolicy.NEWEST
-        self._to_infer = Handoff("infer", newest_wins=newest, on_replace=self._overrun)
-        self._to_post = Handoff("post", newest_wins=False, on_replace=self._overrun)
-        self._seq = 0
-        self._stride_count = 0
+        self.scheduler = BatchScheduler(
+            [
+                LaneSpec(
+                    lane.name,
+                    lane.priority,
+                    lane.monitor.budget_ns,
+                    lane.source.policy is BufferPolicy.NEWEST,
+                    self._overrun,
+                    lane.around_ns,
+                )
+                for lane in lanes
+            ],
+            max_batch,
+            max_wait_ms,
+            margin_ms,
+            Profile.batch_limit,
+        )
+        for lane in lanes:
+            for profile in lane.profiles.values():
+                profile.pool(lane.name)
+        for profile in self.profiles.values():
+            profile.prepare_batches(self.scheduler.max_batch)
+            for size, ns in profile.warm_ns.items():
+                self.scheduler.seed(profile, size, ns)
+        self._to_post = FrameQueue("post")
+
+    # The first lane, for the single-source callers (the run summary, tune, bench).
+    @property
+    def source(self) -> Source:
+        return self.lanes[0].source
+
+    @property
+    def stats(self) -> PipelineStats:
+        return self.lanes[0].stats
+
+    @property
+    def monitor(self) -> DeadlineMonitor:
+        return self.lanes[0].monitor
+
+    @property
+    def primary(self) -> Profile:
+        return self.lanes[0].primary
+
+    @property
+    def profiles(self) -> dict[str, Profile]:
+        """Every profile of every lane, by name."""
+        return {p.name: p for lane in self.lanes for p in lane.profiles.values()}
+
+    def published(self) -> int:
+        return sum(lane.stats.published for lane in self.lanes)
 
     def adopt(self, old: Pipeline) -> None:
-        """Continue where ``old`` stopped (a reload): its sequence numbers and its counts."""
-        self._seq = old._seq
-        if self.monitor.config == old.monitor.config:
-            # Same deadline settings: the ladder's step, backoff and estimates carry over,
-            # so a reload under overload does not start again from the top.
-            self.monitor = old.monitor
-        old.stats.by_profile.update(
-            {k: v for k, v in self.stats.by_profile.items() if k not in old.stats.by_profile}
-        )
-        self.stats = old.stats
+        """Continue where ``old`` stopped (a reload): per source, its sequence numbers and
+        counts; a source new in this config starts afresh."""
+        previous = {lane.name: lane for lane in old.lanes}
+        for lane in self.lanes:
+            if lane.name in previous:
+                lane.adopt(previous[lane.name])
 
     def start(self) -> None:
-        for name, target in (("capture", self._capture), ("infer", self._infer), ("post", self._post)):
-            t = threading.Thread(target=target, name=f"{name}-{self.source.name}")
+        stages = [(f"capture-{lane.name}", self._capture, (lane,)) for lane in self.lanes]
+        stages += [("infer", self._infer, ()), ("post", self._post, ())]
+        for name, target, args in stages:
+            t = threading.Thread(target=target, args=args, name=name)
             t.start()
             self._threads.append(t)
 
@@ -227,72 +387,90 @@ class Pipeline:
 
     # -- accounting ---------------------------------------------------------------
 
-    def _drop(self, slot: FrameSlot | None, reason: str) -> None:
-        self.stats.drop(reason)
-        self.monitor.dropped(reason, time.monotonic_ns())
+    def _drop(self, lane: Lane, slot: FrameSlot | None, reason: str) -> None:
+        lane.stats.drop(reason)
+        lane.monitor.dropped(reason, time.monotonic_ns())
         if slot is not None:
-            slot.profile.pool.release(slot)
+            slot.pool.release(slot)  # type: ignore[union-attr]
 
     def _overrun(self, slot: FrameSlot) -> None:
-        self._drop(slot, "overrun")
-
-    def _profile(self) -> Profile | None:
-        """The profile the ladder asks for, or None when this frame is not processed."""
-        step = self.monitor.current
-        if not step.infer:
-            return None
-        self._stride_count += 1
-        if step.frame_stride > 1 and self._stride_count % step.frame_stride:
-            return None
-        return self.profiles[step.model] if step.model else self.primary
+        self._drop(self.lanes[slot.lane], slot, "overrun")
 
     # -- stages -------------------------------------------------------------------
 
-    def _capture(self) -> None:
-        source = self.source
+    def _capture(self, lane: Lane) -> None:
+        source = lane.source
         # A file source is read only once the previous frame has been taken by the
-        # inference stage: reading ahead would not raise throughput (one frame already
-        # waits) but would age every frame by a whole inference time.
+        # scheduler: reading ahead would not raise throughput (one frame already waits)
+        # but would age every frame by a whole inference time.
         read_ahead = source.policy is BufferPolicy.NEWEST
         try:
             while not self._stop.is_set():
-                if self.max_frames and self.stats.captured >= self.max_frames:
+                if self.max_frames and lane.stats.captured >= self.max_frames:
                     break
-                if not read_ahead and not self._to_infer.wait_room(_POLL_S):
+                if not read_ahead and not self.scheduler.wait_room(lane.index, _POLL_S):
+                    continue
+                if lane.period_ns and not self._pace(lane):
                     continue
                 try:
-                    frame = self.read_frame()
+                    frame = self.read_frame(lane)
                 except EndOfStream:
                     break
                 except SourceError as e:
-                    self.error = f"source {source.name}: {e}"
-                    log.error("%s", self.error)
+                    self._source_failed(lane, f"source {source.name}: {e}")
                     break
                 except Exception as e:  # a bug or a driver error: fail loudly, not silently
-                    self._fatal("capture", e)
+                    self._fatal(f"capture ({source.name})", e)
                     break
                 if frame is None:
                     continue
-                slot = self.prepare(frame)
-                if slot is not None and not self._to_infer.put(slot, self._abort):
-                    self._drop(slot, "shutdown")
+                slot = self.prepare(frame, lane)
+                if slot is not None and not self.scheduler.put(lane.index, slot, self._abort):
+                    self._drop(lane, slot, "shutdown")
         finally:
-            self._to_infer.close()
+            lane.ended = True
+            self.scheduler.close(lane.index)
+
+    def _pace(self, lane: Lane) -> bool:
+        """The frame-rate cap: wait for the lane's next read time; False if that is more
+        than a poll away (the loop comes back). A live source's frames in between are
+        skipped by the source and counted as ``source_gap``."""
+        now = time.monotonic_ns()
+        if lane._next_read_ns > now:
+            wait = (lane._next_read_ns - now) / 1e9
+            if wait > _POLL_S:
+                self._stop.wait(_POLL_S)
+                return False
+            if self._stop.wait(wait):
+                return False
+        # No catching up after a stall: at most one frame per period from now on.
+        period = lane.period_ns
+        lane._next_read_ns = max(lane._next_read_ns + period, time.monotonic_ns() - period // 2)
+        return True
+
+    def _source_failed(self, lane: Lane, error: str) -> None:
+        lane.error = error
+        log.error("%s", error)
+        # One dead source does not stop the others; when none is left, the pipeline fails.
+        if all(other.error for other in self.lanes) and self.error is None:
+            self.error = error if len(self.lanes) == 1 else "every source failed: " + error
 
     def _infer(self) -> None:
         try:
             while True:
                 try:
-                    slot = self._to_infer.get(_POLL_S)
+                    batch = self.scheduler.next_batch(_POLL_S)
                 except Closed:
                     break
-                if slot is None:
+                if batch is None:
                     continue
                 try:
-                    if self.infer_one(slot) and not self._to_post.put(slot, self._abort):
-                        self._drop(slot, "shutdown")
+                    self.infer_batch(batch)
+                    for slot in batch:
+                        self._to_post.put(slot)
                 except Exception as e:
-                    self._drop(slot, "error")
+                    for slot in batch:
+                        self._drop(self.lanes[slot.lane], slot, "error")
                     self._fatal("infer", e)
         finally:
             self._to_post.close()
@@ -322,38 +500,43 @@ class Pipeline:
 
     # -- one frame, one stage (the threads above, and the sequential benchmark) ----
 
-    def read_frame(self) -> Any:
+    def read_frame(self, lane: Lane | None = None) -> Any:
         """The next source frame (or None on timeout); counts frames the source skipped."""
-        source = self.source
+        lane = lane or self.lanes[0]
+        source = lane.source
         before = source.skipped
         frame = source.read(_POLL_S)
         gap = source.skipped - before
         if self.max_frames:  # --frames N counts source frames, skipped ones included
-            gap = min(gap, max(self.max_frames - self.stats.captured - (frame is not None), 0))
-        self.stats.add_captured(int(frame is not None), gap)
+            gap = min(gap, max(self.max_frames - lane.stats.captured - (frame is not None), 0))
+        lane.stats.add_captured(int(frame is not None), gap)
         return frame
 
-    def prepare(self, frame: Any) -> FrameSlot | None:
-        """Take a slot of the current profile and preprocess ``frame`` into it.
+    def prepare(self, frame: Any, lane: Lane | None = None) -> FrameSlot | None:
+        """Take a slot of the lane's current profile and preprocess ``frame`` into it.
 
         Returns None when the frame is not processed (ladder, error, shutdown).
         """
-        profile = self._profile()
+        lane = lane or self.lanes[0]
+        profile = lane.profile()
         if profile is None:
-            self._drop(None, "ladder")
+            self._drop(lane, None, "ladder")
             return None
+        pool = profile.pools[lane.name]
         # Try at least once: a frame read just before stop is still processed.
-        slot = profile.pool.acquire(_POLL_S)
+        slot = pool.acquire(_POLL_S)
         while slot is None and not self._stop.is_set():
-            slot = profile.pool.acquire(_POLL_S)
+            slot = pool.acquire(_POLL_S)
         if slot is None:
-            self._drop(None, "shutdown")
+            self._drop(lane, None, "shutdown")
             return None
         st = slot.stamps
         st[CAPTURED] = frame.capture_ns
         st[PRE_START] = time.monotonic_ns()
-        slot.source = self.source.name
+        slot.lane = lane.index
+        slot.source = lane.name
         slot.frame_id = frame.frame_id
+        slot.gt_count = 0
         if frame.gt is not None:
             n = min(len(frame.gt), len(slot.gt))
             slot.gt[:n] = frame.gt[:n]
@@ -361,8 +544,8 @@ class Pipeline:
         try:
             profile.model.preprocessor(frame.image, slot.tensor, slot.geo)
         except Exception:
-            log.exception("pipeline: preprocessing failed for frame %d", frame.frame_id)
-            self._drop(slot, "error")
+            log.exception("pipeline: preprocessing failed for frame %d of %s", frame.frame_id, lane.name)
+            self._drop(lane, slot, "error")
             return None
         profile.model.backend.upload(slot.io)
         st[PRE_END] = time.monotonic_ns()
@@ -370,40 +553,62 @@ class Pipeline:
 
     def infer_one(self, slot: FrameSlot) -> bool:
         """Admit and infer one frame; False if it was dropped (stale or error)."""
+        return bool(self.infer_batch([slot]))
+
+    def infer_batch(self, batch: list[FrameSlot]) -> int:
+        """Admit a batch's frames and infer those admitted; ``batch`` keeps just the frames
+        that ran (the others are accounted as dropped). Returns how many ran."""
         now = time.monotonic_ns()
-        if not self.monitor.admit(slot.stamps, now, slot.profile.name):
-            self._drop(slot, "stale")
-            return False
-        slot.stamps[INFER_START] = now
+        admitted = 0
+        for slot in list(batch):
+            lane = self.lanes[slot.lane]
+            if lane.monitor.admit(slot.stamps, now, slot.profile.name):
+                batch[admitted] = slot
+                admitted += 1
+            else:
+                self._drop(lane, slot, "stale")
+        del batch[admitted:]
+        if not batch:
+            return 0
+        profile = batch[0].profile
         try:
-            slot.profile.model.backend.infer(slot.io)
+            profile.infer(batch)
         except Exception as e:
             self._consecutive_errors += 1
             # One line per failure, not a traceback per frame: a broken backend can fail
             # hundreds of times a second.
-            log.error("pipeline: inference failed for frame %d: %s", slot.frame_id, e)
-            self._drop(slot, "error")
+            ids = ", ".join(f"{s.source}:{s.frame_id}" for s in batch)
+            log.error("pipeline: inference failed for frame(s) %s: %s", ids, e)
+            for slot in batch:
+                self._drop(self.lanes[slot.lane], slot, "error")
+            batch.clear()
             if self._consecutive_errors >= self.max_consecutive_errors and not self.breaker.is_set():
                 log.error("pipeline: %d inferences in a row failed: breaker open", self._consecutive_errors)
                 self.breaker.set()
-            return False
+            return 0
         self._consecutive_errors = 0
-        slot.stamps[INFER_END] = time.monotonic_ns()
-        return True
+        end = time.monotonic_ns()
+        self.scheduler.record(profile, len(batch), end - now)
+        for slot in batch:
+            slot.stamps[INFER_START] = now
+            slot.stamps[INFER_END] = end
+            slot.batch = len(batch)
+        return len(batch)
 
     def publish_one(self, slot: FrameSlot) -> None:
         """Decode, publish and account one frame, then give its slot back."""
+        lane = self.lanes[slot.lane]
         try:
-            total = self._publish(slot)
+            total = self._publish(lane, slot)
         except Exception:
-            log.exception("pipeline: postprocessing failed for frame %d", slot.frame_id)
-            self._drop(slot, "error")
+            log.exception("pipeline: postprocessing failed for frame %d of %s", slot.frame_id, lane.name)
+            self._drop(lane, slot, "error")
             return
         # Accounted only once the message is out, so a frame is never both sent and dropped.
-        self._account(slot, total, time.monotonic_ns())
-        slot.profile.pool.release(slot)
+        self._account(lane, slot, total, time.monotonic_ns())
+        slot.pool.release(slot)  # type: ignore[union-attr]
 
-    def _publish(self, slot: FrameSlot) -> int:
+    def _publish(self, lane: Lane, slot: FrameSlot) -> int:
         """Decode, build and send the result message; returns the end-to-end ns."""
         st = slot.stamps
         st[POST_START] = time.monotonic_ns()
@@ -416,17 +621,17 @@ class Pipeline:
         slot.det_count = n
         boxes_to_source(slot.det_xyxy[:n], slot.geo)
         st[POST_END] = time.monotonic_ns()
-        message = self.builder.build(slot, self._seq, slot.profile.name)
+        message = lane.builder.build(slot, lane.seq, slot.profile.name)
         st[PUBLISH] = time.monotonic_ns()
         total = int(st[PUBLISH] - st[CAPTURED])
-        message["latency_ms"] = self.builder.latencies(slot)
-        message["deadline_missed"] = total > self.builder.budget_ns
-        self.publisher.send(self.topic, self.publisher.encode(message))
-        self._seq += 1
+        message["latency_ms"] = lane.builder.latencies(slot)
+        message["deadline_missed"] = total > lane.builder.budget_ns
+        self.publisher.send(lane.topic, self.publisher.encode(message))
+        lane.seq += 1
         return total
 
-    def _account(self, slot: FrameSlot, total: int, end: int) -> None:
-        st, stats = slot.stamps, self.stats
+    def _account(self, lane: Lane, slot: FrameSlot, total: int, end: int) -> None:
+        st, stats = slot.stamps, lane.stats
         stats.send.record(end - int(st[PUBLISH]))
         for i, hist in enumerate(stats.stages.values()):
             hist.record(int(st[i + 1] - st[i]))
@@ -435,4 +640,4 @@ class Pipeline:
         stats.overhead.record(end - int(st[PRE_START]) - int(st[INFER_END] - st[INFER_START]))
         for part, ms in slot.profile.model.backend.timings(slot.io).items():
             stats.backend_part(part).record(int(ms * 1e6))
-        stats.add_published(total, self.monitor.published(st, end, slot.profile.name))
+        stats.add_published(total, lane.monitor.published(st, end, slot.profile.name))

@@ -182,6 +182,7 @@ class MessageBuilder:
             "capture_unix_s": round((captured + self._unix_offset_ns) / 1e9, 6),
             "image_wh": [slot.geo.src_w, slot.geo.src_h],
             "model": model,
+            "batch_size": slot.batch,
             "latency_ms": {},
             "deadline_ms": self.budget_ms,
             "deadline_missed": False,

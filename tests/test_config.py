@@ -305,7 +305,7 @@ BAD = [
         """,
         3,
         "source.path",
-        r"unknown key \(expected one of: name, type, width",
+        r"unknown key \(expected one of: name, priority, .*, type, width",
         id="missing-source-type-means-synthetic",
     ),
     pytest.param(

@@ -166,7 +166,7 @@ def test_steady_state_allocates_nothing_per_frame(const_model, endpoint):
 
 def test_slots_are_preallocated_and_reused(const_model, endpoint):
     agent = make_agent(const_model, endpoint, frames=50)
-    pool = agent.pipeline.primary.pool
+    pool = agent.pipeline.primary.pools["cam0"]
     tensors = {id(s.tensor) for s in pool.slots}
     outputs = {id(o) for s in pool.slots for o in s.io.outputs}
     agent.start()

@@ -84,8 +84,15 @@ class InferenceBackend(ABC):
         return self._outputs
 
     @abstractmethod
-    def allocate(self) -> IOSet:
-        """A new set of input and output buffers bound to this backend."""
+    def allocate(self, batch: int = 1) -> IOSet:
+        """A new set of input and output buffers bound to this backend, for ``batch`` frames
+        (a model with a fixed batch axis always gets buffers of its own batch size)."""
+
+    def batch_axis(self) -> tuple[int, bool]:
+        """(largest batch, fixed): ``fixed`` when the model only runs its own batch size, so a
+        smaller batch is padded up to it; (0, False) when any size runs (a dynamic axis)."""
+        first = self.inputs[0].shape[0] if self.inputs and self.inputs[0].shape else 1
+        return (0, False) if first is None else (int(first), True)
 
     @abstractmethod
     def infer(self, io: IOSet) -> None:

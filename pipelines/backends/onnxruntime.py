@@ -76,25 +76,25 @@ class OnnxRuntimeBackend(InferenceBackend):
         self._inputs = [_spec(a) for a in self.session.get_inputs()]
         self._outputs = [_spec(a) for a in self.session.get_outputs()]
 
-    def allocate(self) -> IOSet:
+    def allocate(self, batch: int = 1) -> IOSet:
         if self.session is None:
             raise BackendError("allocate() before load()")
         binding = self.session.io_binding()
         inputs = {}
         for spec in self._inputs:
-            arr = np.zeros(spec.concrete(), spec.dtype)
+            arr = np.zeros(spec.concrete(batch), spec.dtype)
             binding.bind_input(spec.name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
             inputs[spec.name] = arr
         outputs = []
-        for spec, shape in zip(self._outputs, self._output_shapes(inputs)):
+        for spec, shape in zip(self._outputs, self._output_shapes(inputs, batch)):
             arr = np.zeros(shape, spec.dtype)
             binding.bind_output(spec.name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
             outputs.append(arr)
         return IOSet(inputs, outputs, binding)
 
-    def _output_shapes(self, inputs: dict[str, np.ndarray]) -> list[tuple[int, ...]]:
+    def _output_shapes(self, inputs: dict[str, np.ndarray], batch: int) -> list[tuple[int, ...]]:
         try:
-            return [spec.concrete() for spec in self._outputs]
+            return [spec.concrete(batch) for spec in self._outputs]
         except BackendError:
             # Exports with symbolic output axes: one probe run tells the real sizes.
             assert self.session is not None

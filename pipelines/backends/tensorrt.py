@@ -340,7 +340,9 @@ class TensorRTBackend(InferenceBackend):
         slot.allocations[name] = mem  # the copies take the allocation; TensorRT its address
         slot.device[name] = int(mem)
 
-    def allocate(self) -> IOSet:
+    def allocate(self, batch: int = 1) -> IOSet:
+        # Engines are built for one fixed batch size (batch_axis() says which), so every
+        # set has that size whatever ``batch`` asks.
         if self.engine is None:
             raise BackendError("allocate() before load()")
         cuda = self.cuda

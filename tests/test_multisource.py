@@ -1,0 +1,297 @@
+"""Several sources on one agent: priorities, batching across sources, per-source accounting.
+
+Real pipeline, real ONNX Runtime sessions, real ZeroMQ sockets, synthetic cameras.
+Budgets are generous next to the model's cost, so the assertions are about behaviour
+(who drops, how batches form), not about how fast this machine is.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+from conftest import free_endpoint, write_manifest
+from test_pipeline import Subscriber
+
+from edge_agent.config import (
+    AgentConfig,
+    BatchingConfig,
+    ImageFolderSourceConfig,
+    MetricsConfig,
+    ModelConfig,
+    OnnxRuntimeConfig,
+    PublishConfig,
+    SyntheticSourceConfig,
+    V4L2SourceConfig,
+)
+from edge_agent.configload import ConfigError, load
+from edge_agent.models.testmodels import constant_detector, write_load_model, yolov8_output
+from edge_agent.pipelines.pipeline import Profile
+from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
+from edge_agent.runner import Agent, load_model
+
+SCHEMA = json.loads((Path(__file__).parent.parent / "pipelines/schema/message-v1.schema.json").read_text())
+
+
+@pytest.fixture
+def load_model_path(tmp_path: Path) -> Path:
+    """A model with real compute (~4 ms a frame here, more per batch)."""
+    return write_load_model(str(tmp_path / "load"), 256, 16)
+
+
+def make_agent(model: Path, endpoint: str, sources, **kw) -> Agent:
+    cfg = AgentConfig(
+        device_id="multi",
+        sources=tuple(sources),
+        model=ModelConfig(path=str(model)),
+        publish=PublishConfig(endpoint=endpoint, health_interval_s=0.2),
+        metrics=MetricsConfig(enabled=False),
+        **kw,
+    )
+    agent = Agent(cfg)
+    agent.build()
+    return agent
+
+
+@contextmanager
+def running(agent: Agent, seconds: float):
+    agent.start()
+    try:
+        time.sleep(seconds)
+        yield agent
+    finally:
+        assert agent.stop(), "every pipeline thread must end"
+
+
+def counts(agent: Agent) -> dict[str, dict]:
+    """Per source, after the drain; asserts that each source's frames all ended once."""
+    out = {}
+    for lane in agent.pipeline.lanes:
+        c = lane.stats.counts()
+        assert c["in_flight"] == 0, (lane.name, c)
+        assert c["captured"] == c["on_time"] + c["late"] + c["dropped"], (lane.name, c)
+        out[lane.name] = c
+    return out
+
+
+def lane(agent: Agent, name: str):
+    return next(x for x in agent.pipeline.lanes if x.name == name)
+
+
+def test_high_priority_source_keeps_its_budget_while_the_others_overload(load_model_path, endpoint):
+    # The low-priority cameras offer far more frames than inference can take (and have
+    # tighter budgets, so earliest-deadline-first alone would serve them first).
+    front = SyntheticSourceConfig(name="front", fps=30, priority=10, budget_ms=60, seed=1)
+    sides = [
+        SyntheticSourceConfig(name=f"side{i}", fps=100, budget_ms=30, seed=2 + i, width=320, height=240)
+        for i in range(3)
+    ]
+    agent = make_agent(load_model_path, endpoint, [front, *sides], batching=BatchingConfig(max_batch=1))
+    with running(agent, 3.0):
+        pass
+    c = counts(agent)
+    f = lane(agent, "front")
+    assert c["front"]["captured"] >= 60
+    assert c["front"]["dropped"] == 0 and c["front"]["late"] == 0, c["front"]
+    assert f.stats.total.percentile_ms(99) < 60.0
+    side_drops = sum(c[f"side{i}"]["dropped"] for i in range(3))
+    side_captured = sum(c[f"side{i}"]["captured"] for i in range(3))
+    assert side_drops > side_captured * 0.2, "past capacity, the low-priority sources drop"
+
+
+def test_batches_grow_with_load_and_shrink_when_slack_is_tight(load_model_path, endpoint):
+    def mean_batch(sources, **kw) -> tuple[float, dict]:
+        agent = make_agent(load_model_path, free_endpoint(), sources, **kw)
+        with running(agent, 2.0):
+            pass
+        counts(agent)
+        summary = agent.pipeline.scheduler.summary()
+        assert summary["batches"] > 10, summary
+        return summary["mean_size"], summary
+
+    # Light load: four cameras at a few frames a second, out of phase: they rarely meet.
+    light, s_light = mean_batch(
+        [SyntheticSourceConfig(name=f"c{i}", fps=fps, seed=i) for i, fps in enumerate((5, 6, 7, 9))],
+        batching=BatchingConfig(max_wait_ms=1.0),
+    )
+    # Four cameras in step at 30 fps: every frame has company, and slack to wait for it.
+    synced = [SyntheticSourceConfig(name=f"c{i}", fps=30, seed=i) for i in range(4)]
+    loaded, s_loaded = mean_batch(synced)
+    # The same cameras with a budget too tight for a batch of four.
+    tight, s_tight = mean_batch([replace(s, budget_ms=14) for s in synced])
+    assert light < 1.5, s_light
+    assert loaded > 3.0, s_loaded
+    assert tight < loaded - 1.0, (s_tight, s_loaded)
+    assert s_tight["sizes"].get("4", 0) < s_tight["batches"] * 0.1, s_tight
+
+
+def test_a_dead_or_ended_source_does_not_stall_the_others(const_model, endpoint, tmp_path):
+    import cv2
+
+    folder = tmp_path / "three"
+    folder.mkdir()
+    for i in range(3):
+        cv2.imwrite(str(folder / f"{i}.png"), np.full((120, 160, 3), 40 * i, np.uint8))
+    sources = [
+        SyntheticSourceConfig(name="a", fps=30, seed=1),
+        SyntheticSourceConfig(name="b", fps=30, seed=2),
+        # A camera that is not there: its reader retries with backoff, and delivers nothing.
+        V4L2SourceConfig(name="dead", device=str(tmp_path / "video-missing"), retry_initial_s=0.05),
+        # Three images, then the end of the stream.
+        ImageFolderSourceConfig(name="ends", path=str(folder)),
+    ]
+    sub = Subscriber(endpoint, "health")
+    # A long allowed wait: only the scheduler's judgement keeps it from waiting for "dead".
+    agent = make_agent(const_model, endpoint, sources, batching=BatchingConfig(max_wait_ms=50.0))
+    try:
+        with running(agent, 2.5):
+            pass
+    finally:
+        sub.close()
+    c = counts(agent)
+    assert c["dead"]["captured"] == 0
+    assert c["ends"]["captured"] == 3 and c["ends"]["on_time"] == 3
+    for name in ("a", "b"):
+        assert c[name]["captured"] >= 60, c[name]  # 30 fps for 2.5 s, minus start-up
+        assert c[name]["dropped"] == 0 and c[name]["late"] == 0, (name, c[name]["dropped_by_reason"])
+    beats = {m["source"]: m for m in sub.messages}
+    assert set(beats) == {"a", "b", "dead", "ends"}
+    assert beats["dead"]["source_state"]["connected"] is False
+
+
+def test_every_source_has_its_topic_seq_heartbeat_and_budget(const_model, endpoint):
+    sources = [
+        SyntheticSourceConfig(name="left", fps=40, seed=1, budget_ms=30),
+        SyntheticSourceConfig(name="right", fps=40, seed=2, priority=3),
+    ]
+    sub = Subscriber(endpoint)
+    agent = make_agent(const_model, endpoint, sources)
+    try:
+        with running(agent, 1.5):
+            pass
+        end = time.monotonic() + 5
+        while sum(bool(m.get("final")) for m in sub.messages) < 2 and time.monotonic() < end:
+            time.sleep(0.01)
+    finally:
+        sub.close()
+    c = counts(agent)
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    for topic, msg in zip(sub.topics, sub.messages):
+        errors = [f"{list(e.path)}: {e.message}" for e in validator.iter_errors(msg)]
+        assert not errors, (topic, errors)
+    for name, budget in (("left", 30.0), ("right", 50.0)):
+        results = [m for t, m in zip(sub.topics, sub.messages) if t == f"det.{name}"]
+        assert results and all(m["source"] == name and m["deadline_ms"] == budget for m in results)
+        seqs = [m["seq"] for m in results]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), f"{name}: one sequence per source"
+        final = next(m for m in sub.messages if m.get("final") and m["source"] == name)
+        assert final["counts"] == c[name]
+        assert final["deadline"]["budget_ms"] == budget
+        assert final["batching"]["max_batch"] == 2
+    right = next(m for m in sub.messages if m.get("source") == "right" and m.get("type") == "health")
+    assert right["source_state"]["priority"] == 3
+    assert any(m.get("batch_size") == 2 for m in sub.messages), "in-step cameras share batches"
+
+
+def test_batched_inference_gives_each_frame_its_own_result():
+    """A batch of three different frames decodes exactly as each frame alone."""
+    model = load_model(ModelConfig(), OnnxRuntimeConfig())
+    profile = Profile.allocate("bundled", model)
+    pool = profile.pool("cam")
+    profile.prepare_batches(3)
+    scene = SyntheticScene(SceneSpec(width=640, height=480, seed=7, num_objects=6))
+    image, gt = np.empty((480, 640, 3), np.uint8), np.zeros((6, 6), np.float32)
+    slots = [pool.acquire(1.0) for _ in range(3)]
+    alone = []
+    for k, slot in enumerate(slots):
+        scene.render(k * 17, image, gt)
+        model.preprocessor(image, slot.tensor, slot.geo)
+        profile.infer([slot])
+        alone.append(slot.io.outputs[0].copy())
+        slot.io.outputs[0][:] = 0
+    profile.infer(list(slots))
+    for k, slot in enumerate(slots):
+        np.testing.assert_allclose(slot.io.outputs[0], alone[k], rtol=1e-4, atol=1e-3)
+    assert not np.allclose(alone[0], alone[1]), "the frames differ, so a mix-up would show"
+    model.backend.close()
+
+
+def test_a_fixed_batch_model_is_padded(tmp_path, endpoint):
+    out = yolov8_output([(160, 160, 40, 40)], [1], [0.9], 4, 2100)
+    model = constant_detector(str(tmp_path / "model.onnx"), out, batch=4)
+    write_manifest(tmp_path / "manifest.yaml")
+    sources = [SyntheticSourceConfig(name=f"c{i}", fps=30, seed=i) for i in range(2)]
+    sub = Subscriber(endpoint, "det")
+    agent = make_agent(Path(model), endpoint, sources)
+    assert agent.pipeline.scheduler.max_batch == 2
+    assert agent.pipeline.primary.batches[2].inputs["images"].shape[0] == 4  # padded to 4
+    try:
+        with running(agent, 1.0):
+            pass
+    finally:
+        sub.close()
+    c = counts(agent)
+    assert all(v["on_time"] >= 15 for v in c.values()), c
+    assert sub.messages and all(m["detections"][0]["label"] == "square" for m in sub.messages)
+
+
+def test_reload_adds_a_source_and_keeps_the_others_running(const_model, endpoint):
+    a = SyntheticSourceConfig(name="a", fps=50, seed=1)
+    agent = make_agent(const_model, endpoint, [a])
+    agent.start()
+    try:
+        time.sleep(0.5)
+        kept = agent.sources["a"]
+        seq_before = lane(agent, "a").seq
+        new = replace(agent.config, sources=(a, SyntheticSourceConfig(name="b", fps=50, seed=2)))
+        assert agent.reload(new) == ["sources"]
+        assert agent.sources["a"] is kept, "an unchanged source is not reopened"
+        assert lane(agent, "a").seq >= seq_before
+        time.sleep(0.5)
+    finally:
+        assert agent.stop()
+    c = counts(agent)
+    assert c["b"]["on_time"] >= 10 and c["a"]["on_time"] >= 40
+
+
+def test_config_sources_are_checked_with_their_place():
+    text = (
+        "sources:\n"
+        "  - {name: front, priority: 5, budget_ms: 40, max_fps: 15}\n"
+        "  - {name: front, fps: 10}\n"
+        "  - {name: side, budget_ms: -1}\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        load(AgentConfig, text, "fleet.yaml")
+    problems = {(p.path, p.line) for p in e.value.problems}
+    assert ("sources[2].budget_ms", 4) in problems, problems
+    text = "source: {fps: 10}\nsources:\n  - {name: a}\n"
+    with pytest.raises(ConfigError) as e:
+        load(AgentConfig, text, "fleet.yaml")
+    assert "either source" in str(e.value)
+    text = "sources:\n  - {name: a}\n  - {name: a, fps: 5}\n"
+    with pytest.raises(ConfigError) as e:
+        load(AgentConfig, text, "fleet.yaml")
+    assert "fleet.yaml:2:3: sources: source names must be unique" in str(e.value)
+    ok = load(AgentConfig, "sources:\n  - {name: front, priority: 5, max_fps: 15}\n", "f.yaml")
+    assert ok.source_list()[0].priority == 5 and ok.source_list()[0].max_fps == 15
+
+
+def test_frame_rate_cap_limits_what_a_source_sends(const_model, endpoint):
+    sources = [
+        SyntheticSourceConfig(name="capped", fps=0, max_fps=20, seed=1),
+        SyntheticSourceConfig(name="paced", fps=60, max_fps=15, seed=2),
+    ]
+    agent = make_agent(const_model, endpoint, sources)
+    with running(agent, 1.5):
+        pass
+    c = counts(agent)
+    assert 20 <= c["capped"]["on_time"] <= 33, c["capped"]  # ~30 in 1.5 s, not hundreds
+    assert 15 <= c["paced"]["on_time"] <= 25, c["paced"]
+    assert c["paced"]["dropped_by_reason"]["source_gap"] > 40, "the camera's other frames are skipped"

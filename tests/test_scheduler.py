@@ -1,0 +1,227 @@
+"""The batch scheduler on its own: ordering, batch composition, waiting, closing.
+
+Frames are real ``FrameSlot`` objects with hand-set capture stamps, and the inference
+time estimates are seeded, so every decision here is deterministic.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from edge_agent.pipelines.backends.base import IOSet
+from edge_agent.pipelines.handoff import CAPTURED, Closed, FrameSlot
+from edge_agent.pipelines.scheduler import BatchScheduler, LaneSpec
+
+MS = 1_000_000
+PROFILE = object()  # the scheduler only compares profiles by identity
+OTHER = object()
+
+
+def make_slot(lane: int, age_ms: float, profile: object = PROFILE) -> FrameSlot:
+    io = IOSet({"images": np.zeros((1, 2, 2, 3), np.uint8)}, [np.zeros((1, 8, 4), np.float32)])
+    slot = FrameSlot(0, io, "images", max_det=4, max_gt=1, profile=profile)
+    slot.lane = lane
+    slot.stamps[CAPTURED] = time.monotonic_ns() - int(age_ms * MS)
+    return slot
+
+
+def make_scheduler(
+    lanes: list[tuple[int, float]],  # (priority, budget ms) per lane
+    max_batch: int = 0,
+    max_wait_ms: float = 0.0,
+    margin_ms: float = 2.0,
+    newest_wins: bool = True,
+    limit: int = 64,
+    replaced: list | None = None,
+) -> BatchScheduler:
+    specs = [
+        LaneSpec(
+            f"lane{i}",
+            prio,
+            int(budget * MS),
+            newest_wins,
+            (replaced if replaced is not None else []).append,
+            lambda: (1 * MS, 1 * MS),
+        )
+        for i, (prio, budget) in enumerate(lanes)
+    ]
+    s = BatchScheduler(specs, max_batch, max_wait_ms, margin_ms, lambda profile: limit)
+    for size, ms in {1: 5, 2: 8, 3: 11, 4: 14}.items():
+        if size <= s.max_batch:
+            s.seed(PROFILE, size, ms * MS)
+    return s
+
+
+def put_all(s: BatchScheduler, slots: list[FrameSlot]) -> None:
+    stop = threading.Event()
+    for slot in slots:
+        assert s.put(slot.lane, slot, stop)
+
+
+def give_rhythm(s: BatchScheduler, lane: int, interval_s: float) -> None:
+    """Two frames of ``lane`` ``interval_s`` apart: its next one is then expected."""
+    for _ in range(2):
+        assert s.put(lane, make_slot(lane, 0), threading.Event())
+        s.next_batch(0.1)
+        time.sleep(interval_s)
+
+
+def lanes_of(batch) -> list[int]:
+    return [slot.lane for slot in batch]
+
+
+def test_higher_priority_is_served_first_even_with_a_later_deadline():
+    # Lane 0 has the highest priority but the loosest budget: without priorities the
+    # others' earlier deadlines would win.
+    s = make_scheduler([(10, 100.0), (0, 20.0), (0, 20.0)], max_batch=1)
+    put_all(s, [make_slot(1, 5), make_slot(2, 5), make_slot(0, 5)])
+    assert lanes_of(s.next_batch(0.1)) == [0]
+    # Among equal priorities: the earliest deadline first.
+    s2 = make_scheduler([(0, 100.0), (0, 20.0), (0, 50.0)], max_batch=1)
+    put_all(s2, [make_slot(0, 5), make_slot(1, 5), make_slot(2, 5)])
+    assert [lanes_of(s2.next_batch(0.1)) for _ in range(3)] == [[1], [2], [0]]
+
+
+def test_batch_takes_every_ready_frame_when_slack_allows():
+    s = make_scheduler([(0, 100.0)] * 4)
+    put_all(s, [make_slot(i, 1) for i in range(4)])
+    assert sorted(lanes_of(s.next_batch(0.1))) == [0, 1, 2, 3]
+
+
+def test_batch_shrinks_to_what_keeps_the_tightest_deadline():
+    # 15 ms left for the oldest frame: minus 2 ms margin and 1 ms after inference leaves
+    # 12 ms, so two frames (8 ms) fit but three (11 ms) fit only just and four (14) not.
+    s = make_scheduler([(0, 20.0)] * 4)
+    put_all(s, [make_slot(0, 5), make_slot(1, 1), make_slot(2, 1), make_slot(3, 1)])
+    assert len(s.next_batch(0.1)) == 3
+    s = make_scheduler([(0, 20.0)] * 4)
+    put_all(s, [make_slot(0, 8), make_slot(1, 1), make_slot(2, 1), make_slot(3, 1)])
+    assert len(s.next_batch(0.1)) == 2  # 9 ms: two frames (8 ms)
+    s = make_scheduler([(0, 20.0)] * 4)
+    put_all(s, [make_slot(i, 10) for i in range(4)])
+    assert len(s.next_batch(0.1)) == 1  # 7 ms: one frame (5 ms) runs alone
+
+
+def test_a_frame_past_saving_does_not_shrink_the_batch_or_wait():
+    s = make_scheduler([(0, 20.0)] * 3)
+    put_all(s, [make_slot(0, 30), make_slot(1, 1), make_slot(2, 1)])
+    assert len(s.next_batch(0.1)) == 3
+    s = make_scheduler([(0, 20.0)] * 2, max_wait_ms=5000.0)
+    give_rhythm(s, 1, 0.02)
+    put_all(s, [make_slot(0, 30)])
+    t = time.monotonic()
+    assert len(s.next_batch(1.0)) == 1  # admission drops it; waiting would help nobody
+    assert time.monotonic() - t < 0.5
+
+
+def test_batch_leaves_room_for_an_idle_higher_priority_source():
+    # Lane 0 (priority 5, budget 20 ms) has no frame waiting; its next one may come any
+    # moment and must still fit: 20 - 2 margin - 1 before - 1 after - 5 alone = 11 ms, so
+    # a batch of the low-priority lanes stops at three frames (11 ms).
+    s = make_scheduler([(5, 20.0), (0, 100.0), (0, 100.0), (0, 100.0), (0, 100.0)], max_batch=4)
+    put_all(s, [make_slot(i, 1) for i in (1, 2, 3, 4)])
+    assert len(s.next_batch(0.1)) == 3
+    # Without a higher-priority source the same frames form a full batch.
+    s = make_scheduler([(0, 20.0), (0, 100.0), (0, 100.0), (0, 100.0), (0, 100.0)], max_batch=4)
+    put_all(s, [make_slot(i, 1) for i in (1, 2, 3, 4)])
+    assert len(s.next_batch(0.1)) == 4
+
+
+def test_only_frames_of_the_same_model_share_a_batch():
+    s = make_scheduler([(0, 100.0)] * 3)
+    put_all(s, [make_slot(0, 3), make_slot(1, 2, OTHER), make_slot(2, 1)])
+    first = s.next_batch(0.1)
+    assert lanes_of(first) == [0, 2] and all(f.profile is PROFILE for f in first)
+    assert lanes_of(s.next_batch(0.1)) == [1]
+
+
+def test_max_batch_and_the_models_limit_cap_the_batch():
+    s = make_scheduler([(0, 100.0)] * 4, max_batch=2)
+    put_all(s, [make_slot(i, 1) for i in range(4)])
+    assert len(s.next_batch(0.1)) == 2
+    s = make_scheduler([(0, 100.0)] * 4, limit=3)
+    put_all(s, [make_slot(i, 1) for i in range(4)])
+    assert len(s.next_batch(0.1)) == 3
+
+
+def test_waits_for_an_expected_frame_while_slack_allows():
+    s = make_scheduler([(0, 100.0), (0, 100.0)], max_wait_ms=2000.0)
+    stop = threading.Event()
+    give_rhythm(s, 1, 0.05)  # lane 1 delivers every ~50 ms
+    s.put(0, make_slot(0, 0), stop)
+    timer = threading.Timer(0.02, lambda: s.put(1, make_slot(1, 0), stop))
+    timer.start()
+    batch = s.next_batch(1.0)
+    timer.join()
+    assert sorted(lanes_of(batch)) == [0, 1], "it waited for the frame that was due"
+
+
+def test_does_not_wait_for_a_source_that_never_delivered_stalled_or_ended():
+    s = make_scheduler([(0, 100.0)] * 4, max_wait_ms=5000.0)
+    give_rhythm(s, 3, 0.01)
+    time.sleep(0.05)  # lane 3 is now overdue by more than its interval: stalled
+    s.close(2)
+    put_all(s, [make_slot(0, 0)])
+    t = time.monotonic()
+    assert lanes_of(s.next_batch(1.0)) == [0]
+    assert time.monotonic() - t < 0.5  # lane 1 has no frame rate yet, lane 2 ended
+
+
+def test_no_wait_once_the_slack_is_gone():
+    s = make_scheduler([(0, 20.0), (0, 20.0)], max_wait_ms=5000.0)
+    stop = threading.Event()
+    give_rhythm(s, 1, 0.02)
+    s.put(0, make_slot(0, 10), stop)  # 7 ms to spare: a batch of two (8 ms) no longer fits
+    t = time.monotonic()
+    assert lanes_of(s.next_batch(1.0)) == [0]
+    assert time.monotonic() - t < 0.5
+
+
+def test_newest_frame_replaces_a_waiting_one_and_is_accounted():
+    replaced: list = []
+    s = make_scheduler([(0, 100.0)], replaced=replaced)
+    old, new = make_slot(0, 2), make_slot(0, 1)
+    put_all(s, [old, new])
+    assert replaced == [old]
+    assert s.next_batch(0.1) == [new]
+
+
+def test_a_file_source_waits_for_room_instead_of_replacing():
+    s = make_scheduler([(0, 100.0)], newest_wins=False)
+    stop = threading.Event()
+    first, second = make_slot(0, 1), make_slot(0, 1)
+    assert s.put(0, first, stop)
+    assert not s.wait_room(0, 0.01)
+    done = threading.Event()
+    threading.Thread(target=lambda: (s.put(0, second, stop), done.set())).start()
+    assert not done.wait(0.1), "the second put must wait while the first frame waits"
+    assert s.next_batch(0.1) == [first]
+    assert done.wait(1.0)
+    assert s.next_batch(0.1) == [second]
+    stop.set()
+
+
+def test_closed_when_every_lane_ended_and_nothing_waits():
+    s = make_scheduler([(0, 100.0), (0, 100.0)])
+    put_all(s, [make_slot(0, 1)])
+    s.close(0)
+    s.close(1)
+    assert lanes_of(s.next_batch(0.1)) == [0], "a frame put before the close still runs"
+    with pytest.raises(Closed):
+        s.next_batch(0.1)
+
+
+def test_estimates_follow_the_measured_batches_and_extrapolate():
+    s = make_scheduler([(0, 100.0)] * 4)
+    s.record(PROFILE, 2, 20 * MS)
+    assert 8 * MS < s.estimate_ns(PROFILE, 2) < 20 * MS  # moved towards the measurement
+    fresh = make_scheduler([(0, 100.0)] * 4)
+    fresh._est.clear()
+    fresh.seed(PROFILE, 1, 4 * MS)
+    assert fresh.estimate_ns(PROFILE, 3) == pytest.approx(12 * MS)  # linear from size 1
+    fresh.record(PROFILE, 3, 9 * MS)
+    assert fresh.summary() == {"max_batch": 4, "batches": 1, "mean_size": 3.0, "sizes": {"3": 1}}
