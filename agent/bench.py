@@ -13,6 +13,10 @@ Four phases on the real pipeline code and the synthetic camera:
 
 ``overhead`` is each frame's end-to-end time minus its capture and inference stages:
 preprocessing, hand-offs, postprocessing and publishing (JSON + socket send included).
+
+``--sources N`` benchmarks several cameras on one accelerator instead (``run_multi_bench``):
+saturated throughput of one source, of N sources without batching and of N sources
+batched; then N paced sources live, with each source's latency and the batch sizes.
 """
 
 from __future__ import annotations
@@ -34,22 +38,38 @@ def _hist_ms(h: LatencyHistogram) -> dict[str, float]:
     return h.summary_ms()
 
 
-def _synthetic(config: AgentConfig, fps: float) -> AgentConfig:
-    src = config.source
-    if not isinstance(src, SyntheticSourceConfig):
-        src = SyntheticSourceConfig()
+def _as_synthetic(src: Any, fps: float) -> SyntheticSourceConfig:
+    """``src`` as a synthetic camera at ``fps``, keeping its name and scheduling settings."""
+    if isinstance(src, SyntheticSourceConfig):
+        return replace(src, fps=fps)
+    keep = ("name", "priority", "budget_ms", "max_fps", "model", "manifest")
+    return SyntheticSourceConfig(fps=fps, **{k: getattr(src, k) for k in keep})
+
+
+def _synthetic(config: AgentConfig, fps: float, sources: int = 0) -> AgentConfig:
+    """The config on synthetic cameras at ``fps``: its own sources, or ``sources`` copies
+    of its first one."""
+    template = config.source_list()
+    if sources:
+        first = _as_synthetic(template[0], fps)
+        made = tuple(replace(first, name=f"cam{i}", seed=first.seed + i) for i in range(sources))
+    else:
+        made = tuple(_as_synthetic(src, fps) for src in template)
     # Its own agents need no metrics endpoint (and must not take the real agent's port).
-    return replace(config, source=replace(src, fps=fps), metrics=replace(config.metrics, enabled=False))
+    metrics = replace(config.metrics, enabled=False)
+    if len(made) == 1:
+        return replace(config, source=made[0], sources=(), metrics=metrics)
+    return replace(config, source=SyntheticSourceConfig(), sources=made, metrics=metrics)
 
 
-def _raw(config: AgentConfig) -> AgentConfig:
+def _raw(config: AgentConfig, sources: int = 0) -> AgentConfig:
     """Unpaced, with neither admission nor ladder: the pipeline's own capability.
 
     The deadline machinery is for the live phase; here a model slower than the budget
     must still be measured, not dropped as stale.
     """
     deadline = replace(config.deadline, admission=False, ladder=(LadderStep(),))
-    return replace(_synthetic(config, 0.0), deadline=deadline)
+    return replace(_synthetic(config, 0.0, sources), deadline=deadline)
 
 
 def _stage_table(stats: PipelineStats) -> dict[str, Any]:
@@ -246,4 +266,94 @@ def format_report(r: dict[str, Any]) -> str:
             lines.append(f"published by {name:<12} {h['count']:5d} frames, end to end {_pq(h)}")
     for change in live["ladder"]["history"]:
         lines.append(f"ladder: {change['from']} -> {change['to']} ({change['reason']})")
+    return "\n".join(lines)
+
+
+# -- several sources ----------------------------------------------------------------
+
+
+def _published_fps(agent: Agent, elapsed_s: float) -> float:
+    assert agent.pipeline is not None
+    return agent.pipeline.published() / elapsed_s if elapsed_s else 0.0
+
+
+def run_multi_bench(
+    config: AgentConfig, sources: int, frames: int = 500, source_fps: float = 30.0, live_s: float = 10.0
+) -> dict[str, Any]:
+    """Several cameras on one model (schema in the README).
+
+    Saturated phases (unpaced cameras, ``frames`` per camera): one camera; ``sources``
+    cameras with batching off; the same batched. Live phase: ``sources`` cameras at
+    ``source_fps`` for ``live_s`` seconds, each with its own latency and counts.
+    """
+    single, single_s = _run_agent(_raw(config, 1), frames)
+    unbatched_cfg = _raw(config, sources)
+    unbatched_cfg = replace(unbatched_cfg, batching=replace(config.batching, max_batch=1))
+    unbatched, unbatched_s = _run_agent(unbatched_cfg, frames)
+    batched, batched_s = _run_agent(_raw(config, sources), frames)
+    live_frames = max(1, round(source_fps * live_s))
+    live, live_elapsed = _run_agent(_synthetic(config, source_fps, sources), live_frames)
+    assert live.pipeline is not None and batched.pipeline is not None and live.model is not None
+    single_fps = _published_fps(single, single_s)
+    unbatched_fps = _published_fps(unbatched, unbatched_s)
+    batched_fps = _published_fps(batched, batched_s)
+    per_source = {}
+    for lane in live.pipeline.lanes:
+        st = lane.stats
+        per_source[lane.name] = {
+            "priority": lane.priority,
+            "budget_ms": lane.monitor.config.budget_ms,
+            "throughput_fps": round(st.published / live_elapsed, 2) if live_elapsed else 0.0,
+            "end_to_end_ms": _hist_ms(st.total),
+            "stages_p99_ms": {name: round(st.stages[name].percentile_ms(99), 3) for name in STAGES},
+            "counts": st.counts(),
+        }
+    model = live.model
+    return {
+        "schema": BENCH_SCHEMA,
+        "mode": "multi-source",
+        "model": model.resolved.path,
+        "model_input_hw": [model.manifest.input.height, model.manifest.input.width],
+        "backend": model.backend.describe(),
+        "sources": sources,
+        "frames_per_source": frames,
+        "saturated": {
+            "single_source_fps": round(single_fps, 2),
+            "unbatched_fps": round(unbatched_fps, 2),
+            "batched_fps": round(batched_fps, 2),
+            "gain_from_batching": round(batched_fps / unbatched_fps, 3) if unbatched_fps else None,
+            "gain_over_single_source": round(batched_fps / single_fps, 3) if single_fps else None,
+            "batches": batched.pipeline.scheduler.summary(),
+        },
+        "live": {
+            "source_fps": source_fps,
+            "seconds": round(live_elapsed, 2),
+            "throughput_fps": round(_published_fps(live, live_elapsed), 2),
+            "batches": live.pipeline.scheduler.summary(),
+            "per_source": per_source,
+        },
+    }
+
+
+def format_multi_report(r: dict[str, Any]) -> str:
+    """The human-readable form of a ``run_multi_bench`` result."""
+    sat, live = r["saturated"], r["live"]
+    h, w = r["model_input_hw"]
+    n = r["sources"]
+    lines = [
+        f"model {r['model']} ({w}x{h}), {r['backend'].get('backend')}, {n} sources",
+        f"saturated: 1 source {sat['single_source_fps']:.1f} fps; {n} sources unbatched"
+        f" {sat['unbatched_fps']:.1f} fps, batched {sat['batched_fps']:.1f} fps"
+        f" ({sat['gain_from_batching']}x from batching, {sat['gain_over_single_source']}x one source)",
+        f"  batches: mean {sat['batches']['mean_size']} frames, by size {sat['batches']['sizes']}",
+        f"live: {n} x {live['source_fps']:g} fps for {live['seconds']:.1f} s,"
+        f" {live['throughput_fps']:.1f} fps published; batches: mean {live['batches']['mean_size']},"
+        f" by size {live['batches']['sizes']}",
+    ]
+    for name, src in live["per_source"].items():
+        c = src["counts"]
+        lines.append(
+            f"  {name:<10} prio {src['priority']:>3} budget {src['budget_ms']:g} ms"
+            f"  {_pq(src['end_to_end_ms'])}  on time {c['on_time']} late {c['late']} dropped {c['dropped']}"
+        )
     return "\n".join(lines)

@@ -328,11 +328,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from edge_agent.bench import format_report, run_bench
+    from edge_agent.bench import format_multi_report, format_report, run_bench, run_multi_bench
 
     config = _load_config(args.config)
     _setup_logging("warning")
     _latency_first_interpreter()
+    if args.sources:
+        fps = args.source_fps if args.source_fps is not None else 30.0
+        result = run_multi_bench(config, args.sources, args.frames, fps, args.live_seconds)
+        print(json.dumps(result, indent=2) if args.json else format_multi_report(result))
+        return EXIT_OK
     result = run_bench(config, args.frames, args.source_fps, args.live_seconds)
     print(json.dumps(result, indent=2) if args.json else format_report(result))
     return EXIT_OK
@@ -564,6 +569,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--source-fps", type=float, default=None, help="live phase camera rate (default: the config's)"
     )
     bench.add_argument("--live-seconds", type=float, default=10.0, help="length of the live phase")
+    bench.add_argument(
+        "--sources",
+        type=int,
+        default=0,
+        help="several synthetic cameras on one model: throughput with and without batching, "
+        "per-source latency (frames are per camera)",
+    )
     bench.add_argument("--json", action="store_true", help="machine-readable result (schema in README)")
     bench.set_defaults(func=cmd_bench)
 

@@ -207,8 +207,12 @@ class TensorRTConfig:
     # cannot downscale, and the box mapping needs the exact geometry.
     preprocess: Literal["dla", "gpu", "cpu"] = "dla"
     zero_copy: bool = True  # mapped page-locked host memory: no H2D/D2H copies on Jetson's iGPU
+    # Largest batch of frames (of several sources) the engine takes: on the GPU any batch up
+    # to it runs; a DLA takes fixed shapes, so smaller batches are padded. 0: one per source.
+    max_batch: int = 0
 
     def __post_init__(self) -> None:
+        check(0 <= self.max_batch <= 64, "max_batch", "must be within 0..64 (0: one per source)")
         check(-1 <= self.dla_core <= 7, "dla_core", "must be -1 (GPU) or a DLA core number")
         check(16 <= self.workspace_mib <= 65536, "workspace_mib", "must be within 16..65536")
         check(0 <= self.optimization_level <= 5, "optimization_level", "must be within 0..5")

@@ -14,11 +14,13 @@ import numpy as np
 
 from edge_agent.config import (
     AgentConfig,
+    AutoBackendConfig,
     BackendConfig,
     LadderStep,
     ModelConfig,
     OnnxRuntimeConfig,
     SourceConfig,
+    TensorRTConfig,
 )
 from edge_agent.models.manifest import InputSpec, ModelError, ModelManifest, ResolvedModel, resolve_model
 from edge_agent.pipelines.backends.base import InferenceBackend, TensorSpec
@@ -104,6 +106,15 @@ def check_io(
     return tin.name, index
 
 
+def with_batch(backend: BackendConfig, batch: int) -> BackendConfig:
+    """``backend`` with TensorRT's ``max_batch: 0`` (one per source) resolved to ``batch``."""
+    if isinstance(backend, TensorRTConfig) and not backend.max_batch:
+        return replace(backend, max_batch=batch)
+    if isinstance(backend, AutoBackendConfig) and not backend.tensorrt.max_batch:
+        return replace(backend, tensorrt=replace(backend.tensorrt, max_batch=batch))
+    return backend
+
+
 def load_model(model: ModelConfig, backend_config: BackendConfig) -> LoadedModel:
     """Resolve, load and check a model. Raises ModelError, ConfigError or BackendError."""
     resolved = resolve_model(model.path, model.manifest)
@@ -159,7 +170,9 @@ class Agent:
         Ladder models are loaded now, not when the ladder reaches them: a switch under
         overload must be instant, and a broken fallback must fail at start, not then.
         """
-        main = self._faulty(load_model(cfg.model, cfg.backend), cfg)
+        n = len(cfg.source_list())
+        backend = with_batch(cfg.backend, min(cfg.batching.max_batch or n, n))
+        main = self._faulty(load_model(cfg.model, backend), cfg)
         profiles = {"": Profile.allocate(main.manifest.name, main)}
         models = {"": main}
         wanted = [("ladder step", s.name, s.model, s.manifest, True) for s in cfg.deadline.ladder]
@@ -168,7 +181,7 @@ class Agent:
             if not path or path in profiles:
                 continue
             alt_cfg = replace(cfg.model, path=path, manifest=manifest)
-            alt = self._faulty(load_model(alt_cfg, cfg.backend), cfg)
+            alt = self._faulty(load_model(alt_cfg, backend), cfg)
             if same_labels and alt.manifest.labels != main.manifest.labels:
                 raise ModelError(f"{what} {tag!r}: {path} has other labels than the main model")
             # Profile names key the per-model estimates and latencies: keep them unique.

@@ -59,3 +59,28 @@ def test_bench_human_report_names_the_phases(const_model, endpoint, tmp_path):
     proc = bench(const_model, endpoint, tmp_path, "--frames", "40", "--live-seconds", "0.5")
     for phrase in ("pure inference", "sequential", "pipelined, saturated", "overhead around model", "ladder"):
         assert phrase in proc.stdout, proc.stdout
+
+
+def test_multi_source_bench_reports_batching_and_each_source(const_model, endpoint, tmp_path):
+    args = ("--sources", "3", "--frames", "40", "--source-fps", "40", "--live-seconds", "1")
+    r = json.loads(bench(const_model, endpoint, tmp_path, *args, "--json").stdout)
+    assert r["mode"] == "multi-source" and r["sources"] == 3
+    sat = r["saturated"]
+    assert sat["single_source_fps"] > 0 and sat["unbatched_fps"] > 0 and sat["batched_fps"] > 0
+    assert sat["gain_from_batching"] == round(sat["batched_fps"] / sat["unbatched_fps"], 3)
+    # At most one frame per camera in a batch, and every frame in exactly one batch.
+    assert sat["batches"]["max_batch"] == 3 and set(sat["batches"]["sizes"]) <= {"1", "2", "3"}
+    assert sum(int(k) * v for k, v in sat["batches"]["sizes"].items()) == 3 * 40, sat["batches"]
+    live = r["live"]
+    assert set(live["per_source"]) == {"cam0", "cam1", "cam2"}
+    for name, src in live["per_source"].items():
+        c = src["counts"]
+        assert c["captured"] == 40 and c["in_flight"] == 0, (name, c)
+        assert c["captured"] == c["on_time"] + c["late"] + c["dropped"]
+        h = src["end_to_end_ms"]
+        assert h["count"] == c["on_time"] + c["late"] and h["p50"] <= h["p99"], h
+    assert sum(int(k) * v for k, v in live["batches"]["sizes"].items()) == sum(
+        s["counts"]["on_time"] + s["counts"]["late"] for s in live["per_source"].values()
+    ), "every published frame ran in exactly one batch"
+    text = bench(const_model, endpoint, tmp_path, *args).stdout
+    assert "from batching" in text and "cam2" in text

@@ -406,3 +406,59 @@ def test_tensorrt_unavailable_here():
 def test_import_tensorrt_says_where_to_get_it():
     with pytest.raises(trt_backend.BackendError, match="JetPack"):
         trt_backend.import_tensorrt()
+
+
+# -- batches of several sources -------------------------------------------------------------
+
+
+def test_gpu_engine_for_several_sources_runs_any_batch_up_to_its_largest(const_model, cache):
+    be, f = loaded(const_model, cache, max_batch=4)
+    (profile,) = f.trt.args_of("IBuilderConfig.add_optimization_profile")
+    assert list(profile[0]["images"]) == [(1, 320, 320, 3), (4, 320, 320, 3), (4, 320, 320, 3)]
+    assert be.batch_axis() == (4, False)
+    assert be._key is not None and be._key.input_shape == (4, 320, 320, 3)
+    one, three = be.allocate(), be.allocate(3)
+    assert one.inputs["images"].shape == (1, 320, 320, 3) and one.outputs[0].shape == (1, 8, 2100)
+    assert three.inputs["images"].shape == (3, 320, 320, 3) and three.outputs[0].shape == (3, 8, 2100)
+    mark = len(f.calls)
+    be.infer(three)
+    be.infer(one)
+    shapes = [a[2] for n, a in f.since(mark) if n == "IExecutionContext.set_input_shape"]
+    assert shapes == [(3, 320, 320, 3), (1, 320, 320, 3)], "each enqueue sets its own batch size"
+    assert f.cuda.context_depth() == 0
+
+
+def test_dla_engine_for_several_sources_has_one_batch_and_pads(const_model, cache):
+    f = Fakes(num_dla=2)
+    be, f = loaded(const_model, cache, f, max_batch=4, dla_core=0)
+    (profile,) = f.trt.args_of("IBuilderConfig.add_optimization_profile")
+    assert list(profile[0]["images"]) == [(4, 320, 320, 3)] * 3, "the DLA takes fixed shapes"
+    assert be.batch_axis() == (4, True)
+    assert any("padded" in n for n in be.notes), be.notes
+    assert be.allocate(2).inputs["images"].shape == (4, 320, 320, 3)
+    mark = len(f.calls)
+    be.infer(be.allocate())
+    assert "IExecutionContext.set_input_shape" not in [n for n, _ in f.since(mark)]
+
+
+def test_batch_stays_one_where_batching_is_not_supported(const_model, float_model, cache, tmp_path):
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    cv2.imwrite(str(calib / "a.png"), np.zeros((64, 64, 3), np.uint8))
+    be, _ = loaded(const_model, cache, max_batch=4, precision="int8", calibration_images=str(calib))
+    assert be.batch_axis() == (1, True) and any("int8" in n for n in be.notes), be.notes
+    f = Fakes()
+    be = f.backend(cache, max_batch=4, preprocess="gpu")
+    be.load(str(float_model), FLOAT_FMT)
+    assert be.batch_axis() == (1, True) and any("preprocessing engine" in n for n in be.notes), be.notes
+
+
+def test_agent_resolves_the_engine_batch_to_the_number_of_sources():
+    from edge_agent.config import AgentConfig, BatchingConfig, SyntheticSourceConfig
+    from edge_agent.runner import with_batch
+
+    cfg = AgentConfig(sources=tuple(SyntheticSourceConfig(name=f"c{i}") for i in range(3)))
+    assert isinstance(cfg.backend, AutoBackendConfig)
+    assert with_batch(cfg.backend, 3).tensorrt.max_batch == 3
+    assert with_batch(TensorRTConfig(max_batch=2), 3).max_batch == 2, "an explicit size stays"
+    assert BatchingConfig(max_batch=1).max_batch == 1

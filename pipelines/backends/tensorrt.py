@@ -77,6 +77,7 @@ class _Slot:
     allocations: dict[str, Any] = field(default_factory=dict)  # DeviceAllocation per tensor
     events: list[Any] = field(default_factory=list)  # start, after preprocessing, end
     uploaded: bool = False
+    batch: int = 1  # frames the buffers hold
 
 
 class TensorRTBackend(InferenceBackend):
@@ -106,6 +107,7 @@ class TensorRTBackend(InferenceBackend):
         self._fmt = InputFormat(height=640, width=640)
         self._host_fmt = self._fmt
         self._slots: list[_Slot] = []
+        self._batch = (1, True)  # (largest batch, fixed), set by load
 
     # -- CUDA context ---------------------------------------------------------------
 
@@ -150,20 +152,33 @@ class TensorRTBackend(InferenceBackend):
             "tensorrt: %s; %s", self._key.describe() if self._key else "", "; ".join(self.notes) or "as asked"
         )
 
-    def _model_input_shape(self, model_path: str) -> tuple[str, tuple[int, ...]]:
+    def _model_input_shape(self, model_path: str) -> tuple[str, tuple[int, ...], bool]:
+        """The input's name, the shape to build for, and whether its batch axis is dynamic."""
         # ONNX Runtime reads the input's name and shape without a TensorRT parse.
         import onnxruntime as ort
 
         sess = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
         inp = sess.get_inputs()[0]
-        # Dynamic axes take the size the pipeline feeds: batch 1, the manifest's H and W.
-        f = self._fmt
-        fed = (1, f.height, f.width, 3) if f.layout == "NHWC" else (1, 3, f.height, f.width)
+        # Dynamic axes take the size the pipeline feeds: the largest batch, the manifest's H and W.
+        f, b = self._fmt, self._max_batch()
+        fed = (b, f.height, f.width, 3) if f.layout == "NHWC" else (b, 3, f.height, f.width)
         dims = list(inp.shape)
         if len(dims) != len(fed):
             fed = (1,) * len(dims)
         shape = tuple(d if isinstance(d, int) and d > 0 else w for d, w in zip(dims, fed))
-        return inp.name, shape
+        dynamic = bool(dims) and not (isinstance(dims[0], int) and dims[0] > 0)
+        return inp.name, shape, dynamic
+
+    def _max_batch(self) -> int:
+        """The batch to build for: the config's, except where batching is not supported."""
+        want, f = self.config.max_batch or 1, self._fmt
+        if want > 1 and self.config.precision == "int8":
+            self.notes.append("batch 1: int8 calibration with a batch profile is unverified")
+            return 1
+        if want > 1 and f.dtype != "uint8" and f.layout == "NCHW" and self.config.preprocess != "cpu":
+            self.notes.append("batch 1: the device preprocessing engine takes one frame at a time")
+            return 1
+        return want
 
     def _key_for(
         self, settings: trt_build.BuildSettings, onnx_sha: str, role: str, calib: str = ""
@@ -183,9 +198,14 @@ class TensorRTBackend(InferenceBackend):
         )
 
     def _engine_for_model(self, model_path: str) -> Any:
-        name, shape = self._model_input_shape(model_path)
-        settings, notes = trt_build.settings_for(self.config, name, shape, self._num_dla)
+        name, shape, dynamic = self._model_input_shape(model_path)
+        settings, notes = trt_build.settings_for(
+            self.config, name, shape, self._num_dla, dynamic_batch=dynamic
+        )
         self.notes += notes
+        # A GPU engine runs any batch up to its largest; a DLA one (or a model exported with
+        # a fixed batch) only its own, which smaller batches pad.
+        self._batch = (shape[0], settings.min_batch == 0)
         onnx_sha = file_sha256(model_path)
         calibrator, calib_sha = None, ""
         stem = Path(model_path).parent.name if Path(model_path).stem == "model" else Path(model_path).stem
@@ -318,6 +338,9 @@ class TensorRTBackend(InferenceBackend):
         self._inputs = [self._spec(self._model_input)]
         self._outputs = [self._spec(n) for n in outputs]
 
+    def batch_axis(self) -> tuple[int, bool]:
+        return self._batch
+
     def _spec(self, name: str) -> TensorSpec:
         shape = tuple(self.context.get_tensor_shape(name))
         return TensorSpec(name, shape, np.dtype(self.trt.nptype(self.engine.get_tensor_dtype(name))))
@@ -341,13 +364,14 @@ class TensorRTBackend(InferenceBackend):
         slot.device[name] = int(mem)
 
     def allocate(self, batch: int = 1) -> IOSet:
-        # Engines are built for one fixed batch size (batch_axis() says which), so every
-        # set has that size whatever ``batch`` asks.
+        """Buffers for ``batch`` frames (a fixed-batch engine's own size whatever is asked)."""
         if self.engine is None:
             raise BackendError("allocate() before load()")
+        largest, fixed = self._batch
+        size = largest if fixed else min(batch, largest)
         cuda = self.cuda
         with self._current():
-            slot = _Slot(stream=cuda.Stream(), host={}, device={})
+            slot = _Slot(stream=cuda.Stream(), host={}, device={}, batch=size)
             self._slots.append(slot)
             if self.pre_engine is not None:
                 self._buffer(slot, FRAME_TENSOR, self._inputs[0].shape, np.dtype(np.uint8), host=True)
@@ -355,9 +379,9 @@ class TensorRTBackend(InferenceBackend):
                 self._buffer(slot, self._model_input, model_in.shape, model_in.dtype, host=False)
             else:
                 spec = self._inputs[0]
-                self._buffer(slot, spec.name, spec.shape, spec.dtype, host=True)
+                self._buffer(slot, spec.name, _sized(spec.shape, size), spec.dtype, host=True)
             for spec in self._outputs:
-                self._buffer(slot, spec.name, spec.shape, spec.dtype, host=True)
+                self._buffer(slot, spec.name, _sized(spec.shape, size), spec.dtype, host=True)
             slot.events = [cuda.Event(), cuda.Event(), cuda.Event()]
         host_in = self._inputs[0].name
         return IOSet(
@@ -393,8 +417,10 @@ class TensorRTBackend(InferenceBackend):
                 if not self.pre_context.execute_async_v3(stream.handle):
                     raise BackendError("the preprocessing engine failed to enqueue")
             mid.record(stream)
-            # One execution context serves every slot, one frame at a time: the
-            # addresses are set for this slot before each enqueue.
+            # One execution context serves every slot, one batch at a time: the batch size
+            # (a dynamic engine) and the addresses are set for this slot before each enqueue.
+            if not self._batch[1]:
+                self.context.set_input_shape(self._model_input, _sized(self._inputs[0].shape, slot.batch))
             self.context.set_tensor_address(self._model_input, slot.device[self._model_input])
             for spec in self._outputs:
                 self.context.set_tensor_address(spec.name, slot.device[spec.name])
@@ -446,6 +472,11 @@ class TensorRTBackend(InferenceBackend):
         with contextlib.suppress(Exception):
             self._cuda_ctx.detach()
         self._cuda_ctx = None
+
+
+def _sized(shape: tuple[int, ...], batch: int) -> tuple[int, ...]:
+    """``shape`` with its leading (batch) axis set to ``batch``."""
+    return (batch, *shape[1:])
 
 
 def _ones(shape: tuple[int, ...]) -> tuple[int, ...]:

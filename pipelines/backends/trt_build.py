@@ -58,7 +58,9 @@ class BuildSettings:
     workspace_bytes: int
     optimization_level: int
     input_name: str
-    input_shape: tuple[int, ...]
+    input_shape: tuple[int, ...]  # the largest (and the optimal) shape
+    # > 0: the input's batch axis runs any size from this one up to input_shape's; 0: fixed.
+    min_batch: int = 0
 
 
 def settings_for(
@@ -67,10 +69,13 @@ def settings_for(
     input_shape: tuple[int, ...],
     num_dla_cores: int,
     dla_core: int | None = None,
+    dynamic_batch: bool = False,
 ) -> tuple[BuildSettings, list[str]]:
     """Build settings for this device, and notes on what had to change and why.
 
-    ``dla_core`` overrides the config's (the preprocessing engine has its own).
+    ``dla_core`` overrides the config's (the preprocessing engine has its own);
+    ``dynamic_batch``: the model's batch axis is dynamic, and ``input_shape`` holds the
+    largest batch wanted (the GPU takes any batch up to it, the DLA only that one).
     """
     notes: list[str] = []
     core = cfg.dla_core if dla_core is None else dla_core
@@ -82,6 +87,9 @@ def settings_for(
     if core >= 0 and precision == "fp32":
         notes.append("the DLA runs FP16 or INT8 only: building in fp16")
         precision = "fp16"
+    batch = input_shape[0] if input_shape else 1
+    if dynamic_batch and batch > 1 and core >= 0:
+        notes.append(f"the DLA takes fixed shapes: batches of fewer than {batch} frames are padded")
     return (
         BuildSettings(
             precision=precision,
@@ -91,6 +99,7 @@ def settings_for(
             optimization_level=cfg.optimization_level,
             input_name=input_name,
             input_shape=tuple(input_shape),
+            min_batch=1 if dynamic_batch and batch > 1 and core < 0 else 0,
         ),
         notes,
     )
@@ -117,7 +126,9 @@ def apply_settings(trt: Any, builder: Any, network: Any, config: Any, s: BuildSe
             if not config.can_run_on_DLA(layer):
                 off_dla.append(layer.name)
     # Inputs with a dynamic axis (the batch of our exports) get a profile of exactly the
-    # size the pipeline feeds: the DLA takes no dynamic shapes, and one size is fastest.
+    # size the pipeline feeds (the DLA takes no dynamic shapes, and one size is fastest),
+    # except the batch axis of a GPU engine for several sources: 1 up to the largest
+    # batch, tuned for the largest (a full batch is the case under load).
     dynamic = [
         network.get_input(i)
         for i in range(network.num_inputs)
@@ -127,7 +138,8 @@ def apply_settings(trt: Any, builder: Any, network: Any, config: Any, s: BuildSe
         profile = builder.create_optimization_profile()
         for tensor in dynamic:
             shape = s.input_shape if tensor.name == s.input_name else _fixed(tuple(tensor.shape))
-            profile.set_shape(tensor.name, shape, shape, shape)
+            low = (s.min_batch, *shape[1:]) if s.min_batch and tensor.name == s.input_name else shape
+            profile.set_shape(tensor.name, low, shape, shape)
         config.add_optimization_profile(profile)
         if s.precision == "int8":
             # Implicit-quantisation calibration of a network with runtime dimensions needs
