@@ -172,8 +172,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-    if agent.pipeline.error:
-        return _fail(agent.pipeline.error)
+    failure = agent.pipeline.failure()
+    if failure:
+        return _fail(failure)
     return EXIT_OK if clean else EXIT_FAILED
 
 

@@ -28,7 +28,7 @@ from edge_agent.pipelines.backends.registry import create_backend
 from edge_agent.pipelines.deadline import DeadlineMonitor
 from edge_agent.pipelines.decode import DECODERS, Decoded, DecodeParams
 from edge_agent.pipelines.health import HealthReporter
-from edge_agent.pipelines.pipeline import Lane, Pipeline, Profile
+from edge_agent.pipelines.pipeline import Lane, Pipeline, Profile, prepare_buffers
 from edge_agent.pipelines.preprocess import InputFormat, Preprocessor
 from edge_agent.pipelines.publish import MessageBuilder, ZmqPublisher
 from edge_agent.pipelines.sources import create_source
@@ -106,6 +106,11 @@ def check_io(
     return tin.name, index
 
 
+def _capture_part(src: SourceConfig) -> SourceConfig:
+    """A source's config without its scheduling settings: what needs a reopen to change."""
+    return replace(src, priority=0, budget_ms=0.0, max_fps=0.0, model="", manifest="")
+
+
 def with_batch(backend: BackendConfig, batch: int) -> BackendConfig:
     """``backend`` with TensorRT's ``max_batch: 0`` (one per source) resolved to ``batch``."""
     if isinstance(backend, TensorRTConfig) and not backend.max_batch:
@@ -177,19 +182,23 @@ class Agent:
         models = {"": main}
         wanted = [("ladder step", s.name, s.model, s.manifest, True) for s in cfg.deadline.ladder]
         wanted += [("source", s.name, s.model, s.manifest, False) for s in cfg.source_list()]
-        for what, tag, path, manifest, same_labels in wanted:
-            if not path or path in profiles:
-                continue
-            alt_cfg = replace(cfg.model, path=path, manifest=manifest)
-            alt = self._faulty(load_model(alt_cfg, backend), cfg)
-            if same_labels and alt.manifest.labels != main.manifest.labels:
-                raise ModelError(f"{what} {tag!r}: {path} has other labels than the main model")
-            # Profile names key the per-model estimates and latencies: keep them unique.
-            name = alt.manifest.name
-            if name in {p.name for p in profiles.values()}:
-                name = f"{name}@{tag}"
-            profiles[path] = Profile.allocate(name, alt)
-            models[path] = alt
+        try:
+            for what, tag, path, manifest, same_labels in wanted:
+                if not path or path in profiles:
+                    continue
+                alt_cfg = replace(cfg.model, path=path, manifest=manifest)
+                alt = models[path] = self._faulty(load_model(alt_cfg, backend), cfg)
+                if same_labels and alt.manifest.labels != main.manifest.labels:
+                    raise ModelError(f"{what} {tag!r}: {path} has other labels than the main model")
+                # Profile names key the per-model estimates and latencies: keep them unique.
+                name = alt.manifest.name
+                if name in {p.name for p in profiles.values()}:
+                    name = f"{name}@{tag}"
+                profiles[path] = Profile.allocate(name, alt)
+        except BaseException:
+            for m in models.values():  # loaded for nothing: give the sessions back
+                m.backend.close()
+            raise
         return profiles, models
 
     @staticmethod
@@ -210,17 +219,30 @@ class Agent:
             source = FaultySource(source, cfg.faults)
         return source
 
+    @staticmethod
+    def _lane_profiles(
+        cfg: AgentConfig, profiles: dict[str, Profile]
+    ) -> list[tuple[str, dict[str, Profile]]]:
+        """Per source, the profiles it may use (its own model under "")."""
+        shared = {""} | {step.model for step in cfg.deadline.ladder if step.model}
+        # A source on the shared model follows the ladder's models too; one with its own
+        # model keeps it (the ladder's strides and alert-only steps still apply).
+        return [
+            (
+                src.name,
+                {"": profiles[src.model]}
+                if src.model
+                else {k: p for k, p in profiles.items() if k in shared},
+            )
+            for src in cfg.source_list()
+        ]
+
     def _pipeline(self, cfg: AgentConfig, sources: dict[str, Any], profiles: dict[str, Profile]) -> Pipeline:
         assert self.publisher is not None
         lanes = []
-        shared = {""} | {step.model for step in cfg.deadline.ladder if step.model}
-        for i, src in enumerate(cfg.source_list()):
-            # A source on the shared model follows the ladder's models too; one with its
-            # own model keeps it (the ladder's strides and alert-only steps still apply).
-            if src.model:
-                lane_profiles = {"": profiles[src.model]}
-            else:
-                lane_profiles = {k: p for k, p in profiles.items() if k in shared}
+        for i, (src, (_, lane_profiles)) in enumerate(
+            zip(cfg.source_list(), self._lane_profiles(cfg, profiles))
+        ):
             budget_ms = src.budget_ms or cfg.deadline.budget_ms
             labels = lane_profiles[""].model.manifest.labels
             lanes.append(
@@ -324,16 +346,20 @@ class Agent:
         if not force:
             self._breaker_trips = 0  # a new config starts the breaker's escalation afresh
         profiles, models = self._load_profiles(new) if models_changed else (self.profiles, self.models)
-        # A source whose settings did not change keeps running; new or changed ones open now.
-        kept = {s.name: s for s in old.source_list()}
+        # A source whose capture settings did not change keeps running (its scheduling
+        # settings live in its lane); new or changed ones open now.
+        kept = {_capture_part(s): s.name for s in old.source_list()}
         sources: dict[str, Any] = {}
         try:
             for src in new.source_list():
-                if kept.get(src.name) == src:
+                if kept.get(_capture_part(src)) == src.name:
                     sources[src.name] = self.sources[src.name]
                 else:
                     sources[src.name] = self._source(new, src)
                     sources[src.name].open()
+            # Buffers too, while the old pipeline runs; warming up a backend it is using
+            # waits for the drain.
+            prepare_buffers(self._lane_profiles(new, profiles), new.batching.max_batch, warm=models_changed)
         except BaseException:
             self._close_new(sources, models if models_changed else {})
             raise

@@ -98,23 +98,24 @@ class Profile:
         n, _ = self.model.backend.batch_axis()
         return n or _UNLIMITED
 
-    def prepare_batches(self, largest: int) -> None:
-        """Allocate (and warm up) the sets for batches of 2..``largest`` frames; a model
-        with a fixed batch axis gets one set of its size, which smaller batches pad."""
+    def prepare_batches(self, largest: int, warm: bool = True) -> None:
+        """Allocate the sets for batches of 2..``largest`` frames (a model with a fixed batch
+        axis gets one set of its size, which smaller batches pad) and, with ``warm``, warm
+        up those not warmed yet; their times seed the scheduler's estimates."""
         backend = self.model.backend
         _, fixed = backend.batch_axis()
         for size in range(2, min(largest, self.batch_limit()) + 1):
-            if size in self.batches:
-                continue
-            if fixed and self.batches:
-                self.batches[size] = next(iter(self.batches.values()))
-                continue
-            io = self.batches[size] = backend.allocate(size)
-            self.warm_ns[size] = _warm(backend, io)
+            if size not in self.batches:
+                shared = fixed and self.batches
+                self.batches[size] = next(iter(self.batches.values())) if shared else backend.allocate(size)
+            if warm and size not in self.warm_ns:
+                io = self.batches[size]
+                same = [ns for s, ns in self.warm_ns.items() if s > 1 and self.batches[s] is io]
+                self.warm_ns[size] = same[0] if same else _warm(backend, io)
 
     def infer(self, slots: list[FrameSlot]) -> None:
         """Run one batch: a single frame on its own buffers, several through the batch set
-        (inputs copied in, outputs copied back to each frame's own buffers)."""
+        (inputs copied in, outputs and the backend's timings copied back to each frame)."""
         backend = self.model.backend
         if len(slots) == 1:
             backend.infer(slots[0].io)
@@ -127,6 +128,28 @@ class Profile:
         for o, out in enumerate(io.outputs):
             for k, s in enumerate(slots):
                 s.io.outputs[o][0] = out[k]
+        if io.extra:
+            for s in slots:
+                s.io.extra.update(io.extra)
+
+
+def prepare_buffers(lanes: list[tuple[str, dict[str, Profile]]], max_batch: int, warm: bool = True) -> None:
+    """Allocate every source's frame slots in each profile it may use, and each profile's
+    batch sets up to the number of sources that use it (and ``max_batch``).
+
+    ``warm``: also warm up batch sets not warmed yet. A reload prepares its buffers while
+    the old pipeline still runs, with ``warm`` off for profiles that pipeline is using
+    (one backend must not run two inferences at once); the new pipeline warms them after
+    the drain.
+    """
+    users: dict[int, list[Any]] = {}
+    for name, profiles in lanes:
+        for p in {id(p): p for p in profiles.values()}.values():
+            p.pool(name)
+            users.setdefault(id(p), [p, 0])[1] += 1
+    cap = min(max_batch or len(lanes), len(lanes))
+    for p, n in users.values():
+        p.prepare_batches(min(cap, n), warm)
 
 
 def _warm(backend: Any, io: IOSet) -> int:
@@ -243,15 +266,20 @@ class Lane:
         self._stride_count = 0
         self._next_read_ns = 0
 
-    def profile(self) -> Profile | None:
-        """The profile the ladder asks for, or None when this frame is not processed."""
+    def current(self) -> Profile | None:
+        """The profile of the ladder's current step (None at an alert-only step)."""
         step = self.monitor.current
         if not step.infer:
             return None
+        return self.profiles.get(step.model, self.primary) if step.model else self.primary
+
+    def profile(self) -> Profile | None:
+        """The profile for the next frame, or None when it is not processed (ladder)."""
+        step = self.monitor.current
         self._stride_count += 1
         if step.frame_stride > 1 and self._stride_count % step.frame_stride:
             return None
-        return self.profiles.get(step.model, self.primary) if step.model else self.primary
+        return self.current()
 
     def around_ns(self) -> tuple[float, float]:
         """Estimated ns before the inference stage and after it, for the scheduler."""
@@ -305,6 +333,7 @@ class Pipeline:
                     lane.source.policy is BufferPolicy.NEWEST,
                     self._overrun,
                     lane.around_ns,
+                    lane.current,
                 )
                 for lane in lanes
             ],
@@ -313,11 +342,8 @@ class Pipeline:
             margin_ms,
             Profile.batch_limit,
         )
-        for lane in lanes:
-            for profile in lane.profiles.values():
-                profile.pool(lane.name)
+        prepare_buffers([(lane.name, lane.profiles) for lane in lanes], max_batch)
         for profile in self.profiles.values():
-            profile.prepare_batches(self.scheduler.max_batch)
             for size, ns in profile.warm_ns.items():
                 self.scheduler.seed(profile, size, ns)
         self._to_post = FrameQueue("post")
@@ -347,6 +373,14 @@ class Pipeline:
     def published(self) -> int:
         return sum(lane.stats.published for lane in self.lanes)
 
+    def failure(self) -> str | None:
+        """Why the run failed, if it did: the pipeline's error, or the sources that died
+        while the others went on."""
+        if self.error is not None:
+            return self.error
+        dead = [lane.error for lane in self.lanes if lane.error]
+        return "; ".join(dead) if dead else None
+
     def adopt(self, old: Pipeline) -> None:
         """Continue where ``old`` stopped (a reload): per source, its sequence numbers and
         counts; a source new in this config starts afresh."""
@@ -354,6 +388,7 @@ class Pipeline:
         for lane in self.lanes:
             if lane.name in previous:
                 lane.adopt(previous[lane.name])
+        self.scheduler.adopt(old.scheduler)
 
     def start(self) -> None:
         stages = [(f"capture-{lane.name}", self._capture, (lane,)) for lane in self.lanes]
@@ -460,18 +495,17 @@ class Pipeline:
             while True:
                 try:
                     batch = self.scheduler.next_batch(_POLL_S)
+                    if batch is None:
+                        continue
+                    for slot in self.infer_batch(batch):
+                        self._to_post.put(slot)
                 except Closed:
                     break
-                if batch is None:
-                    continue
-                try:
-                    self.infer_batch(batch)
-                    for slot in batch:
-                        self._to_post.put(slot)
-                except Exception as e:
-                    for slot in batch:
-                        self._drop(self.lanes[slot.lane], slot, "error")
+                except Exception as e:  # a bug: stop; frames still waiting are accounted
                     self._fatal("infer", e)
+                    for slot in self.scheduler.drain():
+                        self._drop(self.lanes[slot.lane], slot, "error")
+                    break
         finally:
             self._to_post.close()
 
@@ -543,11 +577,11 @@ class Pipeline:
             slot.gt_count = n
         try:
             profile.model.preprocessor(frame.image, slot.tensor, slot.geo)
+            profile.model.backend.upload(slot.io)
         except Exception:
             log.exception("pipeline: preprocessing failed for frame %d of %s", frame.frame_id, lane.name)
             self._drop(lane, slot, "error")
             return None
-        profile.model.backend.upload(slot.io)
         st[PRE_END] = time.monotonic_ns()
         return slot
 
@@ -555,21 +589,20 @@ class Pipeline:
         """Admit and infer one frame; False if it was dropped (stale or error)."""
         return bool(self.infer_batch([slot]))
 
-    def infer_batch(self, batch: list[FrameSlot]) -> int:
-        """Admit a batch's frames and infer those admitted; ``batch`` keeps just the frames
-        that ran (the others are accounted as dropped). Returns how many ran."""
+    def infer_batch(self, batch: list[FrameSlot]) -> list[FrameSlot]:
+        """Admit a batch's frames and infer those admitted; returns the frames that ran
+        (the others are accounted as dropped)."""
         now = time.monotonic_ns()
-        admitted = 0
-        for slot in list(batch):
+        ran = []
+        for slot in batch:
             lane = self.lanes[slot.lane]
             if lane.monitor.admit(slot.stamps, now, slot.profile.name):
-                batch[admitted] = slot
-                admitted += 1
+                ran.append(slot)
             else:
                 self._drop(lane, slot, "stale")
-        del batch[admitted:]
-        if not batch:
-            return 0
+        if not ran:
+            return ran
+        batch = ran
         profile = batch[0].profile
         try:
             profile.infer(batch)
@@ -581,11 +614,10 @@ class Pipeline:
             log.error("pipeline: inference failed for frame(s) %s: %s", ids, e)
             for slot in batch:
                 self._drop(self.lanes[slot.lane], slot, "error")
-            batch.clear()
             if self._consecutive_errors >= self.max_consecutive_errors and not self.breaker.is_set():
                 log.error("pipeline: %d inferences in a row failed: breaker open", self._consecutive_errors)
                 self.breaker.set()
-            return 0
+            return []
         self._consecutive_errors = 0
         end = time.monotonic_ns()
         self.scheduler.record(profile, len(batch), end - now)
@@ -593,7 +625,7 @@ class Pipeline:
             slot.stamps[INFER_START] = now
             slot.stamps[INFER_END] = end
             slot.batch = len(batch)
-        return len(batch)
+        return batch
 
     def publish_one(self, slot: FrameSlot) -> None:
         """Decode, publish and account one frame, then give its slot back."""

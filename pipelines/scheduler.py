@@ -50,6 +50,8 @@ class LaneSpec:
     # (before, after) inference: estimated ns of this source's stages up to the inference
     # stage (capture, preprocess) and after it (to the publish stamp).
     around_ns: Callable[[], tuple[float, float]]
+    # The model profile its next frame will use (None: none, an alert-only ladder step).
+    profile: Callable[[], Any] = lambda: None
 
 
 class _Cell:
@@ -153,6 +155,22 @@ class BatchScheduler:
             self._cond.notify_all()
         return slots  # type: ignore[return-value]
 
+    def drain(self) -> list[FrameSlot]:
+        """Take every waiting frame (the inference thread is stopping on an error)."""
+        with self._cond:
+            slots = [c.slot for c in self._cells if c.slot is not None]
+            for c in self._cells:
+                c.slot = None
+            self._cond.notify_all()
+        return slots  # type: ignore[return-value]
+
+    def adopt(self, old: BatchScheduler) -> None:
+        """Keep counting batches where ``old`` (the pipeline before a reload) stopped."""
+        n = min(len(self.sizes), len(old.sizes))
+        self.sizes[:n] += old.sizes[:n]
+        self.sizes[-1] += old.sizes[n:].sum()
+        self.frames += old.frames
+
     def record(self, profile: Any, size: int, infer_ns: int) -> None:
         """The inference thread ran a batch of ``size`` in ``infer_ns``."""
         est = self._estimates(profile)
@@ -205,7 +223,7 @@ class BatchScheduler:
         first = ready[0]
         profile = cells[first].slot.profile  # type: ignore[union-attr]
         cap = min(self.max_batch, self._limit(profile))
-        after = {i: lanes[i].around_ns()[1] for i in ready}
+        around = [lane.around_ns() for lane in lanes]  # once per plan: each is a small sum
         # The latest the batch may end: the earliest deadline among its frames that can
         # still be met (a frame already past saving must not shrink every batch).
         finish_by = _INF
@@ -213,7 +231,7 @@ class BatchScheduler:
 
         def tighten(i: int) -> None:
             nonlocal finish_by
-            end = self._deadline(i) - margin - after[i]
+            end = self._deadline(i) - margin - around[i][1]
             if end >= now + self.estimate_ns(profile, 1):
                 finish_by = min(finish_by, end)
 
@@ -224,18 +242,28 @@ class BatchScheduler:
             if cells[i].slot.profile is not profile:  # type: ignore[union-attr]
                 continue
             t = self.estimate_ns(profile, len(batch) + 1)
-            if now + t > finish_by or t > self._guard_ns(lanes[i].priority, batch, profile):
+            if now + t > finish_by or t > self._guard_ns(lanes[i].priority, batch, profile, around):
                 continue
             batch.append(i)
             tighten(i)
         if len(batch) >= cap or finish_by == _INF:  # full, or no frame in hand can be saved
             return batch, 0
-        # Wait for another frame only while the batch, one frame larger, still ends in time.
-        idle = [i for i, c in enumerate(cells) if c.slot is None and not c.closed]
+        # Wait for another frame only while the batch, one frame larger, still ends in time,
+        # and only for sources whose frame could join it (same model, past the guard).
+        bigger = self.estimate_ns(profile, len(batch) + 1)
+        idle = [
+            i
+            for i, c in enumerate(cells)
+            if c.slot is None
+            and not c.closed
+            and c.interval_ns
+            and lanes[i].profile() is profile
+            and bigger <= self._guard_ns(lanes[i].priority, batch, profile, around)
+        ]
         if not idle:
             return batch, 0
         oldest = min(cells[i].put_ns for i in batch)
-        wait_end = min(oldest + self.max_wait_ns, finish_by - int(self.estimate_ns(profile, len(batch) + 1)))
+        wait_end = min(oldest + self.max_wait_ns, finish_by - int(bigger))
         # Nor until a frame in hand is about to be replaced by its own source's next one.
         for i in batch:
             if cells[i].interval_ns and lanes[i].newest_wins:
@@ -246,8 +274,7 @@ class BatchScheduler:
             (
                 due
                 for i in idle
-                if cells[i].interval_ns
-                and (due := cells[i].last_put_ns + int(cells[i].interval_ns)) + cells[i].interval_ns >= now
+                if (due := cells[i].last_put_ns + int(cells[i].interval_ns)) + cells[i].interval_ns >= now
             ),
             default=_INF,
         )
@@ -255,14 +282,16 @@ class BatchScheduler:
             return batch, 0
         return batch, wait_end - now
 
-    def _guard_ns(self, priority: int, batch: list[int], profile: Any) -> float:
+    def _guard_ns(
+        self, priority: int, batch: list[int], profile: Any, around: list[tuple[float, float]]
+    ) -> float:
         """The longest batch that a source of higher priority than ``priority`` with no
         frame in ``batch`` can wait for and still run its own frame within its budget."""
         guard = float(_INF)
+        own = self.estimate_ns(profile, 1)
         for j, lane in enumerate(self.lanes):
             if lane.priority <= priority or j in batch or self._cells[j].closed:
                 continue
-            before, after = lane.around_ns()
-            own = self.estimate_ns(profile, 1)
+            before, after = around[j]
             guard = min(guard, lane.budget_ns - self.margin_ns - before - after - own)
         return guard

@@ -46,12 +46,12 @@ def load_model_path(tmp_path: Path) -> Path:
 
 
 def make_agent(model: Path, endpoint: str, sources, **kw) -> Agent:
+    kw.setdefault("metrics", MetricsConfig(enabled=False))
     cfg = AgentConfig(
         device_id="multi",
         sources=tuple(sources),
         model=ModelConfig(path=str(model)),
         publish=PublishConfig(endpoint=endpoint, health_interval_s=0.2),
-        metrics=MetricsConfig(enabled=False),
         **kw,
     )
     agent = Agent(cfg)
@@ -295,3 +295,44 @@ def test_frame_rate_cap_limits_what_a_source_sends(const_model, endpoint):
     assert 20 <= c["capped"]["on_time"] <= 33, c["capped"]  # ~30 in 1.5 s, not hundreds
     assert 15 <= c["paced"]["on_time"] <= 25, c["paced"]
     assert c["paced"]["dropped_by_reason"]["source_gap"] > 40, "the camera's other frames are skipped"
+
+
+def test_metrics_have_every_source_and_the_batch_sizes(const_model, endpoint):
+    from test_operations import free_port, scrape, value
+
+    port = free_port()
+    sources = [SyntheticSourceConfig(name=n, fps=30, seed=i) for i, n in enumerate(("north", "south"))]
+    agent = make_agent(const_model, endpoint, sources, metrics=MetricsConfig(port=port))
+    with running(agent, 1.0):
+        families = scrape(port)
+    c = counts(agent)
+    for name in ("north", "south"):
+        captured = value(
+            families, "edge_agent_frames_captured", "edge_agent_frames_captured_total", source=name
+        )
+        assert 0 < captured <= c[name]["captured"]
+        budget = value(
+            families, "edge_agent_deadline_budget_seconds", "edge_agent_deadline_budget_seconds", source=name
+        )
+        assert budget == 0.05
+    sizes = {s.labels["size"]: s.value for s in families["edge_agent_inference_batches"]}
+    assert sizes and set(sizes) <= {"1", "2"}, sizes
+
+
+def test_reload_of_scheduling_settings_keeps_the_camera_open(const_model, endpoint):
+    a = SyntheticSourceConfig(name="a", fps=50, seed=1)
+    agent = make_agent(const_model, endpoint, [a, SyntheticSourceConfig(name="b", fps=50, seed=2)])
+    agent.start()
+    try:
+        time.sleep(0.3)
+        kept = agent.sources["a"]
+        frame_before = kept._next
+        faster = replace(a, priority=7, budget_ms=30, max_fps=20)
+        new = replace(agent.config, sources=(faster, agent.config.sources[1]))
+        assert agent.reload(new) == ["sources"]
+        assert agent.sources["a"] is kept and kept._next >= frame_before, "not reopened, not rewound"
+        assert lane(agent, "a").priority == 7 and lane(agent, "a").monitor.budget_ns == 30_000_000
+        time.sleep(0.3)
+    finally:
+        assert agent.stop()
+    counts(agent)

@@ -31,6 +31,7 @@ def make_slot(lane: int, age_ms: float, profile: object = PROFILE) -> FrameSlot:
 
 def make_scheduler(
     lanes: list[tuple[int, float]],  # (priority, budget ms) per lane
+    models: dict[int, object] | None = None,  # a lane's next frame's profile, if not PROFILE
     max_batch: int = 0,
     max_wait_ms: float = 0.0,
     margin_ms: float = 2.0,
@@ -46,6 +47,7 @@ def make_scheduler(
             newest_wins,
             (replaced if replaced is not None else []).append,
             lambda: (1 * MS, 1 * MS),
+            lambda i=i: (models or {}).get(i, PROFILE),
         )
         for i, (prio, budget) in enumerate(lanes)
     ]
@@ -225,3 +227,22 @@ def test_estimates_follow_the_measured_batches_and_extrapolate():
     assert fresh.estimate_ns(PROFILE, 3) == pytest.approx(12 * MS)  # linear from size 1
     fresh.record(PROFILE, 3, 9 * MS)
     assert fresh.summary() == {"max_batch": 4, "batches": 1, "mean_size": 3.0, "sizes": {"3": 1}}
+
+
+def test_does_not_wait_for_a_source_whose_frame_could_not_join():
+    # Lane 1 delivers regularly, but on another model: its frame would never share a batch.
+    s = make_scheduler([(0, 100.0), (0, 100.0)], models={1: OTHER}, max_wait_ms=5000.0)
+    give_rhythm(s, 1, 0.02)
+    put_all(s, [make_slot(0, 0)])
+    t = time.monotonic()
+    assert lanes_of(s.next_batch(1.0)) == [0]
+    assert time.monotonic() - t < 0.5
+
+
+def test_batch_counts_carry_over_a_reload():
+    old = make_scheduler([(0, 100.0)] * 4)
+    old.record(PROFILE, 4, 10 * MS)
+    old.record(PROFILE, 1, 3 * MS)
+    new = make_scheduler([(0, 100.0)] * 2)  # a source fewer and one more removed
+    new.adopt(old)
+    assert new.summary()["batches"] == 2 and new.frames == 5
