@@ -38,15 +38,16 @@ def _hist_ms(h: LatencyHistogram) -> dict[str, float]:
     return h.summary_ms()
 
 
-def _as_synthetic(src: Any, fps: float) -> SyntheticSourceConfig:
-    """``src`` as a synthetic camera at ``fps``, keeping its name and scheduling settings."""
+def _as_synthetic(src: Any, fps: float | None) -> SyntheticSourceConfig:
+    """``src`` as a synthetic camera at ``fps`` (None: a synthetic source's own rate, else
+    30), keeping its name and scheduling settings."""
     if isinstance(src, SyntheticSourceConfig):
-        return replace(src, fps=fps)
+        return replace(src, fps=src.fps if fps is None else fps)
     keep = ("name", "priority", "budget_ms", "max_fps", "model", "manifest")
-    return SyntheticSourceConfig(fps=fps, **{k: getattr(src, k) for k in keep})
+    return SyntheticSourceConfig(fps=30.0 if fps is None else fps, **{k: getattr(src, k) for k in keep})
 
 
-def _synthetic(config: AgentConfig, fps: float, sources: int = 0) -> AgentConfig:
+def _synthetic(config: AgentConfig, fps: float | None, sources: int = 0) -> AgentConfig:
     """The config on synthetic cameras at ``fps``: its own sources, or ``sources`` copies
     of its first one."""
     template = config.source_list()
@@ -278,21 +279,36 @@ def _published_fps(agent: Agent, elapsed_s: float) -> float:
 
 
 def run_multi_bench(
-    config: AgentConfig, sources: int, frames: int = 500, source_fps: float = 30.0, live_s: float = 10.0
+    config: AgentConfig,
+    sources: int = 0,
+    frames: int = 500,
+    source_fps: float | None = None,
+    live_s: float = 10.0,
 ) -> dict[str, Any]:
     """Several cameras on one model (schema in the README).
 
-    Saturated phases (unpaced cameras, ``frames`` per camera): one camera; ``sources``
-    cameras with batching off; the same batched. Live phase: ``sources`` cameras at
-    ``source_fps`` for ``live_s`` seconds, each with its own latency and counts.
+    The cameras: ``sources`` copies of the config's first source, or (0) the config's own
+    sources, all made synthetic. Saturated phases (unpaced, ``frames`` per camera): one
+    camera; all cameras with batching off; the same batched. Live phase: the cameras at
+    ``source_fps`` (None: each its own rate) for ``live_s`` seconds, each with its own
+    latency and counts.
     """
+    n = sources or len(config.source_list())
     single, single_s = _run_agent(_raw(config, 1), frames)
     unbatched_cfg = _raw(config, sources)
     unbatched_cfg = replace(unbatched_cfg, batching=replace(config.batching, max_batch=1))
     unbatched, unbatched_s = _run_agent(unbatched_cfg, frames)
     batched, batched_s = _run_agent(_raw(config, sources), frames)
-    live_frames = max(1, round(source_fps * live_s))
-    live, live_elapsed = _run_agent(_synthetic(config, source_fps, sources), live_frames)
+    live_cfg = _synthetic(config, source_fps, sources)
+    fps = {s.name: s.fps for s in live_cfg.source_list() if isinstance(s, SyntheticSourceConfig)}
+    # Cameras at different rates: the phase lasts live_s, not a number of frames.
+    live = Agent(live_cfg)
+    live.build()
+    live.start()
+    t0 = time.monotonic()
+    time.sleep(live_s)
+    live.stop()
+    live_elapsed = time.monotonic() - t0
     assert live.pipeline is not None and batched.pipeline is not None and live.model is not None
     single_fps = _published_fps(single, single_s)
     unbatched_fps = _published_fps(unbatched, unbatched_s)
@@ -301,6 +317,7 @@ def run_multi_bench(
     for lane in live.pipeline.lanes:
         st = lane.stats
         per_source[lane.name] = {
+            "source_fps": fps.get(lane.name),
             "priority": lane.priority,
             "budget_ms": lane.monitor.config.budget_ms,
             "throughput_fps": round(st.published / live_elapsed, 2) if live_elapsed else 0.0,
@@ -315,7 +332,7 @@ def run_multi_bench(
         "model": model.resolved.path,
         "model_input_hw": [model.manifest.input.height, model.manifest.input.width],
         "backend": model.backend.describe(),
-        "sources": sources,
+        "sources": n,
         "frames_per_source": frames,
         "saturated": {
             "single_source_fps": round(single_fps, 2),
@@ -346,14 +363,14 @@ def format_multi_report(r: dict[str, Any]) -> str:
         f" {sat['unbatched_fps']:.1f} fps, batched {sat['batched_fps']:.1f} fps"
         f" ({sat['gain_from_batching']}x from batching, {sat['gain_over_single_source']}x one source)",
         f"  batches: mean {sat['batches']['mean_size']} frames, by size {sat['batches']['sizes']}",
-        f"live: {n} x {live['source_fps']:g} fps for {live['seconds']:.1f} s,"
+        f"live: {n} sources at {live['source_fps'] or 'their own'} fps for {live['seconds']:.1f} s,"
         f" {live['throughput_fps']:.1f} fps published; batches: mean {live['batches']['mean_size']},"
         f" by size {live['batches']['sizes']}",
     ]
     for name, src in live["per_source"].items():
         c = src["counts"]
         lines.append(
-            f"  {name:<10} prio {src['priority']:>3} budget {src['budget_ms']:g} ms"
+            f"  {name:<10} {src['source_fps']:g} fps prio {src['priority']:>3} budget {src['budget_ms']:g} ms"
             f"  {_pq(src['end_to_end_ms'])}  on time {c['on_time']} late {c['late']} dropped {c['dropped']}"
         )
     return "\n".join(lines)

@@ -334,9 +334,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     config = _load_config(args.config)
     _setup_logging("warning")
     _latency_first_interpreter()
-    if args.sources:
-        fps = args.source_fps if args.source_fps is not None else 30.0
-        result = run_multi_bench(config, args.sources, args.frames, fps, args.live_seconds)
+    if args.sources or len(config.source_list()) > 1:
+        result = run_multi_bench(config, args.sources, args.frames, args.source_fps, args.live_seconds)
         print(json.dumps(result, indent=2) if args.json else format_multi_report(result))
         return EXIT_OK
     result = run_bench(config, args.frames, args.source_fps, args.live_seconds)
@@ -574,8 +573,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--sources",
         type=int,
         default=0,
-        help="several synthetic cameras on one model: throughput with and without batching, "
-        "per-source latency (frames are per camera)",
+        help="N synthetic cameras on one model (a config with several sources: those): throughput "
+        "with and without batching, per-source latency (frames are per camera)",
     )
     bench.add_argument("--json", action="store_true", help="machine-readable result (schema in README)")
     bench.set_defaults(func=cmd_bench)

@@ -4,7 +4,10 @@ Each source (a pipeline lane) has one cell: the frame preprocessed and waiting f
 inference. A live source's newer frame replaces the waiting one (``overrun``); a file
 source waits for the cell to empty. The inference thread asks for the next batch:
 
-- **Order**: frames by priority (higher first), then by deadline (earliest first).
+- **Order**: frames by priority (higher first), then by deadline (earliest first), where
+  a source whose waiting frames kept being replaced by newer ones keeps the deadline of
+  the first of them: so among equals, overloaded sources take turns instead of the one
+  whose camera happens to run a little ahead winning every time.
 - **Composition**: the first frame always goes in; more frames of the same model join
   while the batch's estimated inference time keeps every frame already in it within its
   deadline, and leaves a higher-priority source that has no frame in it (it may deliver
@@ -55,10 +58,11 @@ class LaneSpec:
 
 
 class _Cell:
-    __slots__ = ("closed", "interval_ns", "last_put_ns", "put_ns", "slot")
+    __slots__ = ("closed", "interval_ns", "last_put_ns", "put_ns", "since_ns", "slot")
 
     def __init__(self) -> None:
         self.slot: FrameSlot | None = None
+        self.since_ns = 0  # capture time of the first frame waiting since the last one taken
         self.closed = False
         self.put_ns = 0  # when the waiting frame was put
         self.last_put_ns = 0
@@ -105,6 +109,8 @@ class BatchScheduler:
             if cell.last_put_ns:
                 gap = now - cell.last_put_ns
                 cell.interval_ns += (gap - cell.interval_ns) * (_EWMA_ALPHA if cell.interval_ns else 1.0)
+            if cell.slot is None:
+                cell.since_ns = int(slot.stamps[CAPTURED])
             cell.slot, cell.put_ns, cell.last_put_ns = slot, now, now
             self._cond.notify_all()
         if replaced is not None:
@@ -143,7 +149,9 @@ class BatchScheduler:
                         return None
                     self._cond.wait((end - now) / 1e9)
                     continue
-                ready.sort(key=lambda i: (-self.lanes[i].priority, self._deadline(i)))
+                ready.sort(
+                    key=lambda i: (-self.lanes[i].priority, cells[i].since_ns + self.lanes[i].budget_ns)
+                )
                 batch, wait_ns = self._plan(ready, now)
                 if wait_ns <= 0:
                     break

@@ -629,3 +629,10 @@ def test_a_source_without_type_is_the_synthetic_camera():
 def test_non_finite_numbers_are_refused(value):
     (p,) = problems_of(f"deadline:\n  budget_ms: {value}\n")
     assert (p.line, p.path) == (2, "deadline.budget_ms") and "finite" in p.message
+
+
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).parent.parent / "tools/bench").glob("*.yaml")), ids=str
+)
+def test_bench_configs_validate(path):
+    load_config(str(path))

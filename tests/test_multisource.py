@@ -103,6 +103,11 @@ def test_high_priority_source_keeps_its_budget_while_the_others_overload(load_mo
     side_drops = sum(c[f"side{i}"]["dropped"] for i in range(3))
     side_captured = sum(c[f"side{i}"]["captured"] for i in range(3))
     assert side_drops > side_captured * 0.2, "past capacity, the low-priority sources drop"
+    # Served first: its frames wait for inference less than any low-priority source's
+    # (earliest-deadline-first alone would hold them back until the sides' tighter
+    # deadlines had passed theirs).
+    waits = {x.name: x.stats.stages["wait_infer"].percentile_ms(50) for x in agent.pipeline.lanes}
+    assert waits["front"] < min(waits[f"side{i}"] for i in range(3)), waits
 
 
 def test_batches_grow_with_load_and_shrink_when_slack_is_tight(load_model_path, endpoint):

@@ -246,3 +246,14 @@ def test_batch_counts_carry_over_a_reload():
     new = make_scheduler([(0, 100.0)] * 2)  # a source fewer and one more removed
     new.adopt(old)
     assert new.summary()["batches"] == 2 and new.frames == 5
+
+
+def test_equal_sources_under_overload_take_turns():
+    # Two cameras in step; one frame at a time. Lane 1 loses the first tie, its frame is
+    # replaced by a newer one, and then it goes first: it has been waiting longer.
+    s = make_scheduler([(0, 100.0), (0, 100.0)], max_batch=1)
+    put_all(s, [make_slot(0, 10), make_slot(1, 10)])
+    assert lanes_of(s.next_batch(0.1)) == [0]
+    put_all(s, [make_slot(0, 0), make_slot(1, 0)])  # lane 1's older frame is replaced
+    assert lanes_of(s.next_batch(0.1)) == [1]
+    assert lanes_of(s.next_batch(0.1)) == [0]
