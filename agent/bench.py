@@ -294,6 +294,7 @@ def run_multi_bench(
     latency and counts.
     """
     n = sources or len(config.source_list())
+    per_frame = _inference_per_frame(_raw(config, sources), max(frames // 5, 20))
     single, single_s = _run_agent(_raw(config, 1), frames)
     unbatched_cfg = _raw(config, sources)
     unbatched_cfg = replace(unbatched_cfg, batching=replace(config.batching, max_batch=1))
@@ -334,6 +335,7 @@ def run_multi_bench(
         "backend": model.backend.describe(),
         "sources": n,
         "frames_per_source": frames,
+        "inference_per_frame_ms": per_frame,
         "saturated": {
             "single_source_fps": round(single_fps, 2),
             "unbatched_fps": round(unbatched_fps, 2),
@@ -352,6 +354,27 @@ def run_multi_bench(
     }
 
 
+def _inference_per_frame(config: AgentConfig, runs: int) -> dict[str, float]:
+    """The model alone on its preallocated sets: p50 ms per frame, by batch size (what
+    batching saves on this accelerator, before the rest of the pipeline shares it)."""
+    agent = Agent(config)
+    agent.build()
+    assert agent.pipeline is not None
+    profile = agent.pipeline.primary
+    sets = {1: next(iter(profile.pools.values())).slots[0].io, **profile.batches}
+    out = {}
+    for size, io in sets.items():
+        hist = LatencyHistogram()
+        for _ in range(runs):
+            t = time.perf_counter_ns()
+            profile.model.backend.infer(io)
+            hist.record(time.perf_counter_ns() - t)
+        out[str(size)] = round(hist.percentile_ms(50) / size, 3)
+    for m in agent.models.values():
+        m.backend.close()
+    return out
+
+
 def format_multi_report(r: dict[str, Any]) -> str:
     """The human-readable form of a ``run_multi_bench`` result."""
     sat, live = r["saturated"], r["live"]
@@ -359,6 +382,8 @@ def format_multi_report(r: dict[str, Any]) -> str:
     n = r["sources"]
     lines = [
         f"model {r['model']} ({w}x{h}), {r['backend'].get('backend')}, {n} sources",
+        "inference alone, ms per frame by batch size: "
+        + ", ".join(f"{b}: {ms:.2f}" for b, ms in r["inference_per_frame_ms"].items()),
         f"saturated: 1 source {sat['single_source_fps']:.1f} fps; {n} sources unbatched"
         f" {sat['unbatched_fps']:.1f} fps, batched {sat['batched_fps']:.1f} fps"
         f" ({sat['gain_from_batching']}x from batching, {sat['gain_over_single_source']}x one source)",

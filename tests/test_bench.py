@@ -65,6 +65,8 @@ def test_multi_source_bench_reports_batching_and_each_source(const_model, endpoi
     args = ("--sources", "3", "--frames", "40", "--source-fps", "40", "--live-seconds", "1")
     r = json.loads(bench(const_model, endpoint, tmp_path, *args, "--json").stdout)
     assert r["mode"] == "multi-source" and r["sources"] == 3
+    assert set(r["inference_per_frame_ms"]) == {"1", "2", "3"}
+    assert all(ms > 0 for ms in r["inference_per_frame_ms"].values())
     sat = r["saturated"]
     assert sat["single_source_fps"] > 0 and sat["unbatched_fps"] > 0 and sat["batched_fps"] > 0
     assert sat["gain_from_batching"] == round(sat["batched_fps"] / sat["unbatched_fps"], 3)
