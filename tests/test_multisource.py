@@ -60,13 +60,18 @@ def make_agent(model: Path, endpoint: str, sources, **kw) -> Agent:
 
 
 @contextmanager
-def running(agent: Agent, seconds: float):
+def running(agent: Agent, seconds: float, *subscribers: Subscriber):
+    """The agent started for ``seconds``, then stopped (and ``subscribers`` closed)."""
     agent.start()
     try:
         time.sleep(seconds)
         yield agent
     finally:
-        assert agent.stop(), "every pipeline thread must end"
+        try:
+            assert agent.stop(), "every pipeline thread must end"
+        finally:
+            for sub in subscribers:
+                sub.close()
 
 
 def counts(agent: Agent) -> dict[str, dict]:
@@ -154,11 +159,8 @@ def test_a_dead_or_ended_source_does_not_stall_the_others(const_model, endpoint,
     sub = Subscriber(endpoint, "health")
     # A long allowed wait: only the scheduler's judgement keeps it from waiting for "dead".
     agent = make_agent(const_model, endpoint, sources, batching=BatchingConfig(max_wait_ms=50.0))
-    try:
-        with running(agent, 2.5):
-            pass
-    finally:
-        sub.close()
+    with running(agent, 2.5, sub):
+        pass
     c = counts(agent)
     assert c["dead"]["captured"] == 0
     assert c["ends"]["captured"] == 3 and c["ends"]["on_time"] == 3
@@ -236,11 +238,8 @@ def test_a_fixed_batch_model_is_padded(tmp_path, endpoint):
     agent = make_agent(Path(model), endpoint, sources)
     assert agent.pipeline.scheduler.max_batch == 2
     assert agent.pipeline.primary.batches[2].inputs["images"].shape[0] == 4  # padded to 4
-    try:
-        with running(agent, 1.0):
-            pass
-    finally:
-        sub.close()
+    with running(agent, 1.0, sub):
+        pass
     c = counts(agent)
     assert all(v["on_time"] >= 15 for v in c.values()), c
     assert sub.messages and all(m["detections"][0]["label"] == "square" for m in sub.messages)
