@@ -37,6 +37,8 @@ Merge rules:
 * lists are replaced whole by a later layer, never concatenated (``deadline.ladder``,
   ``backend.onnxruntime.providers``, ``source.patterns``);
 * scalars (null included) are replaced;
+* ``source`` and ``sources`` exclude each other: a layer that sets one drops the other
+  from the layers below (fleet defaults for one camera, a device with four);
 * a section with a ``type`` (``source``, ``backend``) whose type changes in a later layer
   is replaced as a whole, not merged: keys of one source type are not valid for another.
   A section without ``type`` is the union's first member (``synthetic``, ``auto``), so
@@ -533,6 +535,8 @@ class _Merger:
             base_tag = _type_of(base) or _default_tag(parts)
             if over_tag is None or over_tag == base_tag:
                 pairs = list(base.value)
+                if not parts:
+                    pairs = self._one_source_form(pairs, over)
                 index = {_key(k): i for i, (k, _v) in enumerate(pairs)}
                 for k_node, v_node in over.value:
                     key = _key(k_node)
@@ -550,6 +554,18 @@ class _Merger:
             del self.origins[path]
         self._record(over, prefix, label)
         return over
+
+    def _one_source_form(
+        self, pairs: list[tuple[yaml.Node, yaml.Node]], over: yaml.MappingNode
+    ) -> list[tuple[yaml.Node, yaml.Node]]:
+        """``source`` (one camera) and ``sources`` (several) exclude each other: a layer that
+        sets one replaces the other of the layers below (defaults with one camera, a device
+        with four)."""
+        given = {_key(k) for k, _v in over.value}
+        drop = {"source", "sources"} - given if given & {"source", "sources"} else set()
+        for path in [p for p in self.origins if p.split(".")[0] in drop]:
+            del self.origins[path]
+        return [(k, v) for k, v in pairs if _key(k) not in drop]
 
     def _record(self, node: yaml.Node, path: str, label: str | None) -> None:
         if isinstance(node, yaml.MappingNode) and node.value:

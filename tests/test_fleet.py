@@ -581,3 +581,36 @@ def test_diff_configs_small():
 
 def test_rendered_config_types(fleet):
     assert isinstance(fleet.render("cam-002", env={}).config.source, SyntheticSourceConfig)
+
+
+def test_a_device_with_several_cameras_replaces_the_default_single_one(tmp_path):
+    path = write(
+        tmp_path,
+        doc(
+            """
+            defaults:
+              source: {fps: 15, width: 320}
+            devices:
+              gate-1:
+                config:
+                  sources:
+                    - {name: lane1, priority: 5}
+                    - {name: lane2}
+              cam-1: {}
+              back-to-one:
+                config:
+                  sources: [{name: x}]
+            """
+        ),
+    )
+    fleet = load_fleet(path)
+    gate = fleet.render("gate-1", env={})
+    assert [s.name for s in gate.config.source_list()] == ["lane1", "lane2"]
+    assert gate.config.source_list()[0].priority == 5
+    assert gate.config.source == SyntheticSourceConfig() and "source.fps" not in gate.origins
+    assert fleet.render("cam-1", env={}).config.source.fps == 15
+    # An overlay with one camera replaces a layer's several, the same way.
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("source: {fps: 5}\n")
+    one = fleet.render("back-to-one", overlay=str(overlay), env={}).config
+    assert one.sources == () and one.source.fps == 5
