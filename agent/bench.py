@@ -47,7 +47,7 @@ def _as_synthetic(src: Any, fps: float | None) -> SyntheticSourceConfig:
     return SyntheticSourceConfig(fps=30.0 if fps is None else fps, **{k: getattr(src, k) for k in keep})
 
 
-def _synthetic(config: AgentConfig, fps: float | None, sources: int = 0) -> AgentConfig:
+def synthetic_config(config: AgentConfig, fps: float | None, sources: int = 0) -> AgentConfig:
     """The config on synthetic cameras at ``fps``: its own sources, or ``sources`` copies
     of its first one."""
     template = config.source_list()
@@ -70,7 +70,7 @@ def _raw(config: AgentConfig, sources: int = 0) -> AgentConfig:
     must still be measured, not dropped as stale.
     """
     deadline = replace(config.deadline, admission=False, ladder=(LadderStep(),))
-    return replace(_synthetic(config, 0.0, sources), deadline=deadline)
+    return replace(synthetic_config(config, 0.0, sources), deadline=deadline)
 
 
 def _stage_table(stats: PipelineStats) -> dict[str, Any]:
@@ -183,7 +183,7 @@ def run_bench(
         src = config.source
         live_fps = src.fps if isinstance(src, SyntheticSourceConfig) and src.fps > 0 else 30.0
     live_frames = max(1, min(frames, round(live_fps * live_s)))
-    live, live_elapsed = _run_agent(_synthetic(config, live_fps), live_frames)
+    live, live_elapsed = _run_agent(synthetic_config(config, live_fps), live_frames)
     live_stats = live.pipeline.stats  # type: ignore[union-attr]
     monitor = live.pipeline.monitor  # type: ignore[union-attr]
 
@@ -300,7 +300,7 @@ def run_multi_bench(
     unbatched_cfg = replace(unbatched_cfg, batching=replace(config.batching, max_batch=1))
     unbatched, unbatched_s = _run_agent(unbatched_cfg, frames)
     batched, batched_s = _run_agent(_raw(config, sources), frames)
-    live_cfg = _synthetic(config, source_fps, sources)
+    live_cfg = synthetic_config(config, source_fps, sources)
     fps = {s.name: s.fps for s in live_cfg.source_list() if isinstance(s, SyntheticSourceConfig)}
     # Cameras at different rates: the phase lasts live_s, not a number of frames.
     live = Agent(live_cfg)

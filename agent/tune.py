@@ -38,6 +38,7 @@ from edge_agent.config import (
 )
 from edge_agent.configload import to_plain
 from edge_agent.latency import LatencyHistogram
+from edge_agent.pipelines.handoff import STAGES
 
 log = logging.getLogger(__name__)
 
@@ -159,15 +160,23 @@ def jetson_power_axes(cfg: PowerConfig, quick: bool) -> list[PowerConfig]:
 
 
 def _private(cfg: AgentConfig, fps: float) -> AgentConfig:
-    """The candidate's config on the synthetic camera, its own socket, power read-only."""
-    src = cfg.source if isinstance(cfg.source, SyntheticSourceConfig) else SyntheticSourceConfig()
+    """The candidate's config on synthetic cameras (as many as it has sources), its own
+    socket, power read-only."""
+    from edge_agent.bench import synthetic_config
+
     return replace(
-        cfg,
-        source=replace(src, fps=fps),
+        synthetic_config(cfg, fps),
         publish=replace(cfg.publish, endpoint="tcp://127.0.0.1:*"),
         power=replace(cfg.power, manage=False),
-        metrics=replace(cfg.metrics, enabled=False),
     )
+
+
+def _combined(hists: list[LatencyHistogram]) -> LatencyHistogram:
+    """One histogram of every source's frames (a candidate must hold the deadline for all)."""
+    out = LatencyHistogram()
+    for h in hists:
+        out.merge(h)
+    return out
 
 
 def _pure_p50_ms(cfg: AgentConfig, runs: int) -> float:
@@ -188,7 +197,7 @@ def measure(c: Candidate, s: TuneSettings, fps: float, best_p99: float | None) -
     from edge_agent.runner import Agent
 
     cfg = _private(c.config, fps)
-    c.pure_p50_ms = _pure_p50_ms(replace(cfg, source=replace(cfg.source, fps=0.0)), 30 if s.quick else 100)
+    c.pure_p50_ms = _pure_p50_ms(_private(c.config, 0.0), 30 if s.quick else 100)
     limit = s.budget_ms * (1 - s.margin)
     if c.pure_p50_ms > limit:
         c.status, c.reason = "pruned", f"inference alone takes {c.pure_p50_ms:.1f} ms > {limit:.1f} ms"
@@ -198,13 +207,14 @@ def measure(c: Candidate, s: TuneSettings, fps: float, best_p99: float | None) -
     agent.start()
     try:
         time.sleep(s.warmup_s)
-        stats = agent.pipeline.stats
-        t0, start_published = time.monotonic(), stats.published
+        pipeline = agent.pipeline
+        lanes = pipeline.lanes
+        t0, start_published = time.monotonic(), pipeline.published()
         window = LatencyHistogram()
-        stats_total_before = stats.total.counts.copy()
+        stats_total_before = _combined([x.stats.total for x in lanes]).counts
         while time.monotonic() - t0 < s.window_s:
             time.sleep(0.1)
-            window.counts[:] = stats.total.counts - stats_total_before
+            window.counts[:] = _combined([x.stats.total for x in lanes]).counts - stats_total_before
             window.count = int(window.counts.sum())
             median = window.percentile_ms(50) if window.count >= 20 else 0.0
             if median > s.budget_ms:
@@ -218,15 +228,17 @@ def measure(c: Candidate, s: TuneSettings, fps: float, best_p99: float | None) -
                 )
                 break
         elapsed = time.monotonic() - t0
-        c.fps = (stats.published - start_published) / elapsed if elapsed > 0 else 0.0
-        window.max_ns = stats.total.max_ns
+        c.fps = (pipeline.published() - start_published) / elapsed if elapsed > 0 else 0.0
+        window.max_ns = max(x.stats.total.max_ns for x in lanes)
         c.e2e = {
             "p50": round(window.percentile_ms(50), 3),
             "p99": round(window.percentile_ms(99), 3),
             "max": round(window.max_ns / 1e6, 3),
             "spread": round(window.percentile_ms(99) - window.percentile_ms(50), 3),
         }
-        c.stages_p50_ms = {k: round(h.percentile_ms(50), 3) for k, h in stats.stages.items()}
+        c.stages_p50_ms = {
+            k: round(_combined([x.stats.stages[k] for x in lanes]).percentile_ms(50), 3) for k in STAGES
+        }
         c.samples_ms = _quantiles(window)
         if agent.power is not None and agent.power.latest is not None and agent.power.latest.total_mw:
             c.power_mw = agent.power.latest.total_mw
@@ -276,9 +288,8 @@ def tune(
 
     progress = progress or sys.stderr
     t_start = time.monotonic()
-    fps = s.source_fps or (
-        base.source.fps if isinstance(base.source, SyntheticSourceConfig) and base.source.fps else 30.0
-    )
+    first = base.source_list()[0]
+    fps = s.source_fps or (first.fps if isinstance(first, SyntheticSourceConfig) and first.fps else 30.0)
     tensorrt = not tensorrt_unavailable()
     grid = candidates(base, s, tensorrt, jetson_power_axes(base.power, s.quick))
     reference_map: float | None = None

@@ -127,3 +127,12 @@ def test_power_settings_are_restored_after_an_interrupted_sweep(tmp_path, const_
         tune(cfg, settings(budget_ms=1000.0), tmp_path / "out")
     assert seen and seen[0][0] == seen[0][1] and seen[0] != before, "the clock was locked when interrupted"
     assert gpu_range(root) == before and not (tmp_path / "state.json").exists()
+
+
+def test_a_config_with_several_sources_is_tuned_on_all_of_them(tmp_path, const_model):
+    sources = tuple(SyntheticSourceConfig(name=f"cam{i}", fps=30, seed=i) for i in range(3))
+    cfg = AgentConfig(sources=sources, model=ModelConfig(path=str(const_model)))
+    chosen, grid, _ = tune(cfg, settings(budget_ms=1000.0), tmp_path)
+    assert chosen is grid[0] and chosen.status == "chosen", [(c.name, c.status, c.reason) for c in grid]
+    # Three cameras at 30 fps: the measured rate is all of them together.
+    assert chosen.fps > 60, chosen.fps
