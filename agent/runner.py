@@ -111,6 +111,22 @@ def _capture_part(src: SourceConfig) -> SourceConfig:
     return replace(src, priority=0, budget_ms=0.0, max_fps=0.0, model="", manifest="")
 
 
+def model_batches(cfg: AgentConfig) -> dict[str, int]:
+    """Per model path (the main one under ""), the largest batch it can be given: the
+    number of sources that may run it, within ``batching.max_batch``."""
+    sources = cfg.source_list()
+    shared = sum(1 for s in sources if not s.model)
+    out = {"": shared}
+    for step in cfg.deadline.ladder:  # ladder models stand in for the main one
+        if step.model:
+            out[step.model] = max(out.get(step.model, 0), shared)
+    for s in sources:
+        if s.model:
+            out[s.model] = out.get(s.model, 0) + 1
+    cap = cfg.batching.max_batch
+    return {k: max(1, min(n, cap) if cap else n) for k, n in out.items()}
+
+
 def with_batch(backend: BackendConfig, batch: int) -> BackendConfig:
     """``backend`` with TensorRT's ``max_batch: 0`` (one per source) resolved to ``batch``."""
     if isinstance(backend, TensorRTConfig) and not backend.max_batch:
@@ -175,9 +191,8 @@ class Agent:
         Ladder models are loaded now, not when the ladder reaches them: a switch under
         overload must be instant, and a broken fallback must fail at start, not then.
         """
-        n = len(cfg.source_list())
-        backend = with_batch(cfg.backend, min(cfg.batching.max_batch or n, n))
-        main = self._faulty(load_model(cfg.model, backend), cfg)
+        batches = model_batches(cfg)
+        main = self._faulty(load_model(cfg.model, with_batch(cfg.backend, batches[""])), cfg)
         profiles = {"": Profile.allocate(main.manifest.name, main)}
         models = {"": main}
         wanted = [("ladder step", s.name, s.model, s.manifest, True) for s in cfg.deadline.ladder]
@@ -187,6 +202,7 @@ class Agent:
                 if not path or path in profiles:
                     continue
                 alt_cfg = replace(cfg.model, path=path, manifest=manifest)
+                backend = with_batch(cfg.backend, batches[path])
                 alt = models[path] = self._faulty(load_model(alt_cfg, backend), cfg)
                 if same_labels and alt.manifest.labels != main.manifest.labels:
                     raise ModelError(f"{what} {tag!r}: {path} has other labels than the main model")
@@ -342,6 +358,8 @@ class Agent:
             or ([s.model for s in old.deadline.ladder] != [s.model for s in new.deadline.ladder])
             or {(s.model, s.manifest) for s in old.source_list()}
             != {(s.model, s.manifest) for s in new.source_list()}
+            # A TensorRT engine is built for the batch its sources can form.
+            or (not isinstance(new.backend, OnnxRuntimeConfig) and model_batches(old) != model_batches(new))
         )
         if not force:
             self._breaker_trips = 0  # a new config starts the breaker's escalation afresh

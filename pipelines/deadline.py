@@ -129,8 +129,16 @@ class DeadlineMonitor:
         """Estimated time from the start of inference to the publish stamp."""
         return float(self.estimates(profile)[INFER_START:PUBLISH].sum())
 
-    def admit(self, stamps: np.ndarray, now_ns: int, profile: str = "") -> bool:
+    def admit(
+        self, stamps: np.ndarray, now_ns: int, profile: str = "", infer_ns: float | None = None
+    ) -> bool:
         """Inference thread: False if the frame cannot be published within the budget.
+
+        ``infer_ns``: the inference time expected for the batch the frame is about to run
+        in (the scheduler's estimate for its size). The lower of it and this source's own
+        recent inference time judges: the latter may come from larger batches, the former
+        may predate a ladder move (and a frame wrongly dropped is lost for good, while a
+        frame wrongly admitted is merely late).
 
         One frame per miss window is admitted regardless: the estimates are only updated
         by published frames, so without a probe a model that got fast again (thermals,
@@ -138,7 +146,10 @@ class DeadlineMonitor:
         """
         if not self.config.admission:
             return True
-        fits = (now_ns - int(stamps[CAPTURED])) + self.remaining_ns(profile) <= self.budget_ns
+        remaining = self.remaining_ns(profile)
+        if infer_ns is not None:
+            remaining -= max(0.0, float(self.estimates(profile)[INFER_START]) - infer_ns)
+        fits = (now_ns - int(stamps[CAPTURED])) + remaining <= self.budget_ns
         if fits or now_ns - self._last_admit_ns >= self.config.miss_window_s * 1e9:
             self._last_admit_ns = now_ns
             return True

@@ -594,9 +594,12 @@ class Pipeline:
         (the others are accounted as dropped)."""
         now = time.monotonic_ns()
         ran = []
+        # Judged by what a batch of this size is expected to take (an estimate only once a
+        # batch of this model has run: until then each source's own times judge).
+        expected = self.scheduler.estimate_ns(batch[0].profile, len(batch), measured_only=True) or None
         for slot in batch:
             lane = self.lanes[slot.lane]
-            if lane.monitor.admit(slot.stamps, now, slot.profile.name):
+            if lane.monitor.admit(slot.stamps, now, slot.profile.name, expected):
                 ran.append(slot)
             else:
                 self._drop(lane, slot, "stale")

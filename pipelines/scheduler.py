@@ -87,8 +87,11 @@ class BatchScheduler:
         self.margin_ns = int(margin_ms * 1e6)
         self._limit = batch_limit
         self._cond = threading.Condition()
-        # Estimated inference ns per profile, indexed by batch size (0: not measured).
+        self._drained = False
+        # Estimated inference ns per profile, indexed by batch size (0: not measured), from
+        # the batches that ran, and from warm-up.
         self._est: dict[int, np.ndarray] = {}
+        self._seeds: dict[int, np.ndarray] = {}
         self.sizes = np.zeros(self.max_batch + 1, np.int64)  # batches run, by size
         self.frames = 0  # frames in those batches
 
@@ -98,6 +101,8 @@ class BatchScheduler:
         """Hand a preprocessed frame over; False (not taken) if ``stop`` was set meanwhile."""
         cell, replaced = self._cells[lane], None
         with self._cond:
+            if self._drained:
+                return False
             if cell.slot is not None and self.lanes[lane].newest_wins:
                 replaced = cell.slot
             else:
@@ -105,6 +110,8 @@ class BatchScheduler:
                     if stop.is_set():
                         return False
                     self._cond.wait(0.05)
+                if self._drained:
+                    return False
             now = time.monotonic_ns()
             if cell.last_put_ns:
                 gap = now - cell.last_put_ns
@@ -164,8 +171,10 @@ class BatchScheduler:
         return slots  # type: ignore[return-value]
 
     def drain(self) -> list[FrameSlot]:
-        """Take every waiting frame (the inference thread is stopping on an error)."""
+        """Take every waiting frame (the inference thread is stopping on an error); later
+        puts are refused, so no frame lands where nobody reads."""
         with self._cond:
+            self._drained = True
             slots = [c.slot for c in self._cells if c.slot is not None]
             for c in self._cells:
                 c.slot = None
@@ -187,20 +196,27 @@ class BatchScheduler:
         self.frames += size
 
     def seed(self, profile: Any, size: int, infer_ns: int) -> None:
-        """A warm-up measurement, before any frame ran."""
-        est = self._estimates(profile)
-        if size < len(est) and not est[size]:
-            est[size] = infer_ns
+        """A warm-up measurement, before any frame ran: it shapes batches until batches of
+        that size have run (it does not judge admission: one slow warm-up must not drop
+        frames until enough probes have corrected it)."""
+        seeds = self._estimates(profile, self._seeds)
+        if size < len(seeds):
+            seeds[size] = infer_ns
 
-    def estimate_ns(self, profile: Any, size: int) -> float:
-        est = self._estimates(profile)
-        if est[size]:
-            return float(est[size])
-        known = np.flatnonzero(est)
-        if not len(known):
-            return 0.0
-        k = int(known[np.abs(known - size).argmin()])
-        return float(est[k]) * size / k
+    def estimate_ns(self, profile: Any, size: int, measured_only: bool = False) -> float:
+        """Estimated ns of a batch of ``size``: measured, else extrapolated from the nearest
+        measured size, else (unless ``measured_only``) from warm-up; 0.0 when unknown."""
+        tables = [self._estimates(profile)]
+        if not measured_only:
+            tables.append(self._estimates(profile, self._seeds))
+        for est in tables:
+            if est[size]:
+                return float(est[size])
+            known = np.flatnonzero(est)
+            if len(known):
+                k = int(known[np.abs(known - size).argmin()])
+                return float(est[k]) * size / k
+        return 0.0
 
     def summary(self) -> dict[str, Any]:
         batches = int(self.sizes.sum())
@@ -213,10 +229,11 @@ class BatchScheduler:
 
     # -- planning -----------------------------------------------------------------
 
-    def _estimates(self, profile: Any) -> np.ndarray:
-        est = self._est.get(id(profile))
+    def _estimates(self, profile: Any, table: dict[int, np.ndarray] | None = None) -> np.ndarray:
+        table = self._est if table is None else table
+        est = table.get(id(profile))
         if est is None:
-            est = self._est[id(profile)] = np.zeros(self.max_batch + 1, np.float64)
+            est = table[id(profile)] = np.zeros(self.max_batch + 1, np.float64)
         return est
 
     def _deadline(self, lane: int) -> int:

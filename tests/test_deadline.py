@@ -81,6 +81,25 @@ def test_one_frame_per_window_is_admitted_to_refresh_the_estimates():
     assert sum(admitted) == 3, admitted
 
 
+def test_admission_takes_the_lower_of_the_batch_and_the_source_inference_estimates():
+    def judged(own_infer_ms: float, batch_infer_ms: float | None) -> bool:
+        m = monitor(budget_ms=50.0)
+        m.estimates()[INFER_START] = own_infer_ms * MS
+        m.estimates()[INFER_START + 1 : PUBLISH] = 1 * MS
+        fresh = np.zeros(N_STAMPS, np.int64)
+        fresh[CAPTURED] = 1 * S
+        assert m.admit(fresh, 1 * S)  # this window's probe goes to a fresh frame
+        st = np.zeros(N_STAMPS, np.int64)
+        st[CAPTURED] = 1 * S
+        infer_ns = None if batch_infer_ms is None else batch_infer_ms * MS
+        return m.admit(st, 1 * S + 20 * MS, infer_ns=infer_ns)  # 20 ms old
+
+    assert not judged(40, None), "its frames last ran in a large batch: 40 ms more does not fit"
+    assert judged(40, 10), "its batch now is small: it fits"
+    assert judged(10, 40), "an old batch figure does not overrule a fresh one"
+    assert not judged(40, 40)
+
+
 def test_admission_can_be_turned_off():
     m = monitor(admission=False)
     st = np.zeros(N_STAMPS, np.int64)

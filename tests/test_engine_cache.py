@@ -44,6 +44,7 @@ CHANGED = {
     "optimization_level": 5,
     "calibration_sha256": "c" * 64,
     "role": "preprocess",
+    "min_batch": 1,
 }
 
 PLAN = b"engine bytes " * 1000

@@ -130,13 +130,15 @@ def test_batches_grow_with_load_and_shrink_when_slack_is_tight(load_model_path, 
         [SyntheticSourceConfig(name=f"c{i}", fps=fps, seed=i) for i, fps in enumerate((5, 6, 7, 9))],
         batching=BatchingConfig(max_wait_ms=1.0),
     )
-    # Four cameras in step at 30 fps: every frame has company, and slack to wait for it.
+    # Four cameras in step at 30 fps: every frame has company, and slack to wait for it
+    # (a generous max_wait: the slack, not the cap, decides how long).
     synced = [SyntheticSourceConfig(name=f"c{i}", fps=30, seed=i) for i in range(4)]
-    loaded, s_loaded = mean_batch(synced)
+    patient = BatchingConfig(max_wait_ms=20.0)
+    loaded, s_loaded = mean_batch(synced, batching=patient)
     # The same cameras with a budget too tight for a batch of four.
-    tight, s_tight = mean_batch([replace(s, budget_ms=14) for s in synced])
+    tight, s_tight = mean_batch([replace(s, budget_ms=14) for s in synced], batching=patient)
     assert light < 1.5, s_light
-    assert loaded > 3.0, s_loaded
+    assert loaded > 2.5, s_loaded  # ~3.8 here
     assert tight < loaded - 1.0, (s_tight, s_loaded)
     assert s_tight["sizes"].get("4", 0) < s_tight["batches"] * 0.1, s_tight
 

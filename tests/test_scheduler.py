@@ -220,12 +220,16 @@ def test_closed_when_every_lane_ended_and_nothing_waits():
 def test_estimates_follow_the_measured_batches_and_extrapolate():
     s = make_scheduler([(0, 100.0)] * 4)
     s.record(PROFILE, 2, 20 * MS)
-    assert 8 * MS < s.estimate_ns(PROFILE, 2) < 20 * MS  # moved towards the measurement
+    assert s.estimate_ns(PROFILE, 2) == 20 * MS, "the first batch replaces the warm-up figure"
+    s.record(PROFILE, 2, 10 * MS)
+    assert 10 * MS < s.estimate_ns(PROFILE, 2) < 20 * MS  # moved towards the measurement
     fresh = make_scheduler([(0, 100.0)] * 4)
-    fresh._est.clear()
+    fresh._seeds.clear()
     fresh.seed(PROFILE, 1, 4 * MS)
     assert fresh.estimate_ns(PROFILE, 3) == pytest.approx(12 * MS)  # linear from size 1
+    assert fresh.estimate_ns(PROFILE, 3, measured_only=True) == 0.0, "a warm-up does not judge"
     fresh.record(PROFILE, 3, 9 * MS)
+    assert fresh.estimate_ns(PROFILE, 3, measured_only=True) == 9 * MS
     assert fresh.summary() == {"max_batch": 4, "batches": 1, "mean_size": 3.0, "sizes": {"3": 1}}
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import cv2
@@ -453,12 +454,48 @@ def test_batch_stays_one_where_batching_is_not_supported(const_model, float_mode
     assert be.batch_axis() == (1, True) and any("preprocessing engine" in n for n in be.notes), be.notes
 
 
-def test_agent_resolves_the_engine_batch_to_the_number_of_sources():
-    from edge_agent.config import AgentConfig, BatchingConfig, SyntheticSourceConfig
-    from edge_agent.runner import with_batch
+def test_agent_resolves_each_engine_batch_to_the_sources_that_run_it():
+    from edge_agent.config import (
+        AgentConfig,
+        BatchingConfig,
+        DeadlineConfig,
+        LadderStep,
+        SyntheticSourceConfig,
+    )
+    from edge_agent.runner import model_batches, with_batch
 
-    cfg = AgentConfig(sources=tuple(SyntheticSourceConfig(name=f"c{i}") for i in range(3)))
+    shared = tuple(SyntheticSourceConfig(name=f"c{i}") for i in range(3))
+    own = SyntheticSourceConfig(name="dock", model="dock.onnx")
+    ladder = DeadlineConfig(ladder=(LadderStep(), LadderStep(name="light", model="light.onnx")))
+    cfg = AgentConfig(sources=(*shared, own), deadline=ladder)
+    assert model_batches(cfg) == {"": 3, "light.onnx": 3, "dock.onnx": 1}
+    assert model_batches(replace(cfg, batching=BatchingConfig(max_batch=2)))[""] == 2
+    assert model_batches(AgentConfig()) == {"": 1}
     assert isinstance(cfg.backend, AutoBackendConfig)
     assert with_batch(cfg.backend, 3).tensorrt.max_batch == 3
     assert with_batch(TensorRTConfig(max_batch=2), 3).max_batch == 2, "an explicit size stays"
-    assert BatchingConfig(max_batch=1).max_batch == 1
+
+
+def test_a_fixed_batch_float_model_behind_the_preprocessing_engine_runs_one_frame(tmp_path, cache):
+    out = yolov8_output([(160, 160, 40, 40)], [0], [0.9], 4, 2100)
+    d = tmp_path / "fixed4"
+    d.mkdir()
+    model = constant_detector(
+        str(d / "model.onnx"), out, layout="NCHW", dtype=onnx.TensorProto.FLOAT, batch=4
+    )
+    f = Fakes()
+    be = f.backend(cache, preprocess="gpu")
+    be.load(str(model), FLOAT_FMT)
+    assert be.describe()["preprocess"] == "device"
+    assert be.batch_axis() == (1, True), "the frame tensor holds one frame"
+    assert be.allocate(4).inputs["frame"].shape == (1, 320, 320, 3)
+
+
+def test_an_engine_for_a_batch_range_has_its_own_cache_key(const_model, cache):
+    one, _ = loaded(const_model, cache)
+    gpu, _ = loaded(const_model, cache, max_batch=4)
+    dla, _ = loaded(const_model, cache, Fakes(num_dla=2), max_batch=4, dla_core=0)
+    keys = {be._key.digest() for be in (one, gpu, dla)}
+    assert len(keys) == 3
+    assert gpu._key.min_batch == 1 and dla._key.min_batch == 0
+    assert "1..4x320x320x3" in gpu._key.describe()

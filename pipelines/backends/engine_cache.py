@@ -27,7 +27,7 @@ from edge_agent.files import atomic_write
 
 log = logging.getLogger(__name__)
 
-KEY_VERSION = 1  # bump when the key's fields or their meaning change
+KEY_VERSION = 2  # bump when the key's fields or their meaning change (2: min_batch)
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class EngineKey:
     optimization_level: int
     calibration_sha256: str = ""  # int8: the calibration cache the engine was built with
     role: str = "model"  # model | preprocess
+    min_batch: int = 0  # > 0: the batch axis runs min_batch..input_shape[0] (GPU); 0: fixed
 
     def digest(self) -> str:
         blob = json.dumps({"key_version": KEY_VERSION, **asdict(self)}, sort_keys=True)
@@ -53,6 +54,8 @@ class EngineKey:
     def describe(self) -> str:
         where = f"DLA{self.dla_core}" if self.dla_core >= 0 else "GPU"
         shape = "x".join(str(d) for d in self.input_shape)
+        if self.min_batch:
+            shape = f"{self.min_batch}..{shape}"
         trt = f"TensorRT {self.tensorrt_version}"
         return f"{self.role} {self.precision} {where} {shape} {trt} on {self.device}"
 

@@ -195,6 +195,7 @@ class TensorRTBackend(InferenceBackend):
             optimization_level=settings.optimization_level,
             calibration_sha256=calib,
             role=role,
+            min_batch=settings.min_batch,
         )
 
     def _engine_for_model(self, model_path: str) -> Any:
@@ -314,6 +315,8 @@ class TensorRTBackend(InferenceBackend):
         where = f"DLA{settings.dla_core}" if settings.dla_core >= 0 else "GPU"
         self.notes.append(f"preprocessing (normalise, NCHW) on {where}")
         self._inputs = [TensorSpec(FRAME_TENSOR, shape, np.dtype(np.uint8))]
+        # The preprocessing engine takes one frame: a fixed-batch model is padded behind it.
+        self._batch = (1, True)
         return InputFormat(
             height=fmt.height,
             width=fmt.width,
@@ -336,6 +339,9 @@ class TensorRTBackend(InferenceBackend):
             # Input shapes first: output shapes resolve from them.
             ctx.set_input_shape(self._model_input, self._key.input_shape if self._key else _ones(shape))
         self._inputs = [self._spec(self._model_input)]
+        # Kept: ``allocate`` may run (a reload) while another thread enqueues on the
+        # context, and an execution context is not thread-safe.
+        self._model_in_spec = self._inputs[0]
         self._outputs = [self._spec(n) for n in outputs]
 
     def batch_axis(self) -> tuple[int, bool]:
@@ -375,7 +381,7 @@ class TensorRTBackend(InferenceBackend):
             self._slots.append(slot)
             if self.pre_engine is not None:
                 self._buffer(slot, FRAME_TENSOR, self._inputs[0].shape, np.dtype(np.uint8), host=True)
-                model_in = self._spec(self._model_input)
+                model_in = self._model_in_spec
                 self._buffer(slot, self._model_input, model_in.shape, model_in.dtype, host=False)
             else:
                 spec = self._inputs[0]
@@ -420,7 +426,9 @@ class TensorRTBackend(InferenceBackend):
             # One execution context serves every slot, one batch at a time: the batch size
             # (a dynamic engine) and the addresses are set for this slot before each enqueue.
             if not self._batch[1]:
-                self.context.set_input_shape(self._model_input, _sized(self._inputs[0].shape, slot.batch))
+                shape = _sized(self._inputs[0].shape, slot.batch)
+                if not self.context.set_input_shape(self._model_input, shape):
+                    raise BackendError(f"the engine refused input shape {shape} (outside its profile)")
             self.context.set_tensor_address(self._model_input, slot.device[self._model_input])
             for spec in self._outputs:
                 self.context.set_tensor_address(spec.name, slot.device[spec.name])
