@@ -342,3 +342,49 @@ def test_reload_of_scheduling_settings_keeps_the_camera_open(const_model, endpoi
     finally:
         assert agent.stop()
     counts(agent)
+
+
+def test_batched_inference_and_scheduling_allocate_nothing_frame_sized(const_model):
+    """The batched hot path on its own thread, without the pipeline's other threads (their
+    heartbeats and histograms would blur the figure): scheduling a batch of three sources,
+    copying into the batch set, inference and copying back allocate nothing that lasts and
+    nothing frame-sized (one output copy is 67 KB, one model input 300 KB). The whole
+    pipeline's check is test_pipeline's tracemalloc test."""
+    import threading
+    import tracemalloc
+
+    from edge_agent.pipelines.scheduler import BatchScheduler, LaneSpec
+
+    model = load_model(ModelConfig(path=str(const_model)), OnnxRuntimeConfig())
+    profile = Profile.allocate("const", model)
+    pools = [profile.pool(f"c{i}") for i in range(3)]
+    profile.prepare_batches(3)
+    specs = [LaneSpec(f"c{i}", 0, 10**12, True, print, lambda: (0.0, 0.0), lambda: profile) for i in range(3)]
+    scheduler = BatchScheduler(specs, 0, 0.0, 0.0, lambda p: 3)
+    stop = threading.Event()
+
+    def one_round() -> None:
+        for lane, pool in enumerate(pools):
+            slot = pool.acquire(1.0)
+            slot.lane = lane
+            slot.stamps[0] = time.monotonic_ns()
+            scheduler.put(lane, slot, stop)
+        batch = scheduler.next_batch(1.0)
+        profile.infer(batch)
+        scheduler.record(profile, len(batch), 1)
+        for slot in batch:
+            slot.pool.release(slot)
+
+    for _ in range(200):  # warm-up
+        one_round()
+    tracemalloc.start()
+    base, _ = tracemalloc.get_traced_memory()
+    tracemalloc.reset_peak()
+    for _ in range(2000):
+        one_round()
+    current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    model.backend.close()
+    assert scheduler.summary()["sizes"] == {"3": 2200}
+    assert current - base < 16 * 1024, f"grew by {current - base} B over 2000 batches"
+    assert peak - base < 48 * 1024, f"peak {peak - base} B: a frame-sized buffer per batch?"
