@@ -180,7 +180,7 @@ def run_bench(
 
     live_fps = source_fps
     if live_fps is None:
-        src = config.source
+        src = config.source_list()[0]
         live_fps = src.fps if isinstance(src, SyntheticSourceConfig) and src.fps > 0 else 30.0
     live_frames = max(1, min(frames, round(live_fps * live_s)))
     live, live_elapsed = _run_agent(synthetic_config(config, live_fps), live_frames)
