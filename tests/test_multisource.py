@@ -388,3 +388,31 @@ def test_batched_inference_and_scheduling_allocate_nothing_frame_sized(const_mod
     assert scheduler.summary()["sizes"] == {"3": 2200}
     assert current - base < 16 * 1024, f"grew by {current - base} B over 2000 batches"
     assert peak - base < 48 * 1024, f"peak {peak - base} B: a frame-sized buffer per batch?"
+
+
+def test_a_source_with_its_own_model_gets_its_results_and_never_shares_a_batch(
+    const_model, endpoint, tmp_path
+):
+    own_dir = tmp_path / "dock"
+    own_dir.mkdir()
+    out = yolov8_output([(50, 60, 20, 20)], [3], [0.95], 4, 2100)
+    own = constant_detector(str(own_dir / "model.onnx"), out)
+    write_manifest(own_dir / "manifest.yaml", name="dock-det")
+    sources = [
+        SyntheticSourceConfig(name="a", fps=30, seed=1),
+        SyntheticSourceConfig(name="b", fps=30, seed=2),
+        SyntheticSourceConfig(name="dock", fps=30, seed=3, model=own),
+    ]
+    sub = Subscriber(endpoint, "det")
+    agent = make_agent(const_model, endpoint, sources)
+    assert {p.name for p in agent.pipeline.profiles.values()} == {"const", "dock-det"}
+    with running(agent, 1.5, sub):
+        pass
+    counts(agent)
+    by = {name: [m for m in sub.messages if m["source"] == name] for name in ("a", "b", "dock")}
+    assert all(len(v) >= 20 for v in by.values()), {k: len(v) for k, v in by.items()}
+    assert all(m["model"] == "dock-det" and m["batch_size"] == 1 for m in by["dock"])
+    assert all(m["detections"][0]["label"] == "cross" for m in by["dock"])
+    shared = by["a"] + by["b"]
+    assert all(m["model"] == "const" and m["detections"][0]["label"] == "circle" for m in shared)
+    assert any(m["batch_size"] == 2 for m in shared), "a and b, in step, still share batches"
