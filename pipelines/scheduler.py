@@ -16,9 +16,10 @@ source waits for the cell to empty. The inference thread asks for the next batch
 - **Waiting**: with fewer frames than the batch could take, the scheduler waits for more
   only while the most urgent frame in hand keeps its slack (and at most ``max_wait``,
   and never until a frame in hand is replaced by its source's next one), and only when
-  a source with no frame waiting is expected to deliver one within that time. Under
-  light load batches stay at one frame; under load frames pile up during each
-  inference and batches grow, up to one frame per source (or the model's batch).
+  a source with no frame waiting is expected to deliver one within that time. Cameras
+  out of step under light load run one frame at a time; under load frames pile up
+  during each inference and batches grow, up to one frame per source (or the model's
+  batch); cameras in step meet in full batches at any load.
 
 Inference time per batch size comes from an estimate per model profile, seeded at
 warm-up and moved by every batch that runs; unmeasured sizes are extrapolated linearly
