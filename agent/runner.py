@@ -7,6 +7,7 @@ failure to build names the file, device or key at fault before anything is start
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -111,20 +112,21 @@ def _capture_part(src: SourceConfig) -> SourceConfig:
     return replace(src, priority=0, budget_ms=0.0, max_fps=0.0, model="", manifest="")
 
 
+def source_models(cfg: AgentConfig) -> list[tuple[SourceConfig, tuple[str, ...]]]:
+    """Per source, the models (by path; the main one is "") it may run, its own first: a
+    source's own model, or the main one and the ladder's lighter ones."""
+    ladder = tuple(dict.fromkeys(step.model for step in cfg.deadline.ladder if step.model))
+    return [(src, (src.model,) if src.model else ("", *ladder)) for src in cfg.source_list()]
+
+
 def model_batches(cfg: AgentConfig) -> dict[str, int]:
-    """Per model path (the main one under ""), the largest batch it can be given: the
-    number of sources that may run it, within ``batching.max_batch``."""
-    sources = cfg.source_list()
-    shared = sum(1 for s in sources if not s.model)
-    out = {"": shared}
-    for step in cfg.deadline.ladder:  # ladder models stand in for the main one
-        if step.model:
-            out[step.model] = max(out.get(step.model, 0), shared)
-    for s in sources:
-        if s.model:
-            out[s.model] = out.get(s.model, 0) + 1
+    """Per model path, the largest batch it can be given: the number of sources that may
+    run it, within ``batching.max_batch`` (the main model is loaded even when no source
+    runs it)."""
+    users = Counter(path for _, paths in source_models(cfg) for path in paths)
+    users.setdefault("", 0)
     cap = cfg.batching.max_batch
-    return {k: max(1, min(n, cap) if cap else n) for k, n in out.items()}
+    return {k: max(1, min(n, cap) if cap else n) for k, n in users.items()}
 
 
 def with_batch(backend: BackendConfig, batch: int) -> BackendConfig:
@@ -193,7 +195,7 @@ class Agent:
         """
         batches = model_batches(cfg)
         main = self._faulty(load_model(cfg.model, with_batch(cfg.backend, batches[""])), cfg)
-        profiles = {"": Profile.allocate(main.manifest.name, main)}
+        profiles = {"": Profile(main.manifest.name, main)}
         models = {"": main}
         wanted = [("ladder step", s.name, s.model, s.manifest, True) for s in cfg.deadline.ladder]
         wanted += [("source", s.name, s.model, s.manifest, False) for s in cfg.source_list()]
@@ -210,7 +212,7 @@ class Agent:
                 name = alt.manifest.name
                 if name in {p.name for p in profiles.values()}:
                     name = f"{name}@{tag}"
-                profiles[path] = Profile.allocate(name, alt)
+                profiles[path] = Profile(name, alt)
         except BaseException:
             for m in models.values():  # loaded for nothing: give the sessions back
                 m.backend.close()
@@ -239,18 +241,12 @@ class Agent:
     def _lane_profiles(
         cfg: AgentConfig, profiles: dict[str, Profile]
     ) -> list[tuple[str, dict[str, Profile]]]:
-        """Per source, the profiles it may use (its own model under "")."""
-        shared = {""} | {step.model for step in cfg.deadline.ladder if step.model}
-        # A source on the shared model follows the ladder's models too; one with its own
-        # model keeps it (the ladder's strides and alert-only steps still apply).
+        """Per source, the profiles it may use, its own under "" (the ladder's model steps
+        then have nothing to switch a source with its own model to; its strides and
+        alert-only steps still apply)."""
         return [
-            (
-                src.name,
-                {"": profiles[src.model]}
-                if src.model
-                else {k: p for k, p in profiles.items() if k in shared},
-            )
-            for src in cfg.source_list()
+            (src.name, {"": profiles[paths[0]], **{p: profiles[p] for p in paths[1:]}})
+            for src, paths in source_models(cfg)
         ]
 
     def _pipeline(self, cfg: AgentConfig, sources: dict[str, Any], profiles: dict[str, Profile]) -> Pipeline:
@@ -401,10 +397,10 @@ class Agent:
         for name, source in self.sources.items():
             if sources.get(name) is not source:
                 source.close()
-        self._started = [p for p in self._started if p not in self.sources.values()]
-        self._started[self._started.index(old_pipeline) : self._started.index(old_pipeline)] = list(
-            sources.values()
-        )
+        # Sources start just before the pipeline, so they stop just after it.
+        rest = [p for p in self._started if all(p is not s for s in self.sources.values())]
+        i = rest.index(old_pipeline)
+        self._started = [*rest[:i], *sources.values(), *rest[i:]]
         self.sources = sources
         self.config = new
         self._start_pipeline(pipeline, old_pipeline)

@@ -75,10 +75,6 @@ class Profile:
     batches: dict[int, IOSet] = field(default_factory=dict)  # by batch size (2 and up)
     warm_ns: dict[int, int] = field(default_factory=dict)  # last warm-up run, by batch size
 
-    @classmethod
-    def allocate(cls, name: str, model: Any) -> Profile:
-        return cls(name, model)
-
     def pool(self, source: str, slots: int = SLOTS, max_gt: int = 64) -> SlotPool:
         """The source's frame slots, allocated (and the backend warmed up) on first use."""
         pool = self.pools.get(source)
@@ -262,7 +258,6 @@ class Lane:
             self.stats.by_profile.setdefault(p.name, LatencyHistogram())
         self.seq = 0
         self.error: str | None = None  # why the source ended early, if it did
-        self.ended = False
         self._stride_count = 0
         self._next_read_ns = 0
 
@@ -271,7 +266,7 @@ class Lane:
         step = self.monitor.current
         if not step.infer:
             return None
-        return self.profiles.get(step.model, self.primary) if step.model else self.primary
+        return self.profiles.get(step.model, self.primary)  # the main model is under ""
 
     def profile(self) -> Profile | None:
         """The profile for the next frame, or None when it is not processed (ladder)."""
@@ -463,7 +458,6 @@ class Pipeline:
                 if slot is not None and not self.scheduler.put(lane.index, slot, self._abort):
                     self._drop(lane, slot, "shutdown")
         finally:
-            lane.ended = True
             self.scheduler.close(lane.index)
 
     def _pace(self, lane: Lane) -> bool:

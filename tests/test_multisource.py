@@ -211,7 +211,7 @@ def test_every_source_has_its_topic_seq_heartbeat_and_budget(const_model, endpoi
 def test_batched_inference_gives_each_frame_its_own_result():
     """A batch of three different frames decodes exactly as each frame alone."""
     model = load_model(ModelConfig(), OnnxRuntimeConfig())
-    profile = Profile.allocate("bundled", model)
+    profile = Profile("bundled", model)
     pool = profile.pool("cam")
     profile.prepare_batches(3)
     scene = SyntheticScene(SceneSpec(width=640, height=480, seed=7, num_objects=6))
@@ -356,7 +356,7 @@ def test_batched_inference_and_scheduling_allocate_nothing_frame_sized(const_mod
     from edge_agent.pipelines.scheduler import BatchScheduler, LaneSpec
 
     model = load_model(ModelConfig(path=str(const_model)), OnnxRuntimeConfig())
-    profile = Profile.allocate("const", model)
+    profile = Profile("const", model)
     pools = [profile.pool(f"c{i}") for i in range(3)]
     profile.prepare_batches(3)
     specs = [LaneSpec(f"c{i}", 0, 10**12, True, print, lambda: (0.0, 0.0), lambda: profile) for i in range(3)]
