@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import socket
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from edge_agent.config import AgentConfig
 from edge_agent.models.testmodels import constant_detector, yolov8_output
+from edge_agent.runner import Agent
 
 LABELS = ["circle", "square", "triangle", "cross"]
 
@@ -43,3 +48,23 @@ def const_model(tmp_path: Path) -> Path:
     model = constant_detector(str(tmp_path / "model.onnx"), out)
     write_manifest(tmp_path / "manifest.yaml")
     return Path(model)
+
+
+@contextmanager
+def started(agent: Agent | AgentConfig, *closing: Any, clean: bool = False) -> Iterator[Agent]:
+    """An agent (built here when given its config) running for the block; stopped after,
+    then ``closing`` (subscribers, sockets) closed. ``clean``: assert every thread ended."""
+    if not isinstance(agent, Agent):
+        agent = Agent(agent)
+    if agent.pipeline is None:
+        agent.build()
+    agent.start()
+    try:
+        yield agent
+    finally:
+        try:
+            stopped = agent.stop()
+        finally:
+            for c in closing:
+                c.close()
+        assert stopped or not clean, "every pipeline thread must end"

@@ -14,7 +14,7 @@ import time
 
 import pytest
 import zmq
-from conftest import write_manifest
+from conftest import started, write_manifest
 from test_pipeline import Subscriber
 
 from edge_agent import resources
@@ -138,10 +138,7 @@ def test_a_backend_that_no_longer_loads_escalates_straight_to_the_fallback(tmp_p
         metrics=MetricsConfig(enabled=False),
         resilience=ResilienceConfig(fallback_model=str(fb / "model.onnx")),
     )
-    agent = Agent(cfg)
-    agent.build()
-    agent.start()
-    try:
+    with started(cfg) as agent:
         const_model.unlink()  # the main model is gone: its reload must fail
         assert agent.recover() == "fell back to ONNX Runtime on the CPU"
         assert agent.config.model.path == str(fb / "model.onnx") and agent.config.model.manifest == ""
@@ -151,8 +148,6 @@ def test_a_backend_that_no_longer_loads_escalates_straight_to_the_fallback(tmp_p
         time.sleep(0.5)
         assert agent.pipeline.stats.published > before, "frames flow on the fallback"
         assert agent.pipeline.error is None
-    finally:
-        agent.stop()
 
 
 def test_a_slow_subscriber_never_slows_the_agent(const_model, endpoint):

@@ -16,7 +16,7 @@ from pathlib import Path
 import jsonschema
 import numpy as np
 import pytest
-from conftest import free_endpoint, write_manifest
+from conftest import free_endpoint, started, write_manifest
 from test_pipeline import Subscriber
 
 from edge_agent.config import (
@@ -62,16 +62,9 @@ def make_agent(model: Path, endpoint: str, sources, **kw) -> Agent:
 @contextmanager
 def running(agent: Agent, seconds: float, *subscribers: Subscriber):
     """The agent started for ``seconds``, then stopped (and ``subscribers`` closed)."""
-    agent.start()
-    try:
+    with started(agent, *subscribers, clean=True):
         time.sleep(seconds)
         yield agent
-    finally:
-        try:
-            assert agent.stop(), "every pipeline thread must end"
-        finally:
-            for sub in subscribers:
-                sub.close()
 
 
 def counts(agent: Agent) -> dict[str, dict]:

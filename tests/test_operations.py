@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import zmq
+from conftest import started
 from prometheus_client.parser import text_string_to_metric_families
 from test_pipeline import Subscriber
 from test_sources import write_video
@@ -52,13 +53,8 @@ def running_agent(const_model: Path, endpoint: str, metrics_port: int):
         publish=PublishConfig(endpoint=endpoint),
         metrics=MetricsConfig(port=metrics_port),
     )
-    agent = Agent(cfg)
-    agent.build()
-    agent.start()
-    try:
+    with started(cfg) as agent:
         yield agent
-    finally:
-        agent.stop()
 
 
 def value(families: dict, family: str, sample: str, **labels) -> float:
@@ -78,16 +74,10 @@ def test_metrics_over_http_agree_with_the_health_stream(tmp_path, const_model, e
         metrics=MetricsConfig(port=port),
     )
     health = Subscriber(endpoint, "health")
-    agent = Agent(cfg)
-    agent.build()
-    agent.start()
-    try:
+    with started(cfg, health) as agent:
         assert agent.pipeline.finished.wait(30)
         time.sleep(0.3)  # a heartbeat after the last frame
         families = scrape(port)
-    finally:
-        agent.stop()
-        health.close()
     beat = [m for m in health.messages if not m.get("final")][-1]["counts"]
     assert (
         value(families, "edge_agent_frames_captured", "edge_agent_frames_captured_total", source="file")
@@ -295,14 +285,8 @@ def test_msgpack_encoding_round_trips_through_the_client(const_model, endpoint):
     )
     sock = connect(endpoint, ("det",))
     sock.rcvtimeo = 5000
-    agent = Agent(cfg)
-    agent.build()
-    agent.start()
-    try:
+    with started(cfg, sock):
         raw = sock.recv()
-    finally:
-        sock.close()
-        agent.stop()
     assert raw.split(b" ", 1)[1][:1] != b"{", "not JSON"
     topic, body = decode(raw)
     assert topic == "det.cam0" and body["schema"] == 1 and len(body["detections"]) == 2

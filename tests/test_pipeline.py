@@ -9,6 +9,7 @@ import tracemalloc
 
 import pytest
 import zmq
+from conftest import started
 from test_sources import write_video
 
 from edge_agent.config import (
@@ -79,12 +80,8 @@ def pipeline_threads() -> list[str]:
 def test_frames_flow_to_subscribers_with_accounting(const_model, endpoint):
     sub = Subscriber(endpoint, "det")
     agent = make_agent(const_model, endpoint, source=SyntheticSourceConfig(fps=100, seed=1, name="front"))
-    agent.start()
-    try:
+    with started(agent, sub, clean=True):
         sub.wait_for(20)
-    finally:
-        assert agent.stop(), "pipeline threads must end"
-        sub.close()
     stats = agent.pipeline.stats
     assert len(sub.messages) >= 20
     assert stats.captured == stats.published + stats.dropped_total(), "every frame ends exactly once"

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import started
 from jetson_tree import make_tree
 
 from edge_agent.config import PowerConfig
@@ -447,7 +448,6 @@ def test_throttling_reaches_the_health_stream_and_each_result(tmp_path, const_mo
     from test_pipeline import Subscriber
 
     from edge_agent.config import AgentConfig, ModelConfig, PublishConfig, SyntheticSourceConfig
-    from edge_agent.runner import Agent
 
     root = make_tree(tmp_path / "root", "orin-nano")
     before = gpu_range(root)
@@ -460,14 +460,8 @@ def test_throttling_reaches_the_health_stream_and_each_result(tmp_path, const_mo
         power=PowerConfig(root=str(root), thermal_limit_c=80, state_file=str(tmp_path / "s.json")),
     )
     sub = Subscriber(endpoint)
-    agent = Agent(cfg)
-    agent.build()
-    agent.start()
-    try:
+    with started(cfg, sub):
         sub.wait_for(15)
-    finally:
-        agent.stop()
-        sub.close()
     health = [m for m, t in zip(sub.messages, sub.topics) if t == "health"]
     results = [m for m, t in zip(sub.messages, sub.topics) if t.startswith("det")]
     assert health and results

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import started
 from test_pipeline import Subscriber
 
 from edge_agent.config import AgentConfig, ModelConfig, PublishConfig, SyntheticSourceConfig
@@ -306,10 +307,7 @@ def test_a_reload_that_fails_after_the_drain_resumes_the_old_config(tmp_path, co
         metrics=MetricsConfig(enabled=False),
     )
     sub = Subscriber(endpoint, "det")
-    agent = Agent(cfg)
-    agent.build()
-    agent.start()
-    try:
+    with started(cfg, sub) as agent:
         time.sleep(0.5)
         bad = replace(
             cfg,
@@ -323,8 +321,5 @@ def test_a_reload_that_fails_after_the_drain_resumes_the_old_config(tmp_path, co
         n = len(sub.messages)
         time.sleep(0.5)
         assert len(sub.messages) > n + 10, "the old config runs again"
-    finally:
-        agent.stop()
-        sub.close()
     seqs = [m["seq"] for m in sub.messages]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "and the stream kept its sequence"
