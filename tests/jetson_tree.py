@@ -3,8 +3,8 @@
 Not a test file: ``make_tree(tmp_path, "orin-nano" | "xavier-nx" | "not-jetson")`` returns the root to
 pass as ``root=``. Files end with a newline as sysfs files do; device-tree strings end with NUL.
 
-Where the values come from (captured files are in ``shared/data/jetson``, see its README;
-the reference is ``shared/reference/jetson-apis.md`` section 5):
+Where the values come from (captured files are in ``tests/data/jetson``, copies of the team's
+captured board data, see its README for each file's source):
 
 orin-nano (Orin Nano 8 GB on the devkit carrier, JetPack 6 / L4T R36 paths)
 - GPU path ``sys/devices/platform/bus@0/17000000.gpu/devfreq/17000000.gpu``, of_node name ``gpu``:
@@ -51,7 +51,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "jetson"
+# Captured board output, kept in the repo so the tests need nothing outside it.
+DATA = Path(__file__).resolve().parent / "data" / "jetson"
 
 BOARDS = ("orin-nano", "xavier-nx", "not-jetson")
 
@@ -151,8 +152,7 @@ def add_identity(root: Path, model: str, compatible: list[str], release: str, co
     write(root, "proc/device-tree/model", model + "\0")
     write(root, "proc/device-tree/compatible", "".join(c + "\0" for c in compatible))
     write(root, "etc/nv_tegra_release", release)
-    # The captured conf is copied when shared/ is checked out beside the repo; tests needing it skip.
-    if conf and (DATA / conf).is_file():
+    if conf:  # a missing captured file is an error (FileNotFoundError), never a silent skip
         write(root, "etc/nvpmodel.conf", (DATA / conf).read_text())
 
 
