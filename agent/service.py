@@ -10,6 +10,7 @@ while the old one still runs, and a bad one is refused with the old config kept.
 from __future__ import annotations
 
 import contextlib
+import importlib.resources
 import logging
 import os
 import shutil
@@ -27,7 +28,7 @@ from edge_agent.sdnotify import Notifier
 log = logging.getLogger(__name__)
 
 UNITS = ("edge-agent.service", "edge-agent-power.service")
-UNIT_DIR = Path(__file__).resolve().parent.parent / "systemd"  # the repo's systemd/ (editable installs)
+UNIT_PACKAGE = "edge_agent.systemd"  # the repo's systemd/ folder, installed as package data
 
 
 class Signals:
@@ -184,9 +185,21 @@ def _venv() -> str:
     return str(Path(sys.executable).parent.parent)  # not resolved: a venv's python is a symlink
 
 
+def unit_text(name: str) -> str:
+    """A unit file as shipped in the package (the repo's systemd/ folder)."""
+    try:
+        units = importlib.resources.files(UNIT_PACKAGE)
+    except ModuleNotFoundError as e:  # an editable install made before the units were package data
+        raise RuntimeError(
+            f"the systemd unit files are not installed ({e}); reinstall edge-agent "
+            "(an editable install made before they were package data needs `pip install -e .` again)"
+        ) from e
+    return units.joinpath(name).read_text()
+
+
 def render_unit(name: str, config: str) -> str:
     """A unit file with this installation's paths in place of /opt/edge-agent/.venv."""
-    text = (UNIT_DIR / name).read_text()
+    text = unit_text(name)
     venv = _venv()
     return text.replace("/opt/edge-agent/.venv", venv).replace("/etc/edge-agent/agent.yaml", config)
 
@@ -197,15 +210,21 @@ def install(
     if not dry_run and os.geteuid() != 0:
         print("edge-agent: service install needs root (or --dry-run)", file=sys.stderr)
         return 1
+    # Rendered before any step runs: a missing unit file fails the install before it
+    # has created a user or changed anything.
+    units = {unit: render_unit(unit, config) for unit in UNITS}
     for step in install_steps(prefix, config):
         if isinstance(step, tuple):
             kind, what = step
             if kind == "note":
                 print(f"# {what}")
                 continue
+            text = units[Path(what).name]
             print(f"write {what}")
-            if not dry_run:
-                Path(what).write_text(render_unit(Path(what).name, config))
+            if dry_run:  # what would be written, indented under its path
+                print("".join(f"    {line}" if line.strip() else line for line in text.splitlines(True)))
+            else:
+                Path(what).write_text(text)
             continue
         print(" ".join(step))
         if not dry_run:
