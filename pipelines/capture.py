@@ -35,6 +35,32 @@ def has_gstreamer() -> bool:
     return False
 
 
+# OpenCV's FFmpeg backend takes its demuxer options from this process-wide variable,
+# read inside VideoCapture's open; no open parameter sets them per capture (OpenCV 4.8 to
+# 5.0 accept only the timeouts, threads, format and hardware-acceleration ones there).
+FFMPEG_OPTIONS_VAR = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
+_ffmpeg_options_lock = threading.Lock()
+
+
+def _open_rtsp(url: str, transport: str, params: list[int]) -> cv2.VideoCapture:
+    """Open an RTSP URL with FFmpeg over ``transport``. The variable is set, the capture
+    opened and the previous value put back under one lock: two sources opening at once
+    would otherwise see each other's transport, and the value would leak into later
+    FFmpeg opens (video files, RTSP sources of other code). OpenCV already serialises
+    FFmpeg opens with a lock of its own (unless OPENCV_FFMPEG_IS_THREAD_SAFE=1), so this
+    one costs no concurrency."""
+    with _ffmpeg_options_lock:
+        previous = os.environ.get(FFMPEG_OPTIONS_VAR)
+        os.environ[FFMPEG_OPTIONS_VAR] = f"rtsp_transport;{transport}"
+        try:
+            return cv2.VideoCapture(url, cv2.CAP_FFMPEG, params)
+        finally:
+            if previous is None:
+                os.environ.pop(FFMPEG_OPTIONS_VAR, None)
+            else:
+                os.environ[FFMPEG_OPTIONS_VAR] = previous
+
+
 def open_capture(config: LiveConfig) -> cv2.VideoCapture:
     """Open the device, URL or pipeline a live config names. Raises SourceError."""
     timeout_ms = int(config.stall_timeout_s * 1000)
@@ -48,10 +74,8 @@ def open_capture(config: LiveConfig) -> cv2.VideoCapture:
         cap = cv2.VideoCapture(config.pipeline, cv2.CAP_GSTREAMER)
         what = f"GStreamer pipeline {config.pipeline!r}"
     elif config.type == "rtsp":
-        # FFmpeg reads its RTSP options from the environment at open time.
-        os.environ["OPENCV_FFMPEG_CAPTURE_OPTIONS"] = f"rtsp_transport;{config.transport}"
         params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, timeout_ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, timeout_ms]
-        cap = cv2.VideoCapture(config.url, cv2.CAP_FFMPEG, params)
+        cap = _open_rtsp(config.url, config.transport, params)
         what = f"RTSP stream {config.url}"
     else:
         device: Any = int(config.device) if config.device.isdigit() else config.device
