@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from edge_agent import configload
-from edge_agent.configload import check
+from edge_agent.configload import check, path_field
 
 
 def _name_ok(name: str) -> bool:
@@ -27,8 +27,8 @@ class _SourceBase:
     priority: int = 0  # higher is served first when the accelerator is contended
     budget_ms: float = 0.0  # this source's end-to-end budget; 0: deadline.budget_ms
     max_fps: float = 0.0  # frame-rate cap; frames a live source makes in between are skipped; 0: none
-    model: str = ""  # this source's own model (same thresholds as model:); empty: the shared one
-    manifest: str = ""  # its manifest; empty: beside it
+    model: str = path_field("file")  # this source's own model (same thresholds); empty: the shared one
+    manifest: str = path_field("file")  # its manifest; empty: beside it
 
     def __post_init__(self) -> None:
         check(_name_ok(self.name), "name", "use letters, digits, '-' and '_' only (it is a topic)")
@@ -64,7 +64,7 @@ class VideoSourceConfig(_SourceBase):
     """A video file. Every frame is processed (the pipeline waits) unless ``realtime``."""
 
     type: Literal["video"] = "video"
-    path: str = ""
+    path: str = path_field("file")
     loop: bool = False
     realtime: bool = False  # pace at the file's frame rate and keep only the newest frame
 
@@ -78,7 +78,7 @@ class ImageFolderSourceConfig(_SourceBase):
     """Images of a folder in name order; every image is processed."""
 
     type: Literal["images"] = "images"
-    path: str = ""
+    path: str = path_field("dir")
     patterns: tuple[str, ...] = ("*.jpg", "*.jpeg", "*.png", "*.bmp")
     loop: bool = False
 
@@ -155,8 +155,8 @@ SourceConfig = (
 class ModelConfig:
     """Which model to run. Thresholds left unset come from the model's manifest."""
 
-    path: str = ""  # empty: the bundled detector
-    manifest: str = ""  # empty: manifest.yaml beside the model, else read from the ONNX
+    path: str = path_field("file")  # empty: the bundled detector
+    manifest: str = path_field("file")  # empty: manifest.yaml beside the model, else read from the ONNX
     score_threshold: float | None = None
     iou_threshold: float | None = None
     max_detections: int = 100
@@ -198,9 +198,9 @@ class TensorRTConfig:
     gpu_fallback: bool = True  # layers the DLA cannot run go to the GPU (else the build fails)
     workspace_mib: int = 1024
     optimization_level: int = 3  # TensorRT builder optimisation level, 0..5
-    cache_dir: str = "~/.cache/edge-agent/engines"  # engines, timing and calibration caches
+    cache_dir: str = path_field("output", "~/.cache/edge-agent/engines")  # engines, timing, calibration
     # INT8 only: frames for calibration, run through the same letterbox as live frames.
-    calibration_images: str = ""
+    calibration_images: str = path_field("dir")
     calibration_frames: int = 200
     # Where normalisation and the NCHW transpose run for float-input models: on a DLA core,
     # on the GPU, or on the CPU (numpy). The letterbox resize stays on the CPU: the DLA
@@ -246,11 +246,22 @@ class PublishConfig:
     encoding: Literal["json", "msgpack"] = "json"  # msgpack (the msgpack extra) for bandwidth
     # CURVE encryption and authentication: the server's secret certificate (written by
     # `edge-agent keys generate`) and a folder of the allowed clients' public ones.
-    curve_server_key: str = ""
-    curve_clients_dir: str = ""
+    curve_server_key: str = path_field("file")
+    curve_clients_dir: str = path_field("dir")
+    # ZeroMQ drops what is published before a subscriber's subscription arrives. At start,
+    # wait for this many subscriptions (up to subscriber_timeout_s) before the first frame
+    # is read. null: 1 when a source is a file (every result counts), 0 for live cameras.
+    wait_for_subscribers: int | None = None
+    subscriber_timeout_s: float = 2.0
 
     def __post_init__(self) -> None:
         check(0.05 <= self.health_interval_s <= 1.0, "health_interval_s", "must be within 0.05..1.0")
+        check(
+            self.wait_for_subscribers is None or 0 <= self.wait_for_subscribers <= 1000,
+            "wait_for_subscribers",
+            "must be within 0..1000 (or null: 1 for file sources, 0 for cameras)",
+        )
+        check(0 <= self.subscriber_timeout_s <= 3600, "subscriber_timeout_s", "must be within 0..3600")
         check(
             bool(self.curve_server_key) == bool(self.curve_clients_dir),
             "curve_clients_dir" if self.curve_server_key else "curve_server_key",
@@ -267,8 +278,8 @@ class LadderStep:
 
     name: str = "full"
     frame_stride: int = 1  # process every Nth frame; the others are dropped as "ladder"
-    model: str = ""  # another ONNX (e.g. the same network at a smaller input); empty: the main model
-    manifest: str = ""  # its manifest; empty: beside it
+    model: str = path_field("file")  # another ONNX (e.g. the same network at a smaller input); empty: main
+    manifest: str = path_field("file")  # its manifest; empty: beside it
     infer: bool = True  # false: alert only (frames are counted and dropped, health goes on)
 
     def __post_init__(self) -> None:
@@ -354,9 +365,9 @@ class PowerConfig:
     fan_mode: str = ""  # jetson-stats fan profile (quiet, cool, manual); needs the jtop service
     fan_speed: int = -1  # 0..100 with fan_mode manual; -1: leave
     thermal_limit_c: float = 85.0  # a zone above this counts as throttling
-    state_file: str = "/var/lib/edge-agent/power-state.json"  # the state to restore, kept until restored
+    state_file: str = path_field("output", "/var/lib/edge-agent/power-state.json")  # kept until restored
     sample_hz: float = 2.0  # telemetry rate, off the frame path
-    root: str = "/"  # filesystem root to read and write (a copied tree, for tests)
+    root: str = path_field("dir", "/")  # filesystem root to read and write (a copied tree, for tests)
 
     def __post_init__(self) -> None:
         check(0 <= self.gpu_freq_mhz <= 10_000, "gpu_freq_mhz", "must be within 0..10000")
@@ -402,7 +413,7 @@ class ResilienceConfig:
     exit non-zero for systemd to restart it."""
 
     max_consecutive_errors: int = 10  # inference errors in a row that trip the breaker
-    fallback_model: str = ""  # empty: the main model
+    fallback_model: str = path_field("file")  # empty: the main model
 
     def __post_init__(self) -> None:
         check(1 <= self.max_consecutive_errors <= 10_000, "max_consecutive_errors", "must be within 1..10000")
@@ -469,9 +480,20 @@ class AgentConfig:
         """Every source, in config order (``source`` alone when ``sources`` is empty)."""
         return self.sources or (self.source,)
 
+    def subscribers_to_wait_for(self) -> int:
+        """``publish.wait_for_subscribers``, its null resolved: 1 when a source is a file
+        read frame by frame (a video not paced in real time, an image folder), else 0."""
+        if self.publish.wait_for_subscribers is not None:
+            return self.publish.wait_for_subscribers
+        files = (ImageFolderSourceConfig, VideoSourceConfig)
+        sources = self.source_list()
+        return int(any(isinstance(s, files) and not getattr(s, "realtime", False) for s in sources))
+
 
 def load_config(path: str | None) -> AgentConfig:
-    """The config of file ``path``, or the embedded default when ``path`` is None.
+    """The config of file ``path`` as written (relative paths resolved against its folder),
+    or the embedded default when ``path`` is None. The command line loads configs through
+    ``fleet.load_effective``, which adds environment overrides and file checks.
 
     Raises ``ConfigError`` naming file, line and key path of every problem.
     """

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import threading
 import types
 import typing
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 import yaml
+import yaml.reader
 from yaml.constructor import SafeConstructor
 
 
@@ -66,35 +68,110 @@ def check(ok: bool, key: str, message: str) -> None:
     sink.append(FieldError(key, message))
 
 
+def _syntax_error(e: yaml.YAMLError, file: str) -> ConfigError:
+    if isinstance(e, yaml.reader.ReaderError):  # a control character: binary, not text
+        what = f"character #x{e.character:04x}" if isinstance(e.character, int) else "byte"
+        problem = f"not text (a binary file?): {what} at byte {e.position}"
+        return ConfigError([Problem(file, 0, 0, "", problem)])
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
+    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+    return ConfigError([Problem(file, line, col, "", f"YAML syntax: {short(problem, 200)}")])
+
+
 def compose(text: str, file: str) -> yaml.Node | None:
     """Parse YAML into a node tree that keeps line numbers; syntax errors → ConfigError."""
     try:
         return yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
-        raise ConfigError([Problem(file, line, col, "", f"YAML syntax: {e.problem}")]) from None
+    except yaml.YAMLError as e:
+        raise _syntax_error(e, file) from None
+
+
+def compose_file(path: str) -> yaml.Node | None:
+    """Compose a YAML file from its opened stream, so every mark names the file.
+
+    An empty document (or one with every line commented out) gives None. An unreadable,
+    binary or non-UTF-8 file, or a YAML syntax error, raises ``ConfigError`` naming it.
+    """
+    if os.path.isdir(path):
+        raise ConfigError([Problem(path, 0, 0, "", "is a directory, not a YAML file")])
+    try:
+        with open(path, encoding="utf-8") as f:
+            node = yaml.compose(f, Loader=yaml.SafeLoader)
+    except OSError as e:
+        raise ConfigError([Problem(path, 0, 0, "", f"cannot read: {e.strerror}")]) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            [Problem(path, 0, 0, "", f"not text (a binary file?): byte {e.start} is not UTF-8 ({e.reason})")]
+        ) from None
+    except yaml.YAMLError as e:
+        raise _syntax_error(e, path) from None
+    if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"):
+        return None  # "---" alone, or a sample config with every line commented out
+    return node
 
 
 def load(cls: type, text: str, file: str) -> Any:
-    """Build dataclass ``cls`` from YAML ``text``; an empty document gives the defaults."""
+    """Build dataclass ``cls`` from YAML ``text``; an empty document gives the defaults.
+
+    Paths in it are kept as written (no file to resolve them against: see ``load_file``).
+    """
     node = compose(text, file)
     if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
-        node = None  # "---" alone, or a sample config with every line commented out
-    builder = Builder(file)
+        node = None
+    return _build(Builder(file), cls, node)
+
+
+def load_file(cls: type, path: str, check_files: bool = False) -> Any:
+    """Build dataclass ``cls`` from a YAML file. Relative paths in it (fields marked with
+    ``path_field``) resolve against the file's folder; ``check_files``: a named input file
+    or folder that does not exist is a problem too."""
+    return _build(Builder(path, resolve_paths=True, check_files=check_files), cls, compose_file(path))
+
+
+def _build(builder: Builder, cls: type, node: yaml.Node | None) -> Any:
     value = cls() if node is None else builder.build(cls, node, "")
     if builder.problems:
         raise ConfigError(builder.problems)
     return value
 
 
-def load_file(cls: type, path: str) -> Any:
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise ConfigError([Problem(path, 0, 0, "", f"cannot read: {e.strerror}")]) from None
-    return load(cls, text, path)
+# -- paths -------------------------------------------------------------------------------------
+
+PathKind = Literal["file", "dir", "output"]
+
+
+def path_field(kind: PathKind, default: str = "") -> Any:
+    """A config field that names a file or folder. A relative value resolves against the
+    folder of the config file that set it (an environment override: the working folder);
+    ``file``/``dir`` must exist when the loader checks files, ``output`` is created."""
+    return dataclasses.field(default=default, metadata={"path": kind})
+
+
+ENV_ORIGIN = "env "  # the prefix of an environment variable's mark name
+
+
+def _origin_dir(mark_file: str | None, fallback: str) -> str | None:
+    """The folder a relative path set at a node resolves against; None: leave it as written."""
+    origin = mark_file if mark_file and not mark_file.startswith("<") else fallback
+    if origin.startswith(ENV_ORIGIN):
+        return os.getcwd()
+    if not origin or origin.startswith("<"):
+        return None
+    return os.path.dirname(os.path.abspath(origin))
+
+
+def _missing(kind: PathKind, path: str) -> str | None:
+    if kind == "file" and not os.path.isfile(path):
+        return f"{'not a file' if os.path.exists(path) else 'file not found'}: {path}"
+    if kind == "dir" and not os.path.isdir(path):
+        return f"{'not a folder' if os.path.exists(path) else 'folder not found'}: {path}"
+    return None
+
+
+def short(text: str, limit: int = 60) -> str:
+    """``text`` cut to ``limit`` characters: a garbage file's 4 KB scalar stays one line."""
+    return text if len(text) <= limit else f"{text[: limit - 12]}…({len(text)} chars)"
 
 
 _MISSING = object()
@@ -120,9 +197,11 @@ def _is_union(t: Any) -> bool:
 class Builder:
     """Converts YAML nodes to typed values, collecting problems instead of stopping."""
 
-    def __init__(self, file: str) -> None:
+    def __init__(self, file: str, resolve_paths: bool = False, check_files: bool = False) -> None:
         self.file = file
         self.problems: list[Problem] = []
+        self.resolve_paths = resolve_paths  # relative path fields against their file's folder
+        self.check_files = check_files  # input files and folders named must exist
 
     def fail(self, node: yaml.Node | None, path: str, message: str) -> object:
         mark = node.start_mark if node is not None else None
@@ -155,18 +234,30 @@ class Builder:
         if typing.get_origin(t) is Literal:
             if value in typing.get_args(t):
                 return value
-            return self.fail(node, path, f"expected one of {_type_name(t)}, got {value!r}")
+            return self.fail(node, path, f"expected one of {_type_name(t)}, got {short(repr(value))}")
         if t is float and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
         if t is float and isinstance(value, float) and not math.isfinite(value):
             # .inf and .nan are valid YAML, but no duration, rate or budget here is infinite.
-            return self.fail(node, path, f"expected a finite number, got {value!r}")
+            return self.fail(node, path, f"expected a finite number, got {short(repr(value))}")
         if t is type(None) and value is None:
             return None
         if isinstance(value, t) and not (t is int and isinstance(value, bool)):
             return value
         hint = " (quote it to make it a string)" if t is str and value is not None else ""
-        return self.fail(node, path, f"expected {_type_name(t)}, got {value!r}{hint}")
+        return self.fail(node, path, f"expected {_type_name(t)}, got {short(repr(value))}{hint}")
+
+    def _path(self, kind: PathKind, value: str, node: yaml.Node, path: str) -> Any:
+        """A path field's value resolved against the file that set it, and checked."""
+        if self.resolve_paths and not os.path.isabs(value) and not value.startswith("~"):
+            base = _origin_dir(getattr(node.start_mark, "name", None), self.file)
+            if base is not None:
+                value = os.path.normpath(os.path.join(base, value))
+        if self.check_files:
+            problem = _missing(kind, os.path.expanduser(value))
+            if problem:
+                return self.fail(node, path, problem)
+        return value
 
     def _union(self, t: Any, node: yaml.Node, path: str) -> Any:
         options = typing.get_args(t)
@@ -179,7 +270,7 @@ class Builder:
         for option in options:
             if option is type(None) or dataclasses.is_dataclass(option):
                 continue
-            trial = Builder(self.file)
+            trial = Builder(self.file, self.resolve_paths, self.check_files)
             value = trial.build(option, node, path)
             if not trial.problems:
                 return value
@@ -207,7 +298,8 @@ class Builder:
             return self._dataclass(options[0], node, path)
         tag = _scalars.construct_object(tag_node) if isinstance(tag_node, yaml.ScalarNode) else None
         if tag not in by_tag:
-            return self.fail(tag_node, _join(path, "type"), f"unknown type {tag!r} (one of {tags})")
+            where = _join(path, "type")
+            return self.fail(tag_node, where, f"unknown type {short(repr(tag))} (one of {tags})")
         return self._dataclass(by_tag[tag], node, path)
 
     def _sequence(self, t: Any, node: yaml.Node, path: str) -> Any:
@@ -260,8 +352,12 @@ class Builder:
             value = self.build(hints[key], v_node, _join(path, key))
             if value is _MISSING:
                 ok = False
-            else:
-                values[key] = value
+                continue
+            kind = fields[key].metadata.get("path")
+            if kind and value:
+                value = self._path(kind, value, v_node, _join(path, key))
+                ok = ok and value is not _MISSING
+            values[key] = value
         for name, f in fields.items():
             if (
                 name not in nodes
@@ -304,7 +400,7 @@ def node_kind(node: yaml.Node) -> str:
         return "a mapping"
     if isinstance(node, yaml.SequenceNode):
         return "a list"
-    return f"a scalar {_scalars.construct_object(node)!r}"
+    return f"a scalar {short(repr(_scalars.construct_object(node)))}"
 
 
 def to_plain(value: Any) -> Any:

@@ -63,6 +63,7 @@ import fnmatch
 import functools
 import os
 import re
+import socket
 import types
 import typing
 from collections.abc import Mapping
@@ -74,7 +75,7 @@ from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
 from edge_agent.config import AgentConfig
-from edge_agent.configload import Builder, ConfigError, Problem, node_kind, to_plain
+from edge_agent.configload import ENV_ORIGIN, Builder, ConfigError, Problem, compose_file, node_kind, to_plain
 
 ENV_PREFIX = "EDGE_AGENT__"
 
@@ -146,24 +147,6 @@ def _problem(node: yaml.Node | None, path: str, message: str, file: str = "") ->
 
 def _where(node: yaml.Node) -> str:
     return f"{node.start_mark.name}:{node.start_mark.line + 1}"
-
-
-def _compose_file(path: str) -> yaml.Node | None:
-    """Compose a YAML file from its opened stream, so every mark names the file."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            node = yaml.compose(f, Loader=yaml.SafeLoader)
-    except OSError as e:
-        raise ConfigError([Problem(path, 0, 0, "", f"cannot read: {e.strerror}")]) from None
-    except UnicodeDecodeError as e:
-        raise ConfigError([Problem(path, 0, 0, "", f"not UTF-8 text: {e.reason}")]) from None
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark or e.context_mark
-        line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
-        raise ConfigError([Problem(path, line, col, "", f"YAML syntax: {e.problem}")]) from None
-    if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == _NULL):
-        return None
-    return node
 
 
 def _fleet_files(path: str) -> list[str]:
@@ -255,7 +238,7 @@ def load_fleet(path: str) -> Fleet:
     fleet = Fleet(path)
     groups_at: dict[str, str] = {}
     for file in _fleet_files(path):
-        root = _compose_file(file)
+        root = compose_file(file)
         if root is None:
             continue
         if not isinstance(root, yaml.MappingNode):
@@ -418,26 +401,84 @@ class Fleet:
         overlay: str | None = None,
         env: Mapping[str, str] | None = None,
         facts: DeviceFacts | None = None,
+        check_files: bool = False,
     ) -> Rendered:
-        """The effective config of ``device_id``; raises ``ConfigError`` with every problem."""
-        env = os.environ if env is None else env
+        """The effective config of ``device_id``; raises ``ConfigError`` with every problem.
+
+        ``check_files``: input files and folders the config names must exist (on the
+        device that runs it; a fleet validated elsewhere names the devices' paths).
+        """
         seen = self.facts(device_id, facts)
         layers = list(self._defaults)
         layers += [_Layer(g.label, g.config) for g in self._groups if _matches(g, seen)]
         listed = self._devices.get(device_id)
         if listed is not None:
             layers.append(_Layer(f"devices.{device_id}", listed.config))
-        problems: list[Problem] = []
-        if overlay is not None:
-            node = _compose_file(overlay)
-            if node is not None and not isinstance(node, yaml.MappingNode):
-                problems.append(
-                    _problem(node, "", "expected an agent config mapping, got " + node_kind(node))
-                )
-            elif node is not None:
-                _check_duplicates(node, "", problems)
-                layers.append(_Layer("overlay", node))
-        return _render(self.path, device_id, layers, env, _env_layer(env, problems), problems)
+        return _render_local(self.path, device_id, layers, overlay, env, check_files)
+
+
+def _config_layer(label: str, node: yaml.Node | None, problems: list[Problem]) -> _Layer | None:
+    """A whole file as one config layer (an overlay, or a plain config file)."""
+    if node is None:
+        return None
+    if not isinstance(node, yaml.MappingNode):
+        problems.append(_problem(node, "", "expected an agent config mapping, got " + node_kind(node)))
+        return None
+    _check_duplicates(node, "", problems)
+    return _Layer(label, node)
+
+
+def _render_local(
+    file: str,
+    device_id: str,
+    layers: list[_Layer],
+    overlay: str | None,
+    env: Mapping[str, str] | None,
+    check_files: bool,
+) -> Rendered:
+    """``layers``, then this device's own: the overlay file and the environment."""
+    env = os.environ if env is None else env
+    problems: list[Problem] = []
+    if overlay is not None:
+        layer = _config_layer("overlay", compose_file(overlay), problems)
+        layers = [*layers, layer] if layer else layers
+    return _render(file, device_id, layers, env, _env_layer(env, problems), problems, check_files)
+
+
+def is_fleet(path: str) -> bool:
+    """A fleet is a directory of YAML files, or a file whose top level has only
+    ``defaults``/``groups``/``devices``. Raises ``ConfigError`` for an unreadable file."""
+    if os.path.isdir(path):
+        return True
+    node = compose_file(path)
+    keys = {k.value for k, _v in node.value} if isinstance(node, yaml.MappingNode) else set()
+    return bool(keys) and keys <= {"defaults", "groups", "devices"}
+
+
+def load_effective(
+    path: str | None,
+    device: str | None = None,
+    overlay: str | None = None,
+    env: Mapping[str, str] | None = None,
+    check_files: bool = False,
+) -> Rendered:
+    """The config this device runs: the embedded default (``path`` None), a plain config
+    file, or device ``device`` (default: this host's name) of a fleet; then the local
+    overlay file and the ``EDGE_AGENT__`` environment variables, by the same rules
+    everywhere. A plain file is one layer; ``${VAR}`` works in it as in a fleet's.
+
+    Raises ``ConfigError`` naming the file, line and key path (or the variable) of every
+    problem; ``check_files``: also of every input file or folder that does not exist.
+    """
+    host = socket.gethostname()
+    if path is not None and is_fleet(path):
+        return load_fleet(path).render(device or host, overlay, env, check_files=check_files)
+    problems: list[Problem] = []
+    layer = _config_layer("file", compose_file(path), problems) if path is not None else None
+    if problems:
+        raise ConfigError(problems)
+    layers = [layer] if layer else []
+    return _render_local(path or "<default config>", host, layers, overlay, env, check_files)
 
 
 def _matches(group: _Group, facts: DeviceFacts) -> bool:
@@ -455,6 +496,7 @@ def _render(
     env: Mapping[str, str],
     env_node: yaml.MappingNode | None,
     problems: list[Problem],
+    check_files: bool = False,
 ) -> Rendered:
     merger = _Merger()
     id_mark = yaml.Mark("<device id>", 0, -1, -1, None, None)
@@ -472,7 +514,7 @@ def _render(
         root = merger.merge(root, node, (), layer.label)
     if env_node is not None:
         root = merger.merge(root, env_node, (), None)
-    builder = Builder(file)
+    builder = Builder(file, resolve_paths=True, check_files=check_files)
     config = builder.build(AgentConfig, root, "")
     reported = {(p.file, p.line, p.column) for p in problems}
     problems += [p for p in builder.problems if (p.file, p.line, p.column) not in reported]
@@ -535,7 +577,9 @@ class _Merger:
             base_tag = _type_of(base) or _default_tag(parts)
             if over_tag is None or over_tag == base_tag:
                 pairs = list(base.value)
-                if not parts:
+                if not parts and label is not None:
+                    # Not for a variable: EDGE_AGENT__SOURCE__FPS must not swap a config's
+                    # sources list for one default camera (it is refused as both instead).
                     pairs = self._one_source_form(pairs, over)
                 index = {_key(k): i for i, (k, _v) in enumerate(pairs)}
                 for k_node, v_node in over.value:
@@ -665,12 +709,16 @@ def _env_layer(env: Mapping[str, str], problems: list[Problem]) -> yaml.MappingN
     """``EDGE_AGENT__SOURCE__FPS=15`` → ``{source: {fps: 15}}``, each value marked with its variable."""
     root = None
     for name in sorted(n for n in env if n.startswith(ENV_PREFIX)):
-        mark = yaml.Mark(f"env {name}", 0, -1, -1, None, None)
+        mark = yaml.Mark(f"{ENV_ORIGIN}{name}", 0, -1, -1, None, None)
         parts = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
         if not all(parts):
             problems.append(
                 Problem(
-                    f"env {name}", 0, 0, "", f"expected {ENV_PREFIX}<SECTION>__<KEY>..., with no empty part"
+                    f"{ENV_ORIGIN}{name}",
+                    0,
+                    0,
+                    "",
+                    f"expected {ENV_PREFIX}<SECTION>__<KEY>..., with no empty part",
                 )
             )
             continue
