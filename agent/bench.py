@@ -22,6 +22,7 @@ batched; then N paced sources live, with each source's latency and the batch siz
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -156,25 +157,42 @@ def sequential(config: AgentConfig, frames: int) -> tuple[LatencyHistogram, floa
     return hist, elapsed
 
 
+Progress = Callable[[str], None]
+
+
+def _quiet(_line: str) -> None:
+    pass
+
+
 def run_bench(
-    config: AgentConfig, frames: int = 1000, source_fps: float | None = None, live_s: float = 10.0
+    config: AgentConfig,
+    frames: int = 1000,
+    source_fps: float | None = None,
+    live_s: float = 10.0,
+    progress: Progress = _quiet,
 ) -> dict[str, Any]:
     """All four phases; returns the result documented in the README (schema 1).
 
     ``frames`` sizes the inference, sequential and saturated phases; the live phase
-    lasts ``live_s`` seconds of source time (at most ``frames`` frames).
+    lasts ``live_s`` seconds of source time (at most ``frames`` frames). ``progress`` is
+    told the name of each phase as it begins.
     """
     saturated_cfg = _raw(config)
+    progress("loading the model")
     probe = Agent(saturated_cfg)
     probe.build()
-    pure = pure_inference(probe, max(frames // 2, 100))
+    runs = max(frames // 2, 100)
+    progress(f"1/4 inference alone ({runs} runs)")
+    pure = pure_inference(probe, runs)
     model = probe.model
     assert model is not None
     for m in probe.models.values():
         m.backend.close()
 
+    progress(f"2/4 sequential, one frame at a time ({frames} frames)")
     seq, seq_s = sequential(config, frames)
     # The backend was warmed up when its slots were allocated: every frame counts.
+    progress(f"3/4 pipelined at full speed ({frames} frames)")
     sat, sat_s = _run_agent(saturated_cfg, frames)
     sat_stats = sat.pipeline.stats  # type: ignore[union-attr]
 
@@ -183,6 +201,7 @@ def run_bench(
         src = config.source_list()[0]
         live_fps = src.fps if isinstance(src, SyntheticSourceConfig) and src.fps > 0 else 30.0
     live_frames = max(1, min(frames, round(live_fps * live_s)))
+    progress(f"4/4 live camera at {live_fps:g} fps ({live_frames} frames, ~{live_frames / live_fps:.0f} s)")
     live, live_elapsed = _run_agent(synthetic_config(config, live_fps), live_frames)
     live_stats = live.pipeline.stats  # type: ignore[union-attr]
     monitor = live.pipeline.monitor  # type: ignore[union-attr]
@@ -284,8 +303,9 @@ def run_multi_bench(
     frames: int = 500,
     source_fps: float | None = None,
     live_s: float = 10.0,
+    progress: Progress = _quiet,
 ) -> dict[str, Any]:
-    """Several cameras on one model (schema in the README).
+    """Several cameras on one model (schema in the README); ``progress`` as in ``run_bench``.
 
     The cameras: ``sources`` copies of the config's first source, or (0) the config's own
     sources, all made synthetic. Saturated phases (unpaced, ``frames`` per camera): one
@@ -294,15 +314,20 @@ def run_multi_bench(
     latency and counts.
     """
     n = sources or len(config.source_list())
+    progress(f"1/5 inference alone per frame, batches of 1..{n}")
     per_frame = _inference_per_frame(_raw(config, sources), max(frames // 5, 20))
+    progress(f"2/5 one camera at full speed ({frames} frames)")
     single, single_s = _run_agent(_raw(config, 1), frames)
     unbatched_cfg = _raw(config, sources)
     unbatched_cfg = replace(unbatched_cfg, batching=replace(config.batching, max_batch=1))
+    progress(f"3/5 {n} cameras at full speed, unbatched ({frames} frames each)")
     unbatched, unbatched_s = _run_agent(unbatched_cfg, frames)
+    progress(f"4/5 {n} cameras at full speed, batched ({frames} frames each)")
     batched, batched_s = _run_agent(_raw(config, sources), frames)
     live_cfg = synthetic_config(config, source_fps, sources)
     fps = {s.name: s.fps for s in live_cfg.source_list() if isinstance(s, SyntheticSourceConfig)}
     # Cameras at different rates: the phase lasts live_s, not a number of frames.
+    progress(f"5/5 {n} live cameras for {live_s:g} s")
     live = Agent(live_cfg)
     live.build()
     live.start()

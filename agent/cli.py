@@ -1,4 +1,11 @@
-"""The ``edge-agent`` command."""
+"""edge-agent: a real-time inference agent for NVIDIA Jetson (and any Linux box).
+
+It reads frames from cameras, video files or image folders, runs a detector (TensorRT on a
+Jetson, ONNX Runtime on the CPU elsewhere) and publishes every result on a ZeroMQ stream,
+holding a per-frame deadline (capture to publish, 50 ms by default) and reporting where
+every millisecond went. `edge-agent run` with no arguments runs the embedded default: a
+synthetic camera and the bundled detector, results on tcp://127.0.0.1:5556.
+"""
 
 from __future__ import annotations
 
@@ -53,31 +60,23 @@ def _latency_first_interpreter() -> None:
     sys.setswitchinterval(0.0005)
 
 
-def _is_fleet(path: str) -> bool:
-    """A fleet is a directory of YAML files, or a file whose top level has defaults/groups/devices."""
-    import yaml
+def _load_config(
+    path: str | None, device: str | None = None, overlay: str | None = None, check_files: bool = True
+):
+    """The effective config (see ``fleet.load_effective``): a file, a fleet's device or the
+    embedded default, with the overlay and ``EDGE_AGENT__`` variables applied.
+    ``check_files``: a missing input file is a config error naming its line."""
+    from edge_agent.fleet import load_effective
 
-    if os.path.isdir(path):
-        return True
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except (OSError, yaml.YAMLError):
-        return False  # the single-config loader reports it with its line
-    return isinstance(data, dict) and bool(data) and set(data) <= {"defaults", "groups", "devices"}
+    return load_effective(path, device, overlay, check_files=check_files).config
 
 
-def _load_config(path: str | None, device: str | None = None, overlay: str | None = None):
-    """The effective config: a single file, or one device of a fleet (default: this host)."""
-    import socket
-
-    from edge_agent.config import load_config
-
-    if path is not None and _is_fleet(path):
-        from edge_agent.fleet import load_fleet
-
-        return load_fleet(path).render(device or socket.gethostname(), overlay=overlay).config
-    return load_config(path)
+def _problem_lines(e: Any, limit: int = 12) -> str:
+    """A config error's problems, one a line, at most ``limit`` of them."""
+    lines = [str(p) for p in e.problems]
+    if len(lines) > limit:
+        lines = [*lines[: limit - 1], f"... and {len(lines) - limit + 1} more problems"]
+    return "\n".join(lines)
 
 
 def _fail(message: str, code: int = EXIT_FAILED) -> int:
@@ -191,42 +190,60 @@ def _format_result(msg: Any) -> str:
     return f"{msg.source} seq={msg.seq}{gap} frame={msg.frame_id} e2e={e2e:.2f}ms{late} {dets}"
 
 
+def _joined(gaps: Any, topic: str) -> str:
+    seq = gaps.joined.get(topic, 0)
+    return f"joined at seq {seq}" + (f": {seq} earlier not received" if seq else "")
+
+
 def cmd_listen(args: argparse.Namespace) -> int:
     import numpy as np
     import zmq
 
     from edge_agent.client import GapTracker, Health, connect, decode, parse
 
-    sock = connect(args.endpoint, tuple(args.topic or [""]), args.server_key, args.client_cert)
+    topics = tuple(args.topic or [""])
+    sock = connect(args.endpoint, topics, args.server_key, args.client_cert)
     sock.rcvtimeo = 200
     gaps = GapTracker()
-    per_source: dict[str, list[float]] = {}
+    per_topic: dict[str, list[float]] = {}  # result latencies since the last stats line
     count, t_last, t_start = 0, time.monotonic(), time.monotonic()
+    nothing_yet_s = 3.0  # then say where we listen: a wrong endpoint looks like a quiet agent
     try:
         while not args.count or count < args.count:
             try:
                 frame = sock.recv()
             except zmq.Again:
-                if args.timeout and time.monotonic() - t_last > args.timeout:
+                silent_s = time.monotonic() - t_last
+                if args.timeout and silent_s > args.timeout:
                     return _fail(f"no message from {args.endpoint} within {args.timeout} s")
+                if not count and nothing_yet_s and silent_s > nothing_yet_s:
+                    print(
+                        f"listen: nothing received yet from {args.endpoint} (topics: "
+                        f"{', '.join(repr(t) for t in topics)}); is an agent publishing there?",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    nothing_yet_s = 0.0
                 continue
             t_last = time.monotonic()
             topic, body = decode(frame)
+            first = topic not in gaps.last
             msg = parse(topic, body, gaps.update(topic, int(body["seq"])) if "seq" in body else 0)
             count += 1
             if args.stats:
                 if not isinstance(msg, Health):
-                    per_source.setdefault(msg.source, []).append(msg.latency_ms.get("total", 0.0))
+                    per_topic.setdefault(topic, []).append(msg.latency_ms.get("total", 0.0))
                 if t_last - t_start >= 1.0:
-                    for source, lat in per_source.items():
+                    for name, lat in per_topic.items():
                         a = np.asarray(lat)
                         print(
-                            f"{source}: {len(a) / (t_last - t_start):6.1f} msg/s"
+                            f"{name.partition('.')[2] or name}: {len(a) / (t_last - t_start):6.1f} msg/s"
                             f"  e2e p50 {np.percentile(a, 50):6.2f} ms "
-                            f"p99 {np.percentile(a, 99):6.2f} ms  lost {gaps.lost.get(f'det.{source}', 0)}",
+                            f"p99 {np.percentile(a, 99):6.2f} ms  lost {gaps.lost.get(name, 0)}"
+                            f" ({_joined(gaps, name)})",
                             flush=True,
                         )
-                    per_source, t_start = {}, t_last
+                    per_topic, t_start = {}, t_last
             elif args.json:
                 print(json.dumps(body), flush=True)
             elif isinstance(msg, Health):
@@ -237,6 +254,8 @@ def cmd_listen(args: argparse.Namespace) -> int:
                     flush=True,
                 )
             else:
+                if first and gaps.joined[topic]:
+                    print(f"{topic}: {_joined(gaps, topic)}", flush=True)
                 print(_format_result(msg), flush=True)
     except KeyboardInterrupt:
         pass
@@ -250,11 +269,30 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
     import zmq.auth
 
+    name = args.name
+    if not name or name.startswith(".") or not all(c.isalnum() or c in "._-" for c in name):
+        return _fail(
+            f"key name {name!r}: use a plain file name (letters, digits, '.', '_', '-'; not starting "
+            "with '.'); the folder goes in --dir",
+            EXIT_USAGE,
+        )
     folder = Path(args.dir)
+    public, secret = folder / f"{name}.key", folder / f"{name}.key_secret"
+    existing = [str(p) for p in (public, secret) if p.exists()]
+    if existing and not args.force:
+        return _fail(
+            f"{' and '.join(existing)}: already there; a new key pair replaces the identity that "
+            "the other side trusts (use --force to replace it)",
+            EXIT_USAGE,
+        )
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o700)
-    public, secret = zmq.auth.create_certificates(str(folder), args.name)
-    # The secret certificate is the identity: readable by its owner only.
+    # The secret certificate is the identity: readable by its owner only, from its first byte.
+    old_umask = os.umask(0o077)
+    try:
+        zmq.auth.create_certificates(str(folder), name)
+    finally:
+        os.umask(old_umask)
     os.chmod(secret, 0o600)
     os.chmod(public, 0o644)
     print(f"public key (give it to the other side): {public}")
@@ -267,36 +305,44 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     from edge_agent.configload import ConfigError, dump, to_plain
-    from edge_agent.fleet import diff_configs, load_fleet, validate_fleet
+    from edge_agent.fleet import diff_configs, load_fleet
 
-    try:
-        if args.config_command == "validate":
-            if _is_fleet(args.file):
-                problems = validate_fleet(args.file)
-                if problems:
-                    raise ConfigError(problems)
-                fleet = load_fleet(args.file)
-                print(
-                    f"{args.file}: OK ({len(fleet.device_ids())} devices, {len(fleet.group_names())} groups)"
-                )
-            else:
-                _load_config(args.file)
-                print(f"{args.file}: OK")
-        elif args.config_command == "render":
-            rendered = load_fleet(args.fleet).render(args.device, overlay=args.overlay)
-            if args.explain:
-                for key, origin in sorted(rendered.origins.items()):
-                    print(f"{key}: {origin}")
-            else:
-                print(dump(rendered.config), end="")
-        elif args.config_command == "diff":
-            a, b = (to_plain(_load_config(p, args.device)) for p in (args.a, args.b))
-            print("\n".join(diff_configs(a, b)) or "no differences")
+    if args.config_command == "validate":
+        try:
+            return _validate(args.file)
+        except ConfigError as e:  # the problems alone, one a line: this command's whole answer
+            print(_problem_lines(e), file=sys.stderr)
+            return EXIT_USAGE
+    elif args.config_command == "render":
+        rendered = load_fleet(args.fleet).render(args.device, overlay=args.overlay)
+        if args.explain:
+            for key, origin in sorted(rendered.origins.items()):
+                print(f"{key}: {origin}")
         else:
-            print(dump(_load_config(args.file, args.device)), end="")
-    except ConfigError as e:
-        print(str(e), file=sys.stderr)
-        return EXIT_USAGE
+            print(dump(rendered.config), end="")
+    elif args.config_command == "diff":
+        a, b = (to_plain(_load_config(p, args.device, check_files=False)) for p in (args.a, args.b))
+        print("\n".join(diff_configs(a, b)) or "no differences")
+    else:
+        print(dump(_load_config(args.file, args.device, check_files=False)), end="")
+    return EXIT_OK
+
+
+def _validate(path: str) -> int:
+    from edge_agent.configload import ConfigError
+    from edge_agent.fleet import is_fleet, load_effective, load_fleet, validate_fleet
+
+    if is_fleet(path):
+        problems = validate_fleet(path)
+        if problems:
+            raise ConfigError(problems)
+        fleet = load_fleet(path)
+        print(f"{path}: OK ({len(fleet.device_ids())} devices, {len(fleet.group_names())} groups)")
+        print("the files a device's config names are checked on the device, when it loads its config")
+        return EXIT_OK
+    rendered = load_effective(path, check_files=True)
+    empty = not rendered.origins.keys() - {"device_id"}
+    print(f"{path}: OK" + (" (empty: the embedded default, every key at its default)" if empty else ""))
     return EXIT_OK
 
 
@@ -328,17 +374,25 @@ def cmd_eval(args: argparse.Namespace) -> int:
 # -- bench --------------------------------------------------------------------
 
 
+def _progress(line: str) -> None:
+    """A phase begins: said on the terminal, so a long run is not silent."""
+    print(f"bench: {line} ...", file=sys.stderr, flush=True)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from edge_agent.bench import format_multi_report, format_report, run_bench, run_multi_bench
 
     config = _load_config(args.config)
     _setup_logging("warning")
     _latency_first_interpreter()
+    progress = _progress if sys.stderr.isatty() and not args.json else lambda _line: None
     if args.sources or len(config.source_list()) > 1:
-        result = run_multi_bench(config, args.sources, args.frames, args.source_fps, args.live_seconds)
+        result = run_multi_bench(
+            config, args.sources, args.frames, args.source_fps, args.live_seconds, progress
+        )
         print(json.dumps(result, indent=2) if args.json else format_multi_report(result))
         return EXIT_OK
-    result = run_bench(config, args.frames, args.source_fps, args.live_seconds)
+    result = run_bench(config, args.frames, args.source_fps, args.live_seconds, progress)
     print(json.dumps(result, indent=2) if args.json else format_report(result))
     return EXIT_OK
 
@@ -499,7 +553,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         objective=args.objective,
         margin=args.margin,
         quick=args.quick,
-        models=tuple(args.model or ()),
+        models=tuple(os.path.abspath(m) for m in args.model or ()),  # tuned.yaml lives elsewhere
         source_fps=args.source_fps,
     )
     chosen, _grid, paths = tune(config, settings, Path(args.out))
@@ -517,145 +571,194 @@ def cmd_service(args: argparse.Namespace) -> int:
     return install(args.prefix, args.config_path, args.dry_run)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="edge-agent", description=__doc__)
-    p.add_argument("--version", action="version", version=f"edge-agent {__version__}")
-    sub = p.add_subparsers(dest="command", required=True)
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's paragraphs and adds each option's default to its help."""
 
-    run = sub.add_parser("run", help="run the agent (no arguments: the embedded default)")
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default is None or default is False or default is argparse.SUPPRESS:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def _sub(parent: Any, name: str, text: str) -> argparse.ArgumentParser:
+    return parent.add_parser(name, help=text, description=text, formatter_class=_HelpFormatter)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="edge-agent",
+        description=__doc__ + "\n`edge-agent COMMAND --help` tells what each command takes.",
+        formatter_class=_HelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"edge-agent {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = _sub(sub, "run", "run the agent (no arguments: the embedded default)")
     run.add_argument("--config", "-c", help="YAML config or fleet (default: the embedded default)")
     run.add_argument("--device", help="for a fleet: this device's id (default: the host name)")
-    run.add_argument("--overlay", help="for a fleet: a local overlay file (the tuning tool's)")
-    run.add_argument("--frames", type=int, default=0, help="stop after N frames captured")
-    run.add_argument("--duration", type=float, default=0.0, help="stop after S seconds")
+    run.add_argument(
+        "--overlay", help="a local overlay file applied last (e.g. the tuning tool's tuned.yaml)"
+    )
+    run.add_argument("--frames", type=int, default=0, help="stop after N frames captured; 0: no limit")
+    run.add_argument("--duration", type=float, default=0.0, help="stop after S seconds; 0: no limit")
     run.add_argument("--quiet", "-q", action="store_true", help="no status lines, only the summary")
     run.set_defaults(func=cmd_run)
 
-    listen = sub.add_parser("listen", help="subscribe to a result stream and print it")
-    listen.add_argument("endpoint", nargs="?", default="tcp://127.0.0.1:5556")
-    listen.add_argument("--topic", action="append", help="topic prefix (repeatable; default: all)")
-    listen.add_argument("--json", action="store_true", help="print each message body as JSON")
-    listen.add_argument("--count", type=int, default=0, help="exit after N messages")
-    listen.add_argument("--timeout", type=float, default=0.0, help="fail if no message for S seconds")
+    listen = _sub(sub, "listen", "subscribe to a result stream and print it")
     listen.add_argument(
-        "--stats", action="store_true", help="once a second: rate, latency percentiles, gaps per source"
+        "endpoint", nargs="?", default="tcp://127.0.0.1:5556", help="the agent's ZeroMQ endpoint"
+    )
+    listen.add_argument("--topic", action="append", help="topic prefix (repeatable; default: all)")
+    listen.add_argument("--json", action="store_true", help="print each message body as JSON, one a line")
+    listen.add_argument("--count", type=int, default=0, help="exit after N messages; 0: never")
+    listen.add_argument(
+        "--timeout", type=float, default=0.0, help="fail after S seconds without a message; 0: wait forever"
+    )
+    listen.add_argument(
+        "--stats",
+        action="store_true",
+        help="once a second: rate, latency percentiles, messages lost and the seq joined at, per source",
     )
     listen.add_argument("--server-key", help="CURVE: the agent's public certificate (.key)")
     listen.add_argument("--client-cert", help="CURVE: this client's secret certificate (.key_secret)")
     listen.set_defaults(func=cmd_listen)
 
-    cfg = sub.add_parser("config", help="check, show, render and compare configs and fleets")
-    cfg_sub = cfg.add_subparsers(dest="config_command", required=True)
-    v = cfg_sub.add_parser("validate", help="check a config or a fleet (every device and group, all errors)")
-    v.add_argument("file")
-    s = cfg_sub.add_parser("show", help="print the effective config (defaults filled in)")
-    s.add_argument("file", nargs="?", default=None)
+    cfg = _sub(sub, "config", "check, show, render and compare configs and fleets")
+    cfg_sub = cfg.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    v = _sub(
+        cfg_sub, "validate", "check a config (and the files it names) or a fleet (every device, all errors)"
+    )
+    v.add_argument("file", help="a YAML config file, a fleet file or a fleet directory")
+    s = _sub(cfg_sub, "show", "print the effective config (defaults, overrides and resolved paths filled in)")
+    s.add_argument("file", nargs="?", default=None, help="config or fleet (default: the embedded default)")
     s.add_argument("--device", help="for a fleet: the device (default: this host's name)")
-    r = cfg_sub.add_parser("render", help="a fleet device's effective config")
-    r.add_argument("fleet")
-    r.add_argument("--device", required=True)
+    r = _sub(cfg_sub, "render", "a fleet device's effective config")
+    r.add_argument("fleet", help="a fleet file or directory")
+    r.add_argument("--device", required=True, help="the device id to render")
     r.add_argument("--overlay", help="a local overlay file (e.g. written by the tuning tool)")
-    r.add_argument("--explain", action="store_true", help="which layer set each value")
-    d = cfg_sub.add_parser("diff", help="compare two effective configs (files or fleets)")
-    d.add_argument("a")
-    d.add_argument("b")
-    d.add_argument("--device", help="for fleets: the device to render")
+    r.add_argument("--explain", action="store_true", help="print which layer set each value instead")
+    d = _sub(cfg_sub, "diff", "compare two effective configs (files or fleets)")
+    d.add_argument("a", help="the first config or fleet")
+    d.add_argument("b", help="the second config or fleet")
+    d.add_argument("--device", help="for fleets: the device to render (default: this host's name)")
     cfg.set_defaults(func=cmd_config)
 
-    bench = sub.add_parser("bench", help="measure inference, sequential, pipelined and live latency")
-    bench.add_argument("--config", "-c", help="YAML config (model, backend, deadline; synthetic source)")
+    bench = _sub(sub, "bench", "measure inference, sequential, pipelined and live latency")
+    bench.add_argument("--config", "-c", help="YAML config: its model, backend, deadline (default: embedded)")
     bench.add_argument("--frames", type=int, default=1000, help="frames per phase")
     bench.add_argument(
-        "--source-fps", type=float, default=None, help="live phase camera rate (default: the config's)"
+        "--source-fps",
+        type=float,
+        default=None,
+        help="live phase camera rate (default: the config's, else 30)",
     )
-    bench.add_argument("--live-seconds", type=float, default=10.0, help="length of the live phase")
+    bench.add_argument("--live-seconds", type=float, default=10.0, help="length of the live phase (s)")
     bench.add_argument(
         "--sources",
         type=int,
         default=0,
-        help="N synthetic cameras on one model (a config with several sources: those): throughput "
-        "with and without batching, per-source latency (frames are per camera)",
+        help="N synthetic cameras on one model (0: the config's sources): throughput with and without "
+        "batching, per-source latency (frames are per camera)",
     )
-    bench.add_argument("--json", action="store_true", help="machine-readable result (schema in README)")
+    bench.add_argument(
+        "--json", action="store_true", help="machine-readable result (schema in README), no progress lines"
+    )
     bench.set_defaults(func=cmd_bench)
 
-    engine = sub.add_parser("engine", help="TensorRT engines (Jetson)")
-    engine_sub = engine.add_subparsers(dest="engine_command", required=True)
-    eb = engine_sub.add_parser("build", help="build (or find in the cache) the engine for a model")
+    engine = _sub(sub, "engine", "TensorRT engines (Jetson)")
+    engine_sub = engine.add_subparsers(dest="engine_command", required=True, metavar="ACTION")
+    eb = _sub(engine_sub, "build", "build (or find in the cache) the engine for a model")
     eb.add_argument("model", nargs="?", help="ONNX file (default: the bundled detector)")
     eb.add_argument("--manifest", help="its manifest (default: beside it)")
-    eb.add_argument("--precision", choices=["fp16", "int8", "fp32"], default="fp16")
-    eb.add_argument("--dla-core", type=int, default=-1, help="DLA core (default -1: the GPU)")
+    eb.add_argument("--precision", choices=["fp16", "int8", "fp32"], default="fp16", help="engine precision")
+    eb.add_argument("--dla-core", type=int, default=-1, help="DLA core; -1: the GPU")
     eb.add_argument("--no-gpu-fallback", action="store_true", help="fail if a layer cannot run on the DLA")
-    eb.add_argument("--workspace-mib", type=int, default=1024)
-    eb.add_argument("--optimization-level", type=int, default=3, choices=range(6))
+    eb.add_argument("--workspace-mib", type=int, default=1024, help="builder workspace (MiB)")
+    eb.add_argument(
+        "--optimization-level", type=int, default=3, choices=range(6), help="TensorRT builder level 0..5"
+    )
     eb.add_argument("--calibration-images", help="int8: folder of frames for calibration")
-    eb.add_argument("--preprocess", choices=["dla", "gpu", "cpu"], default="dla")
-    eb.add_argument("--cache-dir", help="engine cache (default ~/.cache/edge-agent/engines)")
+    eb.add_argument(
+        "--preprocess",
+        choices=["dla", "gpu", "cpu"],
+        default="dla",
+        help="where a float model's normalisation runs",
+    )
+    eb.add_argument("--cache-dir", help="engine cache (default: ~/.cache/edge-agent/engines)")
     eb.set_defaults(func=cmd_engine_build)
 
-    st = sub.add_parser(
-        "selftest", help="check this device: ONNX Runtime vs TensorRT (GPU, DLA) on the same frames"
-    )
-    st.add_argument("--frames", type=int, default=50)
+    st = _sub(sub, "selftest", "check this device: ONNX Runtime vs TensorRT (GPU, DLA) on the same frames")
+    st.add_argument("--frames", type=int, default=50, help="held-out frames compared per target")
     st.add_argument("--report", default="edge-agent-selftest", help="report path without suffix (.json, .md)")
-    st.add_argument("--cache-dir", help="engine cache for the self-test's engines")
+    st.add_argument("--cache-dir", help="engine cache for the self-test's engines (default: a temporary one)")
     st.set_defaults(func=cmd_selftest)
 
-    power = sub.add_parser("power", help="device power state: status, apply the profile, restore")
-    power_sub = power.add_subparsers(dest="power_command", required=True)
+    power = _sub(sub, "power", "device power state: status, apply the profile, restore")
+    power_sub = power.add_subparsers(dest="power_command", required=True, metavar="ACTION")
     for name, text in (
         ("status", "clocks, load, temperatures, rail power, throttling (read only)"),
         ("apply", "save the current state, then apply the config's power section (root)"),
         ("restore", "put back the state saved by apply or by a crashed agent (root)"),
     ):
-        p_ = power_sub.add_parser(name, help=text)
-        p_.add_argument("--config", "-c", help="YAML config (its power section)")
-        p_.add_argument("--root", help="filesystem root to read and write (a copied tree, for tests)")
-        p_.add_argument("--state-file", help="where the state to restore is kept")
+        p_ = _sub(power_sub, name, text)
+        p_.add_argument(
+            "--config", "-c", help="YAML config: its power section (default: the embedded default)"
+        )
+        p_.add_argument("--root", help="filesystem root to read and write (default: the config's, /)")
+        p_.add_argument("--state-file", help="where the state to restore is kept (default: the config's)")
         if name == "status":
-            p_.add_argument("--json", action="store_true")
+            p_.add_argument("--json", action="store_true", help="print the report as JSON")
         p_.set_defaults(func=cmd_power)
 
-    tu = sub.add_parser("tune", help="find the cheapest configuration that holds the deadline")
+    tu = _sub(sub, "tune", "find the cheapest configuration that holds the deadline")
     tu.add_argument("--config", "-c", help="YAML config or fleet (default: the embedded default)")
-    tu.add_argument("--device", help="for a fleet: the device")
-    tu.add_argument("--budget-ms", type=float, default=0.0, help="default: the config's deadline.budget_ms")
-    tu.add_argument("--objective", choices=["latency", "throughput", "power"], default="latency")
+    tu.add_argument("--device", help="for a fleet: the device (default: this host's name)")
+    tu.add_argument("--budget-ms", type=float, default=0.0, help="0: the config's deadline.budget_ms")
+    tu.add_argument(
+        "--objective",
+        choices=["latency", "throughput", "power"],
+        default="latency",
+        help="what the chosen candidate is best at",
+    )
     tu.add_argument("--margin", type=float, default=0.1, help="p99 must stay under budget × (1 - margin)")
     tu.add_argument("--quick", action="store_true", help="a smaller grid and shorter windows (< 2 min here)")
     tu.add_argument(
         "--model", action="append", help="a model variant to try (repeatable), e.g. another input size"
     )
-    tu.add_argument(
-        "--source-fps", type=float, default=0.0, help="camera rate (default: the config's, else 30)"
-    )
+    tu.add_argument("--source-fps", type=float, default=0.0, help="camera rate; 0: the config's, else 30")
     tu.add_argument(
         "--out", default="edge-agent-tune", help="folder for tuned.yaml, the report and the chart"
     )
     tu.set_defaults(func=cmd_tune)
 
-    keys = sub.add_parser("keys", help="CURVE key pairs for the result stream")
-    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
-    kg = keys_sub.add_parser("generate", help="write NAME.key (public) and NAME.key_secret (mode 600)")
-    kg.add_argument("name")
+    keys = _sub(sub, "keys", "CURVE key pairs for the result stream")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    kg = _sub(keys_sub, "generate", "write NAME.key (public) and NAME.key_secret (mode 600)")
+    kg.add_argument("name", help="a plain file name, e.g. the agent's or the client's host name")
     kg.add_argument("--dir", default=".", help="folder for the two files (made mode 700)")
+    kg.add_argument("--force", action="store_true", help="replace an existing key pair of that name")
     kg.set_defaults(func=cmd_keys)
 
-    svc = sub.add_parser("service", help="install the systemd units")
-    svc_sub = svc.add_subparsers(dest="service_command", required=True)
-    si = svc_sub.add_parser("install", help="create the user, install and enable the units (root)")
+    svc = _sub(sub, "service", "install the systemd units")
+    svc_sub = svc.add_subparsers(dest="service_command", required=True, metavar="ACTION")
+    si = _sub(svc_sub, "install", "create the user, install and enable the units (root)")
     si.add_argument("--dry-run", action="store_true", help="print what would be done, change nothing")
-    si.add_argument("--prefix", default="/etc/systemd/system")
-    si.add_argument("--config", dest="config_path", default="/etc/edge-agent/agent.yaml")
+    si.add_argument("--prefix", default="/etc/systemd/system", help="where the unit files go")
+    si.add_argument(
+        "--config", dest="config_path", default="/etc/edge-agent/agent.yaml", help="the config the units run"
+    )
     si.set_defaults(func=cmd_service)
 
-    ev = sub.add_parser("eval", help="score a model on held-out synthetic frames (mAP@0.5)")
-    ev.add_argument("--config", "-c", help="YAML config (its model and backend sections)")
+    ev = _sub(sub, "eval", "score a model on held-out synthetic frames (mAP@0.5)")
+    ev.add_argument(
+        "--config", "-c", help="YAML config: its model and backend (default: the embedded default)"
+    )
     ev.add_argument("--model", help="ONNX file (default: the config's model, else the bundled one)")
-    ev.add_argument("--manifest", help="manifest for --model")
-    ev.add_argument("--frames", type=int, default=500)
-    ev.add_argument("--json", action="store_true")
+    ev.add_argument("--manifest", help="manifest for --model (default: beside it)")
+    ev.add_argument("--frames", type=int, default=500, help="held-out frames scored")
+    ev.add_argument("--json", action="store_true", help="print the result as JSON")
     ev.set_defaults(func=cmd_eval)
     return p
 
@@ -667,7 +770,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ConfigError as e:
-        return _fail(f"invalid config:\n{e}", EXIT_USAGE)
+        return _fail(f"invalid config:\n{_problem_lines(e)}", EXIT_USAGE)
     except (RuntimeError, OSError, ValueError) as e:
         # Models, sources and sockets raise these with the file, device or endpoint named.
         return _fail(str(e))

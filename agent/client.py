@@ -91,14 +91,22 @@ def parse(topic: str, body: dict[str, Any], gap: int = 0) -> Result | Health:
 
 
 class GapTracker:
-    """Messages lost per topic, from the sequence numbers (a restart of the agent resets seq)."""
+    """Messages lost per topic, from the sequence numbers (a restart of the agent resets seq).
+
+    ``joined`` is the seq each topic was first received at: the messages before it were
+    published before this subscriber joined (or lost while its subscription was on its
+    way), so a subscriber that must see a file's every result checks that it is 0.
+    """
 
     def __init__(self) -> None:
         self.last: dict[str, int] = {}
         self.lost: dict[str, int] = {}
+        self.joined: dict[str, int] = {}
 
     def update(self, topic: str, seq: int) -> int:
         prev = self.last.get(topic)
+        if prev is None:
+            self.joined[topic] = seq
         self.last[topic] = seq
         gap = seq - prev - 1 if prev is not None and seq > prev else 0
         if gap:

@@ -490,6 +490,7 @@ class Agent:
             self._started.append(self.power)
             self.publisher.open()
             self._started.append(self.publisher)
+            self._wait_for_subscribers()
             for source in self.sources.values():
                 source.open()
                 self._started.append(source)
@@ -502,6 +503,23 @@ class Agent:
         except BaseException:
             self.stop()
             raise
+
+    def _wait_for_subscribers(self) -> None:
+        """Before the first frame of a file: results published before a waiting subscriber's
+        subscription arrived would be lost to it (ZeroMQ drops them)."""
+        assert self.publisher is not None
+        wanted = self.config.subscribers_to_wait_for()
+        if not wanted:
+            return
+        timeout_s = self.config.publish.subscriber_timeout_s
+        got = self.publisher.wait_for_subscribers(wanted, timeout_s)
+        if got < wanted:
+            log.info(
+                "%d of %d subscribers after %.1f s (publish.wait_for_subscribers): publishing anyway",
+                got,
+                wanted,
+                timeout_s,
+            )
 
     def stop(self, timeout_s: float = 1.0) -> bool:
         """Stop everything that started, in reverse order; True if every thread ended.

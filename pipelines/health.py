@@ -75,6 +75,7 @@ class HealthReporter:
         """
         now = time.monotonic_ns()
         first: dict[str, Any] = {}
+        self.publisher.poll_subscriptions()
         for lane in self.pipeline.lanes:
             change = None if final else lane.monitor.tick(now)
             msg = self.snapshot(now, change, lane)

@@ -5,6 +5,10 @@ JSON body. One frame rather than a multipart message so that subscribers may use
 CONFLATE (keep only the newest message), which does not support multipart messages.
 PUB never blocks: a subscriber that falls ``send_hwm`` messages behind loses messages,
 the agent does not wait for it.
+
+The socket is an XPUB, a PUB that also hands the application the subscriptions it
+receives: ZeroMQ drops every message sent before a subscriber's subscription arrived,
+so for a file (every frame matters) the agent can wait for its subscribers first.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class ZmqPublisher:
         # ZeroMQ socket must not be used by two threads at once.
         self._lock = threading.Lock()
         self.sent = 0
+        self.subscriptions = 0  # subscribe minus unsubscribe messages seen so far
         self._pack = _packer(encoding)
 
     def encode(self, message: dict[str, Any]) -> bytes:
@@ -56,10 +61,16 @@ class ZmqPublisher:
 
     def open(self) -> None:
         self._ctx = zmq.Context()
-        sock = self._ctx.socket(zmq.PUB)
+        sock = self._ctx.socket(zmq.XPUB)
         # Both only apply to later binds, so they are set first.
         sock.sndhwm = self.send_hwm
         sock.linger = 0
+        # Every subscriber's subscriptions and unsubscriptions (a disconnect included), not
+        # only a topic's first and last: wait_for_subscribers counts them.
+        try:
+            sock.setsockopt(zmq.XPUB_VERBOSER, 1)
+        except (AttributeError, zmq.ZMQError):  # libzmq < 4.3: no unsubscriptions counted
+            sock.setsockopt(zmq.XPUB_VERBOSE, 1)
         try:
             if self.curve_server_key:
                 self._curve(sock)
@@ -104,6 +115,42 @@ class ZmqPublisher:
         if self._auth is not None:
             self._auth.stop()
             self._auth = None
+
+    def wait_for_subscribers(self, count: int, timeout_s: float) -> int:
+        """Wait until ``count`` subscriptions have arrived, or ``timeout_s``; returns how many
+        did. A subscriber that was waiting for the agent connects within ZeroMQ's reconnect
+        interval (100 ms), so its subscription is here well inside a second."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                if self._sock is None:
+                    return self.subscriptions
+                self._drain()
+                left_s = deadline - time.monotonic()
+                if self.subscriptions >= count or left_s <= 0:
+                    return self.subscriptions
+                # Short slices: the lock is the socket's, and the heartbeat may want it.
+                self._sock.poll(min(left_s, 0.05) * 1000, zmq.POLLIN)
+
+    def poll_subscriptions(self) -> int:
+        """Take the subscription messages queued so far (XPUB keeps them until read, without
+        a bound, so the heartbeat calls this); returns the current count."""
+        with self._lock:
+            if self._sock is not None:
+                self._drain()
+            return self.subscriptions
+
+    def _drain(self) -> None:
+        assert self._sock is not None
+        while True:
+            try:
+                msg = self._sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if msg[:1] == b"\x01":
+                self.subscriptions += 1
+            elif msg[:1] == b"\x00":
+                self.subscriptions = max(0, self.subscriptions - 1)
 
     def send(self, topic: bytes, body: bytes) -> None:
         with self._lock:
