@@ -25,6 +25,7 @@ import zmq
 from edge_agent.pipelines.handoff import CAPTURED, N_STAMPS, PUBLISH, STAGES, FrameSlot
 
 SCHEMA_VERSION = 1
+CLOSE_LINGER_MS = 500  # at most this long to flush queued messages when the socket closes
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +165,9 @@ class ZmqPublisher:
     def close(self) -> None:
         with self._lock:
             if self._sock is not None:
-                self._sock.close(linger=0)
+                # The last results and the final heartbeat may still be queued for the
+                # network: a bounded linger sends them, and keeps the stop short.
+                self._sock.close(linger=CLOSE_LINGER_MS)
                 self._sock = None
         self._stop_auth()
         if self._ctx is not None:

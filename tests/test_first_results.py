@@ -7,6 +7,7 @@ first frame is read (``publish.wait_for_subscribers``)."""
 from __future__ import annotations
 
 import json
+import select
 import subprocess
 import sys
 import time
@@ -37,6 +38,12 @@ def write_images(folder: Path, count: int) -> Path:
         img = np.full((48, 64, 3), (i * 7) % 250, np.uint8)
         cv2.imwrite(str(folder / f"{i:04d}.png"), img)
     return folder
+
+
+def read_line(pipe, timeout_s: float) -> str:
+    """The next line of a child's pipe, or "" when none comes within ``timeout_s``."""
+    ready, _, _ = select.select([pipe], [], [], timeout_s)
+    return pipe.readline() if ready else ""
 
 
 def run_agent_for_a_waiting_subscriber(cfg_path: Path, endpoint: str, frames: int) -> list[dict]:
@@ -101,7 +108,7 @@ def test_listen_started_before_the_agent_gets_every_result_from_seq_0(tmp_path, 
     ) as listener:
         # The listener says so when it has been listening a while with nothing received:
         # from then on it is certainly subscribed, before the agent exists.
-        notice = listener.stderr.readline()
+        notice = read_line(listener.stderr, 60)
         assert "nothing received yet" in notice, notice
         with spawn(
             [sys.executable, "-m", "edge_agent", "run", "-c", str(cfg), "--quiet"],
