@@ -1,13 +1,19 @@
-"""Shared fixtures: free loopback ports and small real ONNX models."""
+"""Shared fixtures: free loopback ports, small real ONNX models, waiting for a condition
+and subprocesses that are always ended."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import socket
+import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -18,6 +24,101 @@ from edge_agent.models.testmodels import constant_detector, yolov8_output
 from edge_agent.runner import Agent
 
 LABELS = ["circle", "square", "triangle", "cross"]
+
+T = TypeVar("T")
+
+
+def wait_until(
+    condition: Callable[[], T], timeout_s: float, interval_s: float = 0.02, message: str | None = None
+) -> T:
+    """Poll ``condition`` until it returns something truthy and return that; raise
+    AssertionError with ``message`` when ``timeout_s`` passes first.
+
+    For waiting on something another thread or process does: the timeout is the most a
+    loaded machine may take, not how long the test expects it to take.
+    """
+    end = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= end:
+            what = message or f"{getattr(condition, '__qualname__', condition)} never became true"
+            raise AssertionError(f"timed out after {timeout_s} s: {what}")
+        time.sleep(interval_s)
+
+
+def end_process(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    """End ``proc`` and, when it leads its own process group (``spawn`` starts it so), every
+    process in that group: SIGTERM, up to ``grace_s`` to exit, then SIGKILL. Drains and
+    closes its pipes. Harmless on a process that already ended."""
+    group = proc.pid if _leads_group(proc) else None
+
+    def signal_all(sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if group is not None:
+                os.killpg(group, sig)
+            elif proc.poll() is None:
+                proc.send_signal(sig)
+
+    if proc.poll() is None:
+        signal_all(signal.SIGTERM)
+        try:
+            _drain(proc, grace_s)
+        except subprocess.TimeoutExpired:
+            signal_all(signal.SIGKILL)
+            _drain(proc, None)
+    # Children left behind by a leader that exited (or was killed) go too.
+    if group is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+    for pipe in (proc.stdin, proc.stdout, proc.stderr):
+        if pipe is not None:
+            with contextlib.suppress(OSError, ValueError):
+                pipe.close()
+
+
+def _leads_group(proc: subprocess.Popen) -> bool:
+    return getattr(proc, "_edge_agent_group", False)
+
+
+def _drain(proc: subprocess.Popen, timeout_s: float | None) -> None:
+    """Wait for ``proc``, reading what it writes to pipes nobody reads (a full pipe would
+    block it before it could exit)."""
+    readable = [p for p in (proc.stdout, proc.stderr) if p is not None and not p.closed]
+    if readable:
+        try:
+            proc.communicate(timeout=timeout_s)
+            return
+        except ValueError:  # the test already read (part of) them itself
+            pass
+    proc.wait(timeout_s)
+
+
+@contextmanager
+def spawn(args: list[str], **popen_kw: Any) -> Iterator[subprocess.Popen]:
+    """``subprocess.Popen(args, **popen_kw)`` in its own session (so its children can be
+    found), ended with its whole process group when the block exits, also when the test
+    failed (see ``end_process``)."""
+    proc = subprocess.Popen(args, start_new_session=True, **popen_kw)
+    proc._edge_agent_group = True  # type: ignore[attr-defined]
+    try:
+        yield proc
+    finally:
+        end_process(proc)
+
+
+def run_process(args: list[str], timeout_s: float, **popen_kw: Any) -> subprocess.CompletedProcess:
+    """Like ``subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)``, but
+    in its own session, and on a timeout (or any failure) its whole process group ends."""
+    with spawn(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen_kw) as proc:
+        out, err = proc.communicate(timeout=timeout_s)
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def agent_command(*args: str) -> list[str]:
+    """``edge-agent ARGS`` as this interpreter runs it."""
+    return [sys.executable, "-m", "edge_agent", *args]
 
 
 def free_endpoint() -> str:
