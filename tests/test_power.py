@@ -13,11 +13,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
-from conftest import started
+from conftest import agent_command, run_process, spawn, started, wait_until
 from jetson_tree import make_tree
 
 from edge_agent.config import PowerConfig
@@ -32,6 +31,10 @@ FAKE_NVPMODEL = """\
 # kernel); like the real tool, switching a mode resets the GPU clock range to the mode's
 # own (mode N caps max_freq at the (N+1)-th highest available frequency).
 import os, sys, pathlib
+def put(path, text):  # atomically: whoever reads the file sees the old or the new text
+    tmp = path.with_name(f".{{path.name}}.{{os.getpid()}}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 base = pathlib.Path({base!r})
 with open(base / "calls.log", "a") as f:
     f.write("nvpmodel " + " ".join(sys.argv[1:]) + "\\n")
@@ -41,13 +44,13 @@ if sys.argv[1:2] == ["-q"]:
     print("NV Power Mode: MODE" + m)
     print(m)
 elif sys.argv[1:2] == ["-m"]:
-    mode.write_text(sys.argv[2])
+    put(mode, sys.argv[2])
     d = os.environ.get("FAKE_DEVFREQ")
     if d:
         d = pathlib.Path(d)
         avail = sorted(int(x) for x in (d / "available_frequencies").read_text().split())
-        (d / "min_freq").write_text(str(avail[0]) + "\\n")
-        (d / "max_freq").write_text(str(avail[-1 - int(sys.argv[2])]) + "\\n")
+        put(d / "min_freq", str(avail[0]) + "\\n")
+        put(d / "max_freq", str(avail[-1 - int(sys.argv[2])]) + "\\n")
 """
 
 FAKE_JETSON_CLOCKS = """\
@@ -56,6 +59,10 @@ FAKE_JETSON_CLOCKS = """\
 # --store refuses to overwrite (the real script asks "Can I overwrite it? Y/N" and, with
 # no answer, exits 1); --restore writes the stored range back.
 import os, sys, pathlib
+def put(path, text):  # atomically: whoever reads the file sees the old or the new text
+    tmp = path.with_name(f".{{path.name}}.{{os.getpid()}}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 base = pathlib.Path({base!r})
 with open(base / "calls.log", "a") as f:
     f.write("jetson_clocks " + " ".join(sys.argv[1:]) + "\\n")
@@ -64,18 +71,18 @@ if sys.argv[1:2] == ["--store"]:
     store = pathlib.Path(sys.argv[2])
     if store.exists():
         print("File exists: Can I overwrite it? Y/N"); sys.exit(1)
-    store.write_text((d / "min_freq").read_text().strip() + " " + (d / "max_freq").read_text().strip())
+    put(store, (d / "min_freq").read_text().strip() + " " + (d / "max_freq").read_text().strip())
 elif sys.argv[1:2] == ["--restore"]:
     store = pathlib.Path(sys.argv[2])
     if not store.exists():
         print("no such file", store); sys.exit(1)
     lo, hi = store.read_text().split()
-    (d / "min_freq").write_text(lo + "\\n")
-    (d / "max_freq").write_text(hi + "\\n")
+    put(d / "min_freq", lo + "\\n")
+    put(d / "max_freq", hi + "\\n")
 elif len(sys.argv) == 1 and (d / "available_frequencies").exists():
     top = max(int(x) for x in (d / "available_frequencies").read_text().split())
-    (d / "max_freq").write_text(f"{{top}}\\n")
-    (d / "min_freq").write_text(f"{{top}}\\n")
+    put(d / "max_freq", f"{{top}}\\n")
+    put(d / "min_freq", f"{{top}}\\n")
 """
 
 
@@ -85,11 +92,19 @@ def tools(tmp_path, monkeypatch) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, body in (("nvpmodel", FAKE_NVPMODEL), ("jetson_clocks", FAKE_JETSON_CLOCKS)):
-        p = bin_dir / name
-        p.write_text(body.format(python=sys.executable, base=str(tmp_path)))
-        p.chmod(0o755)
+        put(bin_dir / name, body.format(python=sys.executable, base=str(tmp_path)), mode=0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return tmp_path
+
+
+def put(path: Path, text: str, mode: int | None = None) -> None:
+    """Write ``path`` atomically (a temporary file renamed over it): a process reading it
+    meanwhile sees the old text or the new, never a half-written file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    if mode is not None:
+        tmp.chmod(mode)
+    os.replace(tmp, path)
 
 
 def calls(tools: Path) -> list[str]:
@@ -113,10 +128,24 @@ def board(request, tmp_path, monkeypatch) -> tuple[str, Path]:
     return request.param, root
 
 
-def gpu_range(root: Path) -> tuple[int, int]:
+def read_whole_int(path: Path) -> int | None:
+    """The integer in ``path``, or None while a writer has it half-written: the agent writes
+    sysfs files in place (the kernel requires it), so a reader in another process may see
+    the file truncated and not yet written. A whole value ends with its newline."""
+    text = path.read_text()
+    return int(text) if text.endswith("\n") and text.strip().isdigit() else None
+
+
+def gpu_range(root: Path, timeout_s: float = 10.0) -> tuple[int, int]:
+    """The GPU's [min_freq, max_freq], each read again until it is whole."""
     gpu = sysfs.find_gpu(str(root))
     assert gpu is not None
-    return int((gpu.devfreq / "min_freq").read_text()), int((gpu.devfreq / "max_freq").read_text())
+
+    def whole() -> tuple[int, int] | None:
+        lo, hi = read_whole_int(gpu.devfreq / "min_freq"), read_whole_int(gpu.devfreq / "max_freq")
+        return None if lo is None or hi is None else (lo, hi)
+
+    return wait_until(whole, timeout_s, message=f"{gpu.devfreq}/min_freq, max_freq never whole")
 
 
 def cpu_values(root: Path, name: str) -> list[str]:
@@ -301,25 +330,36 @@ def agent_config(tmp_path: Path, root: Path, endpoint: str) -> Path:
     return cfg
 
 
-def start_run(cfg: Path) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg), "--quiet"],
+def start_run(cfg: Path):
+    """The agent as a subprocess (a context manager: ended with its children on exit)."""
+    return spawn(
+        agent_command("run", "--config", str(cfg), "--quiet"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
 
 
-def wait_locked(root: Path, proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        lo, hi = gpu_range(root)
-        if lo == hi:
-            return
-        if proc.poll() is not None:
-            raise AssertionError(proc.communicate()[1])
-        time.sleep(0.05)
-    raise AssertionError("the agent never locked the GPU")
+def run_agent(cfg: Path, *args: str) -> subprocess.CompletedProcess:
+    return run_process(agent_command("run", "--config", str(cfg), "--quiet", *args), timeout_s=60)
+
+
+def wait_applied(root: Path, proc: subprocess.Popen, endpoint: str, timeout_s: float = 60.0) -> None:
+    """Until the agent has locked the GPU and finished applying its power profile: it opens
+    its result stream only after that, so its first result marks the end of the writes."""
+    from test_pipeline import Subscriber
+
+    sub = Subscriber(endpoint, "det")
+    try:
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"the agent exited ({proc.returncode}): {proc.communicate()[1]}")
+            return bool(sub.messages) and gpu_range(root)[0] == gpu_range(root)[1]
+
+        wait_until(ready, timeout_s, interval_s=0.05, message="the agent never locked the GPU and ran")
+    finally:
+        sub.close()
 
 
 @pytest.mark.parametrize("ending", ["sigterm", "frames"])
@@ -328,18 +368,13 @@ def test_the_agent_restores_on_exit_and_on_sigterm(ending, tools, tmp_path, endp
     before = gpu_range(root)
     cfg = agent_config(tmp_path, root, endpoint)
     if ending == "frames":
-        proc = subprocess.run(
-            [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg), "--quiet", "--frames", "15"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        proc = run_agent(cfg, "--frames", "15")
         assert proc.returncode == 0, proc.stderr
     else:
-        proc = start_run(cfg)
-        wait_locked(root, proc)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=20)
+        with start_run(cfg) as proc:
+            wait_applied(root, proc, endpoint)
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=20)
         assert proc.returncode == 0, err
     assert gpu_range(root) == before
     assert "nvpmodel -m 0" in calls(tools)
@@ -350,20 +385,15 @@ def test_sigkill_then_the_next_agent_start_restores_before_applying(tools, tmp_p
     root = make_tree(tmp_path / "root", "orin-nano")
     before = gpu_range(root)
     cfg = agent_config(tmp_path, root, endpoint)
-    proc = start_run(cfg)
-    wait_locked(root, proc)
-    proc.kill()
-    proc.communicate(timeout=20)
+    with start_run(cfg) as proc:
+        wait_applied(root, proc, endpoint)
+        proc.kill()
+        proc.communicate(timeout=20)
     # Another device state sneaks in while the agent is down: the restart must restore
     # the state saved before the first run, not this one.
-    (tools / "nvpmodel.mode").write_text("2")
+    put(tools / "nvpmodel.mode", "2")
     n = len(calls(tools))
-    again = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg), "--quiet", "--frames", "10"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    again = run_agent(cfg, "--frames", "10")
     assert again.returncode == 0, again.stderr
     assert "never restored" in again.stderr, "the recovery is logged"
     restart_calls = calls(tools)[n:]
@@ -378,46 +408,29 @@ def test_sigkill_then_power_restore_puts_it_back(tools, tmp_path, endpoint):
     root = make_tree(tmp_path / "root", "orin-nano")
     before = gpu_range(root)
     cfg = agent_config(tmp_path, root, endpoint)
-    proc = start_run(cfg)
-    wait_locked(root, proc)
-    proc.kill()  # SIGKILL: nothing runs, the device stays locked
-    proc.communicate(timeout=20)
+    with start_run(cfg) as proc:
+        wait_applied(root, proc, endpoint)
+        proc.kill()  # SIGKILL: nothing runs, the device stays locked
+        proc.communicate(timeout=20)
     state_file = tmp_path / "state" / "power.json"
     assert state_file.exists() and gpu_range(root) != before
     saved = json.loads(state_file.read_text())
     assert saved["gpu"]["min_freq"] == str(before[0])
     # `edge-agent power restore` (what the power unit's ExecStop runs) puts it back.
-    out = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "power", "restore", "--config", str(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = run_process(agent_command("power", "restore", "--config", str(cfg)), timeout_s=60)
     assert out.returncode == 0, out.stderr
     assert gpu_range(root) == before and not state_file.exists()
     assert "nvpmodel -m 0" in calls(tools)
     # And restoring again finds nothing to do.
-    again = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "power", "restore", "--config", str(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    again = run_process(agent_command("power", "restore", "--config", str(cfg)), timeout_s=60)
     assert again.returncode == 0 and "nothing to restore" in again.stdout
 
 
 def test_power_status_here_says_not_a_jetson():
-    out = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "power", "status"], capture_output=True, text=True, timeout=60
-    )
+    out = run_process(agent_command("power", "status"), timeout_s=60)
     assert out.returncode == 0, out.stderr
     assert "not a Jetson" in out.stdout
-    js = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "power", "status", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    js = run_process(agent_command("power", "status", "--json"), timeout_s=60)
     report = json.loads(js.stdout)
     assert report["jetson"] is False and report["backend"] == "read-only"
 
@@ -427,12 +440,7 @@ def test_power_apply_and_restore_cli_on_a_tree(tools, tmp_path):
     before = gpu_range(root)
     cfg = tmp_path / "p.yaml"
     cfg.write_text(f"power:\n  gpu_freq_mhz: 600\n  state_file: {tmp_path / 's.json'}\n  root: {root}\n")
-    run = lambda *a: subprocess.run(  # noqa: E731
-        [sys.executable, "-m", "edge_agent", "power", *a, "--config", str(cfg)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = lambda *a: run_process(agent_command("power", *a, "--config", str(cfg)), timeout_s=60)  # noqa: E731
     applied = run("apply")
     assert applied.returncode == 0, applied.stderr
     assert "GPU locked at" in applied.stdout
