@@ -7,14 +7,12 @@ import contextlib
 import itertools
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 import zmq
-from conftest import started, write_manifest
+from conftest import agent_command, run_process, started, wait_until, write_manifest
 from test_pipeline import Subscriber
 
 from edge_agent import resources
@@ -62,9 +60,14 @@ def test_camera_loss_and_return_is_recovered_without_restart(faults_allowed, con
     sub = Subscriber(endpoint)
     agent = agent_with(const_model, endpoint, 50, faults)
     pipeline = agent.pipeline
+    source = pipeline.lanes[0].source  # the FaultySource around the camera
     agent.start()
     try:
-        time.sleep(2.5)
+        wait_until(
+            lambda: source.failures == 1 and source.connected, 30, message="the camera goes and returns"
+        )
+        back_at = pipeline.stats.published
+        wait_until(lambda: pipeline.stats.published >= back_at + 30, 30, message="frames flow again")
     finally:
         agent.stop()
         sub.close()
@@ -91,10 +94,14 @@ def test_backend_errors_on_one_percent_drop_only_those_frames(faults_allowed, co
         agent.stop()
     backend = agent.pipeline.primary.model.backend
     c = agent.pipeline.stats.counts()
-    injected = c["dropped_by_reason"]["error"]
+    reasons = c["dropped_by_reason"]
+    injected, stale = reasons["error"], reasons["stale"]
     assert 3 <= injected <= 40, f"~1 % of 1500: {injected}"
-    assert c["on_time"] + c["late"] == 1500 - injected and c["captured"] == 1500
-    assert not agent.pipeline.breaker.is_set() and backend.calls >= 1500
+    # Errors drop only the frames they hit. (A loaded machine may leave a frame too old to
+    # run before inference: that one is counted as stale, and never reaches the backend.)
+    assert {k for k, v in reasons.items() if v} <= {"error", "stale"}, reasons
+    assert c["captured"] == 1500 and c["on_time"] + c["late"] == 1500 - injected - stale, c
+    assert not agent.pipeline.breaker.is_set() and backend.calls >= 1500 - stale
 
 
 def test_repeated_failures_trip_the_breaker_reload_fallback_then_exit_nonzero(
@@ -107,13 +114,7 @@ def test_repeated_failures_trip_the_breaker_reload_fallback_then_exit_nonzero(
         "resilience: {max_consecutive_errors: 5}\nfaults: {backend_fail_after_frames: 20}\n"
     )
     env = {**os.environ, "EDGE_AGENT_FAULTS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg), "--quiet"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    proc = run_process(agent_command("run", "--config", str(cfg), "--quiet"), timeout_s=60, env=env)
     err = proc.stderr
     assert proc.returncode == 1, err
     steps = [
@@ -145,8 +146,7 @@ def test_a_backend_that_no_longer_loads_escalates_straight_to_the_fallback(tmp_p
         assert isinstance(agent.config.backend, OnnxRuntimeConfig)
         assert agent.pipeline.primary.name == "fallback"
         before = agent.pipeline.stats.published
-        time.sleep(0.5)
-        assert agent.pipeline.stats.published > before, "frames flow on the fallback"
+        wait_until(lambda: agent.pipeline.stats.published > before, 30, message="frames flow on the fallback")
         assert agent.pipeline.error is None
 
 
@@ -158,33 +158,45 @@ def test_a_slow_subscriber_never_slows_the_agent(const_model, endpoint):
     slow.subscribe("det")
     slow.connect(endpoint)
     stop = threading.Event()
+    received = 0
 
     def read_slowly() -> None:
+        nonlocal received
         while not stop.is_set():
             with contextlib.suppress(zmq.Again):
                 slow.recv(zmq.NOBLOCK)
-            time.sleep(0.1)  # 10 messages/s against 100 published
+                received += 1
+            time.sleep(0.1)  # the test's input: the reader takes 10 messages a second at most
 
     reader = threading.Thread(target=read_slowly)
+    stats = agent.pipeline.stats
     agent.start()
     reader.start()
     try:
-        time.sleep(1.0)
+        wait_until(lambda: received >= 1, 30, message="the slow reader is connected")
         rss_before = resources.rss_bytes()
-        published_before = agent.pipeline.stats.published
-        time.sleep(3.0)
+        received_before, published_before = received, stats.published
+        # Far more than the reader takes, and than both queues (10 + 10) hold.
+        wait_until(lambda: stats.published - published_before >= 200, 60, message="200 results published")
         rss_after = resources.rss_bytes()
-        published = agent.pipeline.stats.published - published_before
+        read = received - received_before
+        published = stats.published - published_before
     finally:
         stop.set()
         reader.join()
         slow.close(linger=0)
         ctx.term()
         agent.stop()
-    stats = agent.pipeline.stats
-    assert published >= 200, f"the agent kept its rate with a slow reader ({published} in 3 s at 100 fps)"
-    assert stats.send.max_ns < 50e6, "a send never waits for a subscriber"
-    # Drops, if any, come from the CPU (stale/overrun under load), never from the subscriber.
-    assert stats.dropped_total() <= 0.05 * stats.published, stats.counts()
+    # Had sends waited for the reader, the agent could not have published more than the
+    # reader took plus what the two queues hold (and a loaded machine only slows the agent
+    # to the point where this margin shrinks, at under 18 results a second).
+    assert published > 1.5 * (read + 20), f"{published} published while the reader took {read}"
+    # A send never waits for a subscriber: it takes the time of encoding and a queue push
+    # (the median: a loaded machine may preempt a few sends; waiting would make them all
+    # as slow as the reader, 100 ms).
+    assert stats.send.percentile_ms(50) < 20, stats.send.percentile_ms(50)
+    # Drops, if any, come from the CPU (stale/overrun/source gap under load), never from
+    # the subscriber: there is no drop reason for a subscriber, and sending fails nothing.
+    assert agent.pipeline.stats.counts()["dropped_by_reason"]["error"] == 0
     if rss_before and rss_after:
         assert rss_after - rss_before < 20 * 2**20, "memory stays flat: the queue per subscriber is bounded"

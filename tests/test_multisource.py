@@ -1,8 +1,11 @@
 """Several sources on one agent: priorities, batching across sources, per-source accounting.
 
 Real pipeline, real ONNX Runtime sessions, real ZeroMQ sockets, synthetic cameras.
-Budgets are generous next to the model's cost, so the assertions are about behaviour
-(who drops, how batches form), not about how fast this machine is.
+The assertions are about behaviour (who drops, who waits, how batches form) and
+accounting (every frame ends exactly once), not about how fast this machine is: where
+overload or a batch's cost matters, the model's cost is fixed by ``CostedBackend``
+(slept, so another process's load adds to it but cannot take the overload away), and
+runs last until enough has happened rather than for a fixed time.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from pathlib import Path
 import jsonschema
 import numpy as np
 import pytest
-from conftest import free_endpoint, started, write_manifest
+from conftest import free_endpoint, started, wait_until, write_manifest
 from test_pipeline import Subscriber
 
 from edge_agent.config import (
@@ -31,7 +34,7 @@ from edge_agent.config import (
     V4L2SourceConfig,
 )
 from edge_agent.configload import ConfigError, load
-from edge_agent.models.testmodels import constant_detector, write_load_model, yolov8_output
+from edge_agent.models.testmodels import constant_detector, yolov8_output
 from edge_agent.pipelines.pipeline import Profile
 from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
 from edge_agent.runner import Agent, load_model
@@ -39,10 +42,39 @@ from edge_agent.runner import Agent, load_model
 SCHEMA = json.loads((Path(__file__).parent.parent / "pipelines/schema/message-v1.schema.json").read_text())
 
 
-@pytest.fixture
-def load_model_path(tmp_path: Path) -> Path:
-    """A model with real compute (~4 ms a frame here, more per batch)."""
-    return write_load_model(str(tmp_path / "load"), 256, 16)
+class CostedBackend:
+    """A real backend whose every run first sleeps ``base_ms + per_frame_ms`` × batch size:
+    a model cost that is the same on any machine (a loaded one only adds to it)."""
+
+    def __init__(self, inner, base_ms: float, per_frame_ms: float) -> None:
+        self.inner = inner
+        self.base_ms = base_ms
+        self.per_frame_ms = per_frame_ms
+
+    def cost_ns(self, size: int) -> int:
+        return int((self.base_ms + self.per_frame_ms * size) * 1e6)
+
+    def infer(self, io) -> None:
+        time.sleep(self.cost_ns(next(iter(io.inputs.values())).shape[0]) / 1e9)
+        self.inner.infer(io)
+
+    def warmup(self, io, runs: int = 3) -> None:
+        for _ in range(runs):
+            self.infer(io)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def with_cost(agent: Agent, base_ms: float, per_frame_ms: float) -> Agent:
+    """``agent`` (built) with its model's cost fixed; the scheduler's warm-up estimates
+    (taken at build, on the bare model) are replaced by the costs it will see."""
+    profile = agent.pipeline.primary
+    backend = profile.model.backend = CostedBackend(profile.model.backend, base_ms, per_frame_ms)
+    scheduler = agent.pipeline.scheduler
+    for size in range(1, scheduler.max_batch + 1):
+        scheduler.seed(profile, size, backend.cost_ns(size))
+    return agent
 
 
 def make_agent(model: Path, endpoint: str, sources, **kw) -> Agent:
@@ -60,11 +92,16 @@ def make_agent(model: Path, endpoint: str, sources, **kw) -> Agent:
 
 
 @contextmanager
-def running(agent: Agent, seconds: float, *subscribers: Subscriber):
-    """The agent started for ``seconds``, then stopped (and ``subscribers`` closed)."""
+def running(agent: Agent, until, *subscribers: Subscriber, timeout_s: float = 60.0, message: str = ""):
+    """The agent started until ``until()`` holds (AssertionError after ``timeout_s``), then
+    stopped (and ``subscribers`` closed)."""
     with started(agent, *subscribers, clean=True):
-        time.sleep(seconds)
+        wait_until(until, timeout_s, interval_s=0.05, message=message or "the run's condition")
         yield agent
+
+
+def published(agent: Agent, name: str) -> int:
+    return lane(agent, name).stats.published
 
 
 def counts(agent: Agent) -> dict[str, dict]:
@@ -82,58 +119,74 @@ def lane(agent: Agent, name: str):
     return next(x for x in agent.pipeline.lanes if x.name == name)
 
 
-def test_high_priority_source_keeps_its_budget_while_the_others_overload(load_model_path, endpoint):
-    # The low-priority cameras offer far more frames than inference can take (and have
-    # tighter budgets, so earliest-deadline-first alone would serve them first).
+def test_high_priority_source_keeps_its_budget_while_the_others_overload(const_model, endpoint):
+    # The low-priority cameras offer more frames than inference can take (3 x 40 a second
+    # plus front's 30, against 10 ms each, one frame at a time), and have tighter budgets,
+    # so earliest-deadline-first alone would serve them first.
     front = SyntheticSourceConfig(name="front", fps=30, priority=10, budget_ms=60, seed=1)
     sides = [
-        SyntheticSourceConfig(name=f"side{i}", fps=100, budget_ms=30, seed=2 + i, width=320, height=240)
+        SyntheticSourceConfig(name=f"side{i}", fps=40, budget_ms=45, seed=2 + i, width=320, height=240)
         for i in range(3)
     ]
-    agent = make_agent(load_model_path, endpoint, [front, *sides], batching=BatchingConfig(max_batch=1))
-    with running(agent, 3.0):
+    agent = make_agent(const_model, endpoint, [front, *sides], batching=BatchingConfig(max_batch=1))
+    with_cost(agent, 0.0, 10.0)
+    with running(agent, lambda: published(agent, "front") >= 60, message="60 results of front"):
         pass
     c = counts(agent)
-    f = lane(agent, "front")
-    assert c["front"]["captured"] >= 60
-    assert c["front"]["dropped"] == 0 and c["front"]["late"] == 0, c["front"]
-    assert f.stats.total.percentile_ms(99) < 60.0
-    side_drops = sum(c[f"side{i}"]["dropped"] for i in range(3))
-    side_captured = sum(c[f"side{i}"]["captured"] for i in range(3))
-    assert side_drops > side_captured * 0.2, "past capacity, the low-priority sources drop"
-    # Served first: its frames wait for inference less than any low-priority source's
-    # (earliest-deadline-first alone would hold them back until the sides' tighter
-    # deadlines had passed theirs).
-    waits = {x.name: x.stats.stages["wait_infer"].percentile_ms(50) for x in agent.pipeline.lanes}
+
+    def lost(name: str) -> float:
+        """The share of a source's frames not published on time (late or dropped)."""
+        return (c[name]["late"] + c[name]["dropped"]) / c[name]["captured"]
+
+    sides_lost = [lost(f"side{i}") for i in range(3)]
+    assert all(x > 0.2 for x in sides_lost), ("past capacity, the low-priority sources drop", c)
+    # Served first: it loses far fewer of its frames than any of them (what it loses, a
+    # loaded machine took from it before the scheduler saw the frame) ...
+    assert lost("front") < 0.25 * min(sides_lost), (lost("front"), sides_lost, c)
+    # ... and its frames wait for inference less than any low-priority source's: at most
+    # for the inference under way, never behind the others' frames (earliest-deadline-first
+    # alone would hold them back until the sides' tighter deadlines had passed theirs).
+    # The 90th percentile, where that shows: a side's frame that waited long is replaced
+    # by its newer one, so the low waits of all sources are alike.
+    waits = {x.name: x.stats.stages["wait_infer"].percentile_ms(90) for x in agent.pipeline.lanes}
     assert waits["front"] < min(waits[f"side{i}"] for i in range(3)), waits
 
 
-def test_batches_grow_with_load_and_shrink_when_slack_is_tight(load_model_path, endpoint):
-    def mean_batch(sources, **kw) -> tuple[float, dict]:
-        agent = make_agent(load_model_path, free_endpoint(), sources, **kw)
-        with running(agent, 2.0):
+def test_batches_grow_with_load_and_shrink_when_slack_is_tight(const_model):
+    # A batch costs 1 ms + 5 ms a frame (6, 11, 16, 21 ms for 1..4 frames) on any machine.
+    def batches(sources, **kw) -> dict:
+        agent = with_cost(make_agent(const_model, free_endpoint(), sources, **kw), 1.0, 5.0)
+        scheduler = agent.pipeline.scheduler
+        with running(agent, lambda: scheduler.summary()["batches"] >= 40, message="40 batches"):
             pass
-        counts(agent)
-        summary = agent.pipeline.scheduler.summary()
-        assert summary["batches"] > 10, summary
-        return summary["mean_size"], summary
+        c = counts(agent)
+        summary = scheduler.summary()
+        # Every published frame ran in exactly one batch of at most one frame per source.
+        assert set(summary["sizes"]) <= {"1", "2", "3", "4"}, summary
+        frames = sum(int(k) * n for k, n in summary["sizes"].items())
+        assert frames == sum(v["on_time"] + v["late"] for v in c.values()), (summary, c)
+        return summary
 
+    def share_of_4(summary: dict) -> float:
+        return summary["sizes"].get("4", 0) / summary["batches"]
+
+    small = {"width": 320, "height": 240}
     # Light load: four cameras at a few frames a second, out of phase: they rarely meet.
-    light, s_light = mean_batch(
-        [SyntheticSourceConfig(name=f"c{i}", fps=fps, seed=i) for i, fps in enumerate((5, 6, 7, 9))],
+    light = batches(
+        [SyntheticSourceConfig(name=f"c{i}", fps=fps, seed=i, **small) for i, fps in enumerate((5, 6, 7, 9))],
         batching=BatchingConfig(max_wait_ms=1.0),
     )
-    # Four cameras in step at 30 fps: every frame has company, and slack to wait for it
-    # (a generous max_wait: the slack, not the cap, decides how long).
-    synced = [SyntheticSourceConfig(name=f"c{i}", fps=30, seed=i) for i in range(4)]
-    patient = BatchingConfig(max_wait_ms=20.0)
-    loaded, s_loaded = mean_batch(synced, batching=patient)
-    # The same cameras with a budget too tight for a batch of four.
-    tight, s_tight = mean_batch([replace(s, budget_ms=14) for s in synced], batching=patient)
-    assert light < 1.5, s_light
-    assert loaded > 2.5, s_loaded  # ~3.8 here
-    assert tight < loaded - 1.0, (s_tight, s_loaded)
-    assert s_tight["sizes"].get("4", 0) < s_tight["batches"] * 0.1, s_tight
+    # Four cameras in step at 20 fps: every frame has company, and slack to wait for it
+    # (a generous max_wait and budget: the slack, not the cap, decides how long).
+    synced = [SyntheticSourceConfig(name=f"c{i}", fps=20, seed=i, budget_ms=200, **small) for i in range(4)]
+    patient = BatchingConfig(max_wait_ms=40.0)
+    loaded = batches(synced, batching=patient)
+    # The same cameras with a budget too tight for a batch of four (21 ms > 20 ms).
+    tight = batches([replace(s, budget_ms=20) for s in synced], batching=patient)
+    assert light["mean_size"] < 1.5, light
+    assert loaded["mean_size"] > 3.0, loaded
+    assert tight["mean_size"] < loaded["mean_size"] - 1.0, (tight, loaded)
+    assert share_of_4(tight) < 0.1 < share_of_4(loaded), (tight, loaded)
 
 
 def test_a_dead_or_ended_source_does_not_stall_the_others(const_model, endpoint, tmp_path):
@@ -154,14 +207,27 @@ def test_a_dead_or_ended_source_does_not_stall_the_others(const_model, endpoint,
     sub = Subscriber(endpoint, "health")
     # A long allowed wait: only the scheduler's judgement keeps it from waiting for "dead".
     agent = make_agent(const_model, endpoint, sources, batching=BatchingConfig(max_wait_ms=50.0))
-    with running(agent, 2.5, sub):
+
+    def progressed() -> bool:
+        # The folder has ended and the live cameras go on: 30 results each (a second at
+        # 30 fps), with every source's heartbeat seen.
+        ends = lane(agent, "ends").stats.counts()
+        return (
+            ends["captured"] == 3
+            and ends["in_flight"] == 0
+            and all(published(agent, n) >= 30 for n in ("a", "b"))
+            and {m["source"] for m in sub.messages} == {"a", "b", "dead", "ends"}
+        )
+
+    with running(agent, progressed, sub, message="a and b kept running past the ended and the dead"):
         pass
     c = counts(agent)
     assert c["dead"]["captured"] == 0
-    assert c["ends"]["captured"] == 3 and c["ends"]["on_time"] == 3
+    # Each of the three images ends once; a file source's frames are not replaced (a loaded
+    # machine may still make one too old to run, which is counted as such).
+    assert c["ends"]["captured"] == 3 and c["ends"]["dropped"] == c["ends"]["dropped_by_reason"]["stale"]
     for name in ("a", "b"):
-        assert c[name]["captured"] >= 60, c[name]  # 30 fps for 2.5 s, minus start-up
-        assert c[name]["dropped"] == 0 and c[name]["late"] == 0, (name, c[name]["dropped_by_reason"])
+        assert c[name]["on_time"] + c[name]["late"] >= 30, (name, c[name])
     beats = {m["source"]: m for m in sub.messages}
     assert set(beats) == {"a", "b", "dead", "ends"}
     assert beats["dead"]["source_state"]["connected"] is False
@@ -175,11 +241,20 @@ def test_every_source_has_its_topic_seq_heartbeat_and_budget(const_model, endpoi
     sub = Subscriber(endpoint)
     agent = make_agent(const_model, endpoint, sources)
     try:
-        with running(agent, 1.5):
+
+        def enough() -> bool:
+            # Results of both, and (in-step cameras) at least one batch that both shared.
+            return (
+                all(published(agent, n) >= 20 for n in ("left", "right"))
+                and any(m.get("batch_size") == 2 for m in sub.messages)
+                and any(m.get("type") == "health" for m in sub.messages)
+            )
+
+        with running(agent, enough, message="results of both sources, one shared batch, a heartbeat"):
             pass
-        end = time.monotonic() + 5
-        while sum(bool(m.get("final")) for m in sub.messages) < 2 and time.monotonic() < end:
-            time.sleep(0.01)
+        wait_until(
+            lambda: sum(bool(m.get("final")) for m in sub.messages) >= 2, 10, message="final heartbeats"
+        )
     finally:
         sub.close()
     c = counts(agent)
@@ -233,10 +308,9 @@ def test_a_fixed_batch_model_is_padded(tmp_path, endpoint):
     agent = make_agent(Path(model), endpoint, sources)
     assert agent.pipeline.scheduler.max_batch == 2
     assert agent.pipeline.primary.batches[2].inputs["images"].shape[0] == 4  # padded to 4
-    with running(agent, 1.0, sub):
+    with running(agent, lambda: all(published(agent, f"c{i}") >= 15 for i in range(2)), sub):
         pass
-    c = counts(agent)
-    assert all(v["on_time"] >= 15 for v in c.values()), c
+    counts(agent)
     assert sub.messages and all(m["detections"][0]["label"] == "square" for m in sub.messages)
 
 
@@ -245,18 +319,21 @@ def test_reload_adds_a_source_and_keeps_the_others_running(const_model, endpoint
     agent = make_agent(const_model, endpoint, [a])
     agent.start()
     try:
-        time.sleep(0.5)
+        wait_until(lambda: published(agent, "a") >= 10, 30, message="a runs")
         kept = agent.sources["a"]
         seq_before = lane(agent, "a").seq
         new = replace(agent.config, sources=(a, SyntheticSourceConfig(name="b", fps=50, seed=2)))
         assert agent.reload(new) == ["sources"]
         assert agent.sources["a"] is kept, "an unchanged source is not reopened"
         assert lane(agent, "a").seq >= seq_before
-        time.sleep(0.5)
+        wait_until(
+            lambda: published(agent, "b") >= 10 and lane(agent, "a").seq >= seq_before + 10,
+            30,
+            message="b runs, and a goes on",
+        )
     finally:
         assert agent.stop()
-    c = counts(agent)
-    assert c["b"]["on_time"] >= 10 and c["a"]["on_time"] >= 40
+    counts(agent)
 
 
 def test_config_sources_are_checked_with_their_place():
@@ -288,12 +365,23 @@ def test_frame_rate_cap_limits_what_a_source_sends(const_model, endpoint):
         SyntheticSourceConfig(name="paced", fps=60, max_fps=15, seed=2),
     ]
     agent = make_agent(const_model, endpoint, sources)
-    with running(agent, 1.5):
+    t0 = time.monotonic()
+    with running(agent, lambda: all(published(agent, n) >= 15 for n in ("capped", "paced"))):
         pass
+    elapsed = time.monotonic() - t0  # at least as long as the sources ran
     c = counts(agent)
-    assert 20 <= c["capped"]["on_time"] <= 33, c["capped"]  # ~30 in 1.5 s, not hundreds
-    assert 15 <= c["paced"]["on_time"] <= 25, c["paced"]
-    assert c["paced"]["dropped_by_reason"]["source_gap"] > 40, "the camera's other frames are skipped"
+
+    def taken(name: str) -> int:
+        """Frames the pipeline read from the source (not skipped by it)."""
+        return c[name]["captured"] - c[name]["dropped_by_reason"]["source_gap"]
+
+    # The cap is a ceiling (a loaded machine only reads fewer): about 20 and 15 a second,
+    # not hundreds. A read that comes late may be followed by one half a period later, so
+    # the bound is loose, but far below what the sources offer.
+    assert taken("capped") <= 1.5 * 20 * elapsed + 2, (elapsed, c["capped"])
+    assert taken("paced") <= 1.5 * 15 * elapsed + 2, (elapsed, c["paced"])
+    # The 60 fps camera's other frames are skipped: most of them.
+    assert c["paced"]["dropped_by_reason"]["source_gap"] > taken("paced"), c["paced"]
 
 
 def test_metrics_have_every_source_and_the_batch_sizes(const_model, endpoint):
@@ -302,7 +390,7 @@ def test_metrics_have_every_source_and_the_batch_sizes(const_model, endpoint):
     port = free_port()
     sources = [SyntheticSourceConfig(name=n, fps=30, seed=i) for i, n in enumerate(("north", "south"))]
     agent = make_agent(const_model, endpoint, sources, metrics=MetricsConfig(port=port))
-    with running(agent, 1.0):
+    with running(agent, lambda: all(published(agent, n) >= 5 for n in ("north", "south"))):
         families = scrape(port)
     c = counts(agent)
     for name in ("north", "south"):
@@ -323,7 +411,7 @@ def test_reload_of_scheduling_settings_keeps_the_camera_open(const_model, endpoi
     agent = make_agent(const_model, endpoint, [a, SyntheticSourceConfig(name="b", fps=50, seed=2)])
     agent.start()
     try:
-        time.sleep(0.3)
+        wait_until(lambda: published(agent, "a") >= 5, 30, message="a runs")
         kept = agent.sources["a"]
         frame_before = kept._next
         faster = replace(a, priority=7, budget_ms=30, max_fps=20)
@@ -331,7 +419,8 @@ def test_reload_of_scheduling_settings_keeps_the_camera_open(const_model, endpoi
         assert agent.reload(new) == ["sources"]
         assert agent.sources["a"] is kept and kept._next >= frame_before, "not reopened, not rewound"
         assert lane(agent, "a").priority == 7 and lane(agent, "a").monitor.budget_ns == 30_000_000
-        time.sleep(0.3)
+        after = lane(agent, "a").seq
+        wait_until(lambda: lane(agent, "a").seq >= after + 5, 30, message="a goes on after the reload")
     finally:
         assert agent.stop()
     counts(agent)
@@ -399,11 +488,17 @@ def test_a_source_with_its_own_model_gets_its_results_and_never_shares_a_batch(
     sub = Subscriber(endpoint, "det")
     agent = make_agent(const_model, endpoint, sources)
     assert {p.name for p in agent.pipeline.profiles.values()} == {"const", "dock-det"}
-    with running(agent, 1.5, sub):
+
+    def enough() -> bool:
+        # 20 results of each, and one batch that a and b (in step) shared.
+        return all(sum(m["source"] == n for m in sub.messages) >= 20 for n in ("a", "b", "dock")) and any(
+            m["batch_size"] == 2 for m in sub.messages if m["source"] in ("a", "b")
+        )
+
+    with running(agent, enough, sub, message="20 results each, a batch shared by a and b"):
         pass
     counts(agent)
     by = {name: [m for m in sub.messages if m["source"] == name] for name in ("a", "b", "dock")}
-    assert all(len(v) >= 20 for v in by.values()), {k: len(v) for k, v in by.items()}
     assert all(m["model"] == "dock-det" and m["batch_size"] == 1 for m in by["dock"])
     assert all(m["detections"][0]["label"] == "cross" for m in by["dock"])
     shared = by["a"] + by["b"]
