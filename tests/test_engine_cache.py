@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import spawn
 
 from edge_agent.files import atomic_write
 from edge_agent.pipelines.backends import engine_cache
@@ -201,16 +202,13 @@ WRITER = textwrap.dedent(
 def test_sigkill_mid_write_never_leaves_a_partial_file(tmp_path):
     target = tmp_path / "big.engine"
     size = 16 << 20
-    proc = subprocess.Popen(
+    with spawn(
         [sys.executable, "-c", WRITER, str(target), str(size)], stdout=subprocess.PIPE, text=True
-    )
-    try:
+    ) as proc:
         for _ in range(2):  # two whole writes done; the third is under way
             assert proc.stdout.readline(), "the writer died"
-    finally:
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-        proc.stdout.close()
+        proc.wait(30)
     assert proc.returncode == -signal.SIGKILL
     data = target.read_bytes()
     assert len(data) == size, f"partial file at the final path: {len(data)} of {size} B"

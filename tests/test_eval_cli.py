@@ -3,17 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+
+from conftest import agent_command, run_process
 
 
 def test_eval_scores_the_bundled_model_on_heldout_frames():
-    proc = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "eval", "--frames", "60", "--json"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_process(agent_command("eval", "--frames", "60", "--json"), timeout_s=120)
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout)
     assert r["frames"] == 60
@@ -26,11 +21,6 @@ def test_eval_refuses_a_model_with_other_labels(const_model, tmp_path):
         "name: x\ninput: {name: images, height: 320, width: 320, layout: NHWC, dtype: uint8, color: bgr}\n"
         "output: {name: output0, decoder: yolov8}\nlabels: [cat, dog, car, bus]\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "eval", "--model", str(const_model), "--frames", "5"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_process(agent_command("eval", "--model", str(const_model), "--frames", "5"), timeout_s=120)
     assert proc.returncode == 1
     assert "not the synthetic scene's classes" in proc.stderr, proc.stderr

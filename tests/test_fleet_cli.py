@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 import textwrap
+
+from conftest import agent_command, run_process
 
 FLEET = textwrap.dedent(
     """\
@@ -31,9 +32,7 @@ FLEET = textwrap.dedent(
 
 
 def cli(*args: str, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "edge_agent", *args], capture_output=True, text=True, timeout=60, env=env
-    )
+    return run_process(agent_command(*args), timeout_s=60, env=env)
 
 
 def test_validate_render_explain_and_diff(tmp_path):

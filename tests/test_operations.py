@@ -8,7 +8,6 @@ import os
 import socket
 import stat
 import subprocess
-import sys
 import time
 import urllib.request
 from dataclasses import replace
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import zmq
-from conftest import started
+from conftest import agent_command, run_process, spawn, started, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 from test_pipeline import Subscriber
 from test_sources import write_video
@@ -74,11 +73,15 @@ def test_metrics_over_http_agree_with_the_health_stream(tmp_path, const_model, e
         metrics=MetricsConfig(port=port),
     )
     health = Subscriber(endpoint, "health")
+
+    def beat_after_the_last_frame() -> dict | None:
+        beats = [m["counts"] for m in health.messages if not m.get("final")]
+        return beats[-1] if beats and beats[-1]["captured"] == 60 and beats[-1]["in_flight"] == 0 else None
+
     with started(cfg, health) as agent:
         assert agent.pipeline.finished.wait(30)
-        time.sleep(0.3)  # a heartbeat after the last frame
+        beat = wait_until(beat_after_the_last_frame, 30, message="a heartbeat after the last frame")
         families = scrape(port)
-    beat = [m for m in health.messages if not m.get("final")][-1]["counts"]
     assert (
         value(families, "edge_agent_frames_captured", "edge_agent_frames_captured_total", source="file")
         == beat["captured"]
@@ -102,11 +105,8 @@ def test_metrics_over_http_agree_with_the_health_stream(tmp_path, const_model, e
 def keypairs(tmp_path: Path) -> dict[str, Path]:
     out = {}
     for name in ("server", "good", "bad"):
-        r = subprocess.run(
-            [sys.executable, "-m", "edge_agent", "keys", "generate", name, "--dir", str(tmp_path / "keys")],
-            capture_output=True,
-            text=True,
-            timeout=30,
+        r = run_process(
+            agent_command("keys", "generate", name, "--dir", str(tmp_path / "keys")), timeout_s=30
         )
         assert r.returncode == 0, r.stderr
         out[name] = tmp_path / "keys" / name
@@ -153,20 +153,20 @@ def test_curve_lets_only_allowed_clients_read(tmp_path, const_model, endpoint):
         "plain": connect(endpoint, ("det",), None, None, ctx),
     }
     got = {name: 0 for name in socks}
+
+    def received_enough() -> bool:
+        for name, s in socks.items():
+            with contextlib.suppress(zmq.Again):
+                while True:
+                    s.recv(zmq.NOBLOCK)
+                    got[name] += 1
+        return got["good"] > 20
+
     try:
-        end = time.monotonic() + 3.0
-        while time.monotonic() < end:
-            for name, s in socks.items():
-                try:
-                    while True:
-                        s.recv(zmq.NOBLOCK)
-                        got[name] += 1
-                except zmq.Again:
-                    pass
-            time.sleep(0.02)
+        # All three are connected for as long as the allowed one takes to get 21 results.
+        wait_until(received_enough, 30, message="results for the allowed client")
         running = agent.pipeline.stats.published
-        time.sleep(0.3)
-        assert agent.pipeline.stats.published > running, "the agent keeps publishing"
+        wait_until(lambda: agent.pipeline.stats.published > running, 10, message="the agent keeps publishing")
     finally:
         for s in socks.values():
             s.close()
@@ -182,12 +182,13 @@ def test_a_client_key_added_before_a_reload_is_admitted(tmp_path, const_model, e
     ctx = zmq.Context()
     server_pub, bad_secret = f"{keys['server']}.key", f"{keys['bad']}.key_secret"
 
-    def received(seconds: float) -> int:
+    def received(want: int, seconds: float) -> int:
+        """Results received until ``want`` arrived, or ``seconds`` passed."""
         s = connect(endpoint, ("det",), server_pub, bad_secret, ctx)
         s.rcvtimeo = 100
         n, end = 0, time.monotonic() + seconds
         try:
-            while time.monotonic() < end:
+            while n < want and time.monotonic() < end:
                 try:
                     s.recv()
                     n += 1
@@ -198,10 +199,11 @@ def test_a_client_key_added_before_a_reload_is_admitted(tmp_path, const_model, e
         return n
 
     try:
-        assert received(1.0) == 0, "not yet allowed"
+        # The test's input: a second in which the agent publishes some 50 results.
+        assert received(1, 1.0) == 0, "not yet allowed"
         (keys["allowed"] / "bad.key").write_bytes((tmp_path / "keys" / "bad.key").read_bytes())
         assert agent.reload(agent.config) == [], "the config itself did not change"
-        assert received(1.5) > 10, "allowed after the reload, without a restart"
+        assert received(11, 30.0) > 10, "allowed after the reload, without a restart"
     finally:
         ctx.term()
         agent.stop()
@@ -235,13 +237,16 @@ def test_client_detects_an_injected_gap(endpoint):
     t = threading.Thread(target=consume)
     t.start()
     try:
-        end = time.monotonic() + 5
-        while not got and time.monotonic() < end:  # slow joiner: until the client is connected
+
+        def connected() -> bool:  # slow joiner: send until the client has one
             pub.send(b"det.cam " + json.dumps(_result(0)).encode())
-            time.sleep(0.05)
+            return bool(got)
+
+        wait_until(connected, 5, interval_s=0.05, message="the client never received anything")
         for seq in (1, 2, 6, 7):  # 3, 4, 5 never sent
             pub.send(b"det.cam " + json.dumps(_result(seq)).encode())
         t.join(10)
+        assert not t.is_alive(), f"the client did not get seq 7: {[m.seq for m in got]}"
     finally:
         pub.close(linger=0)
         ctx.term()
@@ -298,32 +303,10 @@ def test_listen_stats_reports_rates_and_losses(const_model, endpoint, tmp_path):
         f"source: {{type: synthetic, fps: 50}}\nmodel: {{path: '{const_model}'}}\n"
         f"publish: {{endpoint: '{endpoint}'}}\nmetrics: {{enabled: false}}\n"
     )
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg), "--quiet"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "edge_agent",
-                "listen",
-                endpoint,
-                "--topic",
-                "det",
-                "--stats",
-                "--count",
-                "120",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    finally:
-        agent.terminate()
-        agent.wait(10)
+    agent = agent_command("run", "--config", str(cfg), "--quiet")
+    with spawn(agent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
+        listen = agent_command("listen", endpoint, "--topic", "det", "--stats", "--count", "120")
+        out = run_process(listen, timeout_s=60)
     assert out.returncode == 0, out.stderr
     line = out.stdout.splitlines()[0]
     assert line.startswith("cam0:") and "msg/s" in line and "p99" in line and "lost 0" in line, out.stdout
@@ -345,8 +328,8 @@ def test_grafana_dashboard_uses_only_metrics_the_agent_exports(tmp_path, const_m
         for m in re.findall(r"\b((?:edge_agent|process)_[a-z_]+)", e)
     }
     port = free_port()
-    with running_agent(const_model, endpoint, port):
-        time.sleep(0.5)
+    with running_agent(const_model, endpoint, port) as agent:
+        wait_until(lambda: agent.pipeline.stats.published >= 5, 30, message="results before the scrape")
         exported = set(scrape(port))
     # Counters are exported as <name>_total; power gauges exist only on a Jetson.
     exported |= {f"{n}_total" for n in exported}

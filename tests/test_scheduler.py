@@ -1,7 +1,10 @@
 """The batch scheduler on its own: ordering, batch composition, waiting, closing.
 
 Frames are real ``FrameSlot`` objects with hand-set capture stamps, and the inference
-time estimates are seeded, so every decision here is deterministic.
+time estimates are seeded. Tests of a decision that needs no waiting stop the
+scheduler's clock (``frozen``), so every such decision is deterministic: with a running
+clock, a loaded machine that holds the test back for a millisecond between stamping a
+frame and asking for a batch would age the frame past a 1 ms margin.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+from edge_agent.pipelines import scheduler as scheduler_module
 from edge_agent.pipelines.backends.base import IOSet
 from edge_agent.pipelines.handoff import CAPTURED, Closed, FrameSlot
 from edge_agent.pipelines.scheduler import BatchScheduler, LaneSpec
@@ -21,11 +25,33 @@ PROFILE = object()  # the scheduler only compares profiles by identity
 OTHER = object()
 
 
+class FrozenClock:
+    """The ``time`` module as the scheduler sees it, with ``monotonic_ns`` standing still."""
+
+    def __init__(self) -> None:
+        self.now_ns = time.monotonic_ns()
+
+    def monotonic_ns(self) -> int:
+        return self.now_ns
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+@pytest.fixture
+def frozen(monkeypatch) -> FrozenClock:
+    """The scheduler's clock stopped: only for decisions that need no waiting (a wait for
+    time to pass would never end)."""
+    clock = FrozenClock()
+    monkeypatch.setattr(scheduler_module, "time", clock)
+    return clock
+
+
 def make_slot(lane: int, age_ms: float, profile: object = PROFILE) -> FrameSlot:
     io = IOSet({"images": np.zeros((1, 2, 2, 3), np.uint8)}, [np.zeros((1, 8, 4), np.float32)])
     slot = FrameSlot(0, io, "images", max_det=4, max_gt=1, profile=profile)
     slot.lane = lane
-    slot.stamps[CAPTURED] = time.monotonic_ns() - int(age_ms * MS)
+    slot.stamps[CAPTURED] = scheduler_module.time.monotonic_ns() - int(age_ms * MS)  # frozen or not
     return slot
 
 
@@ -76,7 +102,7 @@ def lanes_of(batch) -> list[int]:
     return [slot.lane for slot in batch]
 
 
-def test_higher_priority_is_served_first_even_with_a_later_deadline():
+def test_higher_priority_is_served_first_even_with_a_later_deadline(frozen):
     # Lane 0 has the highest priority but the loosest budget: without priorities the
     # others' earlier deadlines would win.
     s = make_scheduler([(10, 100.0), (0, 20.0), (0, 20.0)], max_batch=1)
@@ -88,13 +114,13 @@ def test_higher_priority_is_served_first_even_with_a_later_deadline():
     assert [lanes_of(s2.next_batch(0.1)) for _ in range(3)] == [[1], [2], [0]]
 
 
-def test_batch_takes_every_ready_frame_when_slack_allows():
+def test_batch_takes_every_ready_frame_when_slack_allows(frozen):
     s = make_scheduler([(0, 100.0)] * 4)
     put_all(s, [make_slot(i, 1) for i in range(4)])
     assert sorted(lanes_of(s.next_batch(0.1))) == [0, 1, 2, 3]
 
 
-def test_batch_shrinks_to_what_keeps_the_tightest_deadline():
+def test_batch_shrinks_to_what_keeps_the_tightest_deadline(frozen):
     # 15 ms left for the oldest frame: minus 2 ms margin and 1 ms after inference leaves
     # 12 ms, so two frames (8 ms) fit but three (11 ms) fit only just and four (14) not.
     s = make_scheduler([(0, 20.0)] * 4)
@@ -108,10 +134,13 @@ def test_batch_shrinks_to_what_keeps_the_tightest_deadline():
     assert len(s.next_batch(0.1)) == 1  # 7 ms: one frame (5 ms) runs alone
 
 
-def test_a_frame_past_saving_does_not_shrink_the_batch_or_wait():
+def test_a_frame_past_saving_does_not_shrink_the_batch(frozen):
     s = make_scheduler([(0, 20.0)] * 3)
     put_all(s, [make_slot(0, 30), make_slot(1, 1), make_slot(2, 1)])
     assert len(s.next_batch(0.1)) == 3
+
+
+def test_a_frame_past_saving_is_not_waited_with():
     s = make_scheduler([(0, 20.0)] * 2, max_wait_ms=5000.0)
     give_rhythm(s, 1, 0.02)
     put_all(s, [make_slot(0, 30)])
@@ -120,7 +149,7 @@ def test_a_frame_past_saving_does_not_shrink_the_batch_or_wait():
     assert time.monotonic() - t < 0.5
 
 
-def test_batch_leaves_room_for_an_idle_higher_priority_source():
+def test_batch_leaves_room_for_an_idle_higher_priority_source(frozen):
     # Lane 0 (priority 5, budget 20 ms) has no frame waiting; its next one may come any
     # moment and must still fit: 20 - 2 margin - 1 before - 1 after - 5 alone = 11 ms, so
     # a batch of the low-priority lanes stops at three frames (11 ms).
@@ -133,7 +162,7 @@ def test_batch_leaves_room_for_an_idle_higher_priority_source():
     assert len(s.next_batch(0.1)) == 4
 
 
-def test_only_frames_of_the_same_model_share_a_batch():
+def test_only_frames_of_the_same_model_share_a_batch(frozen):
     s = make_scheduler([(0, 100.0)] * 3)
     put_all(s, [make_slot(0, 3), make_slot(1, 2, OTHER), make_slot(2, 1)])
     first = s.next_batch(0.1)
@@ -141,7 +170,7 @@ def test_only_frames_of_the_same_model_share_a_batch():
     assert lanes_of(s.next_batch(0.1)) == [1]
 
 
-def test_max_batch_and_the_models_limit_cap_the_batch():
+def test_max_batch_and_the_models_limit_cap_the_batch(frozen):
     s = make_scheduler([(0, 100.0)] * 4, max_batch=2)
     put_all(s, [make_slot(i, 1) for i in range(4)])
     assert len(s.next_batch(0.1)) == 2
@@ -183,7 +212,7 @@ def test_no_wait_once_the_slack_is_gone():
     assert time.monotonic() - t < 0.5
 
 
-def test_newest_frame_replaces_a_waiting_one_and_is_accounted():
+def test_newest_frame_replaces_a_waiting_one_and_is_accounted(frozen):
     replaced: list = []
     s = make_scheduler([(0, 100.0)], replaced=replaced)
     old, new = make_slot(0, 2), make_slot(0, 1)
@@ -207,7 +236,7 @@ def test_a_file_source_waits_for_room_instead_of_replacing():
     stop.set()
 
 
-def test_closed_when_every_lane_ended_and_nothing_waits():
+def test_closed_when_every_lane_ended_and_nothing_waits(frozen):
     s = make_scheduler([(0, 100.0), (0, 100.0)])
     put_all(s, [make_slot(0, 1)])
     s.close(0)
@@ -252,7 +281,7 @@ def test_batch_counts_carry_over_a_reload():
     assert new.summary()["batches"] == 2 and new.frames == 5
 
 
-def test_equal_sources_under_overload_take_turns():
+def test_equal_sources_under_overload_take_turns(frozen):
     # Two cameras in step; one frame at a time. Lane 1 loses the first tie, its frame is
     # replaced by a newer one, and then it goes first: it has been waiting longer.
     s = make_scheduler([(0, 100.0), (0, 100.0)], max_batch=1)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import copy
 import json
-import time
 from pathlib import Path
 
 import jsonschema
 import pytest
-from conftest import free_endpoint, write_manifest
+from conftest import free_endpoint, started, wait_until, write_manifest
 from test_pipeline import Subscriber
 
 from edge_agent.config import AgentConfig, ModelConfig, PublishConfig, SyntheticSourceConfig
@@ -51,16 +50,19 @@ def stream(tmp_path_factory) -> list[tuple[str, dict]]:
     )
     agent = Agent(cfg)
     agent.build()
-    agent.start()
     try:
-        time.sleep(1.0)
+        with started(agent, clean=True):
+            # Enough of both kinds (and results with detections) to check every field.
+            wait_until(
+                lambda: (
+                    sum(t.startswith("det.") for t in sub.topics) >= 20 and sub.topics.count("health") >= 3
+                ),
+                60,
+                message="20 results and 3 heartbeats",
+            )
+        wait_until(lambda: any(m.get("final") for m in sub.messages), 10, message="the final heartbeat")
     finally:
-        assert agent.stop(), "pipeline threads must end"
-        end = time.monotonic() + 5.0
-        while not any(m.get("final") for m in sub.messages) and time.monotonic() < end:
-            time.sleep(0.01)
         sub.close()
-    assert any(m.get("final") for m in sub.messages), "the final heartbeat must arrive"
     return list(zip(sub.topics, sub.messages))
 
 

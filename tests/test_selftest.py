@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from conftest import agent_command, run_process
 
 from edge_agent.evaluation import FrameResult
 from edge_agent.selftest import compare
@@ -15,12 +14,7 @@ from edge_agent.selftest import compare
 
 def test_selftest_checks_what_it_can_and_says_tensorrt_is_absent(tmp_path):
     report = tmp_path / "st"
-    proc = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "selftest", "--frames", "20", "--report", str(report)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_process(agent_command("selftest", "--frames", "20", "--report", str(report)), timeout_s=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     checks = {c["name"]: c for c in json.loads(report.with_suffix(".json").read_text())}
     assert checks["onnxruntime-cpu"]["status"] == "pass"
@@ -31,9 +25,7 @@ def test_selftest_checks_what_it_can_and_says_tensorrt_is_absent(tmp_path):
 
 
 def test_engine_build_without_tensorrt_says_where_it_comes_from():
-    proc = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "engine", "build"], capture_output=True, text=True, timeout=60
-    )
+    proc = run_process(agent_command("engine", "build"), timeout_s=60)
     assert proc.returncode == 1
     assert "JetPack" in proc.stderr and "tensorrt" in proc.stderr.lower(), proc.stderr
 

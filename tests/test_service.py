@@ -9,15 +9,15 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
-import sys
 import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from conftest import started
+from conftest import agent_command, run_process, spawn, started, wait_until
 from test_pipeline import Subscriber
 
 from edge_agent.config import AgentConfig, ModelConfig, PublishConfig, SyntheticSourceConfig
@@ -69,9 +69,11 @@ def test_notifier_reaches_a_real_socket(tmp_path, abstract):
     n = Notifier.from_env({"NOTIFY_SOCKET": sock.address, "WATCHDOG_USEC": "3000000"})
     assert n.enabled and n.watchdog_interval_s() == 1.5
     assert n.ready("up") and n.watchdog() and n.stopping()
-    time.sleep(0.3)
-    sock.close()
-    n.close()
+    try:
+        wait_until(lambda: len(sock.messages) >= 3, 10, message="three notifications")
+    finally:
+        sock.close()
+        n.close()
     assert [m for _, m in sock.messages] == [
         {"READY": "1", "STATUS": "up"},
         {"WATCHDOG": "1"},
@@ -104,7 +106,8 @@ def write_config(path: Path, endpoint: str, device: str, fps: int = 30, extra: s
     return path
 
 
-def run_agent(cfg: Path, notify: str, watchdog_usec: int = 400_000) -> subprocess.Popen:
+def run_agent(cfg: Path, notify: str, watchdog_usec: int = 400_000):
+    """The agent under a fake systemd (a context manager: ended with its children on exit)."""
     env = {
         **os.environ,
         "NOTIFY_SOCKET": notify,
@@ -112,8 +115,8 @@ def run_agent(cfg: Path, notify: str, watchdog_usec: int = 400_000) -> subproces
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("WATCHDOG_PID", None)
-    return subprocess.Popen(
-        [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg), "--quiet"],
+    return spawn(
+        agent_command("run", "--config", str(cfg), "--quiet"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -121,26 +124,18 @@ def run_agent(cfg: Path, notify: str, watchdog_usec: int = 400_000) -> subproces
     )
 
 
-def wait_until(predicate, timeout_s: float = 30.0) -> None:
-    end = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError("timed out")
-        time.sleep(0.02)
-
-
 def test_ready_after_warmup_watchdog_while_flowing_stopping_on_sigterm(tmp_path, endpoint):
     sock = NotifySocket(tmp_path, abstract=True)
     sub = Subscriber(endpoint, "health")
-    proc = run_agent(write_config(tmp_path / "a.yaml", endpoint, "svc"), sock.address)
     try:
-        wait_until(lambda: sock.names().count("WATCHDOG") >= 3)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=20)
+        with run_agent(write_config(tmp_path / "a.yaml", endpoint, "svc"), sock.address) as proc:
+            wait_until(lambda: sock.names().count("WATCHDOG") >= 3, 60, message="three watchdog pings")
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=20)
+        # What the agent sent before it exited is in the socket: wait until it is read.
+        wait_until(lambda: "STOPPING" in sock.names(), 10, message="STOPPING=1")
+        wait_until(lambda: any(m.get("final") for m in sub.messages), 10, message="the final heartbeat")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        time.sleep(0.2)
         sock.close()
         sub.close()
     assert proc.returncode == 0, err
@@ -152,7 +147,10 @@ def test_ready_after_warmup_watchdog_while_flowing_stopping_on_sigterm(tmp_path,
     assert keys[-1] == "STOPPING"
     pings = [t for t, m in sock.messages if "WATCHDOG" in m]
     gaps = [b - a for a, b in itertools.pairwise(pings)]
-    assert all(0.1 < g < 1.0 for g in gaps), f"pings about every 0.2 s (half of 0.4 s): {gaps}"
+    # Pings about every 0.2 s (half of 0.4 s). Judged on the median: the times are when
+    # this process read them, and a loaded machine may hold a read back and then read two
+    # at once; the agent itself pings no sooner than the interval after its last ping.
+    assert 0.1 < statistics.median(gaps) < 0.4, f"pings about every 0.2 s (half of 0.4 s): {gaps}"
     assert any(m.get("STATUS", "").endswith(("full", "fps")) or "fps" in m.get("STATUS", "") for m in msgs)
     final = sub.messages[-1]
     assert final.get("final") is True, "a last heartbeat after the drain"
@@ -175,18 +173,22 @@ def test_watchdog_stops_when_the_pipeline_stalls(tmp_path, const_model, endpoint
     t = threading.Thread(target=sup.run)
     t.start()
     try:
-        wait_until(lambda: sock.names().count("WATCHDOG") >= 3)
+        wait_until(lambda: sock.names().count("WATCHDOG") >= 3, 30, message="three watchdog pings")
         source = agent.pipeline.source
         source.read = lambda timeout_s: (time.sleep(timeout_s), None)[1]  # the camera hangs
-        time.sleep(0.3)  # frames in flight drain
-        stalled_at = len([k for k in sock.names() if k == "WATCHDOG"])
-        time.sleep(1.0)
-        after = len([k for k in sock.names() if k == "WATCHDOG"])
+        # The frames in flight drain, and the ping that follows the last result is sent.
+        # (One more ping may follow for the last of them: allowed below.)
+        wait_until(lambda: agent.pipeline.stats.counts()["in_flight"] == 0, 10, message="frames drain")
+        stalled_at = sock.names().count("WATCHDOG")
+        time.sleep(1.0)  # the test's input: 10 ping intervals in which nothing is published
+        after = sock.names().count("WATCHDOG")
+        signals.stop.set()
+        t.join(5)
+        wait_until(lambda: "STOPPING" in sock.names(), 10, message="STOPPING=1")
     finally:
         signals.stop.set()
         t.join(5)
         agent.stop()
-        time.sleep(0.1)
         sock.close()
     assert after <= stalled_at + 1, f"pings went on while nothing was published ({stalled_at} -> {after})"
     assert sock.names()[-1] == "STOPPING"
@@ -196,26 +198,25 @@ def test_sighup_reload_keeps_the_stream_and_refuses_a_bad_config(tmp_path, endpo
     sock = NotifySocket(tmp_path, abstract=True)
     cfg = write_config(tmp_path / "agent.yaml", endpoint, "before")
     sub = Subscriber(endpoint, "det")
-    proc = run_agent(cfg, sock.address, watchdog_usec=10_000_000)
     try:
-        wait_until(lambda: len(sub.messages) >= 20)
-        write_config(cfg, endpoint, "after", fps=20, extra="model: {score_threshold: 0.5}\n")
-        proc.send_signal(signal.SIGHUP)
-        wait_until(lambda: any(m["device"] == "after" for m in sub.messages))
-        n_good = len(sub.messages)
-        wait_until(lambda: len(sub.messages) >= n_good + 10)
-        cfg.write_text("source: {type: synthetic, fps: -3}\n")  # invalid: refused
-        proc.send_signal(signal.SIGHUP)
-        wait_until(lambda: sock.names().count("RELOADING") >= 2)
-        n_bad = len(sub.messages)
-        wait_until(lambda: len(sub.messages) >= n_bad + 10)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=20)
+        with run_agent(cfg, sock.address, watchdog_usec=10_000_000) as proc:
+            wait_until(lambda: len(sub.messages) >= 20, 60, message="20 results")
+            write_config(cfg, endpoint, "after", fps=20, extra="model: {score_threshold: 0.5}\n")
+            proc.send_signal(signal.SIGHUP)
+            wait_until(lambda: any(m["device"] == "after" for m in sub.messages), 30, message="reloaded")
+            n_good = len(sub.messages)
+            wait_until(lambda: len(sub.messages) >= n_good + 10, 30, message="10 results after the reload")
+            cfg.write_text("source: {type: synthetic, fps: -3}\n")  # invalid: refused
+            proc.send_signal(signal.SIGHUP)
+            wait_until(lambda: sock.names().count("RELOADING") >= 2, 30, message="the second reload")
+            wait_until(lambda: sock.names().count("READY") >= 3, 30, message="READY after the refusal")
+            n_bad = len(sub.messages)
+            wait_until(lambda: len(sub.messages) >= n_bad + 10, 30, message="10 results after the refusal")
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=20)
+        wait_until(lambda: "STOPPING" in sock.names(), 10, message="STOPPING=1")
     finally:
-        if proc.poll() is None:
-            proc.kill()
         sub.close()
-        time.sleep(0.1)
         sock.close()
     assert proc.returncode == 0, err
     seqs = [m["seq"] for m in sub.messages]
@@ -237,9 +238,7 @@ def test_units_pass_systemd_analyze_verify(tmp_path):
         pytest.skip("systemd-analyze is not installed")
     for unit in UNITS:
         (tmp_path / unit).write_text(render_unit(unit, "/etc/edge-agent/agent.yaml"))
-    out = subprocess.run(
-        [tool, "verify", *(str(tmp_path / u) for u in UNITS)], capture_output=True, text=True
-    )
+    out = run_process([tool, "verify", *(str(tmp_path / u) for u in UNITS)], timeout_s=60)
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -259,11 +258,8 @@ def test_agent_unit_speaks_notify_with_a_watchdog():
 
 
 def test_service_install_dry_run_prints_and_changes_nothing(tmp_path):
-    out = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "service", "install", "--dry-run", "--prefix", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    out = run_process(
+        agent_command("service", "install", "--dry-run", "--prefix", str(tmp_path)), timeout_s=60
     )
     assert out.returncode == 0, out.stderr
     for unit in UNITS:
@@ -278,12 +274,8 @@ def test_service_install_dry_run_prints_and_changes_nothing(tmp_path):
 def test_logs_carry_journald_priorities_under_systemd(tmp_path, endpoint):
     cfg = write_config(tmp_path / "a.yaml", endpoint, "journal")
     env = {**os.environ, "JOURNAL_STREAM": "8:12345"}
-    out = subprocess.run(
-        [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg), "--quiet", "--frames", "5"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
+    out = run_process(
+        agent_command("run", "--config", str(cfg), "--quiet", "--frames", "5"), timeout_s=60, env=env
     )
     assert out.returncode == 0, out.stderr
     log_lines = [line for line in out.stderr.splitlines() if line.startswith("<")]
@@ -308,7 +300,7 @@ def test_a_reload_that_fails_after_the_drain_resumes_the_old_config(tmp_path, co
     )
     sub = Subscriber(endpoint, "det")
     with started(cfg, sub) as agent:
-        time.sleep(0.5)
+        wait_until(lambda: len(sub.messages) >= 5, 30, message="results before the reload")
         bad = replace(
             cfg,
             power=PowerConfig(
@@ -319,7 +311,6 @@ def test_a_reload_that_fails_after_the_drain_resumes_the_old_config(tmp_path, co
             agent.reload(bad)
         assert agent.config == cfg
         n = len(sub.messages)
-        time.sleep(0.5)
-        assert len(sub.messages) > n + 10, "the old config runs again"
+        wait_until(lambda: len(sub.messages) > n + 10, 30, message="the old config runs again")
     seqs = [m["seq"] for m in sub.messages]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "and the stream kept its sequence"

@@ -10,6 +10,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from conftest import wait_until
 
 from edge_agent.config import (
     GStreamerSourceConfig,
@@ -298,8 +299,7 @@ def test_stalled_camera_is_replaced_by_a_new_reader(tmp_path):
     finally:
         caps[0].unblock.set()  # the stuck driver call returns; its reader must just leave
         src.close()
-    time.sleep(0.1)
-    assert caps[0].released
+    wait_until(lambda: caps[0].released, 10, message="the stuck capture is released once its call returns")
 
 
 class FakeFrozenCapture:
