@@ -445,7 +445,8 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 def _power_config(args: argparse.Namespace):
     from dataclasses import replace
 
-    cfg = _load_config(args.config).power
+    # Restoring clocks must never depend on the model or camera files being there.
+    cfg = _load_config(args.config, check_files=False).power
     if args.root:
         cfg = replace(cfg, root=args.root)
     if args.state_file:
