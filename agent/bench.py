@@ -57,11 +57,13 @@ def synthetic_config(config: AgentConfig, fps: float | None, sources: int = 0) -
         made = tuple(replace(first, name=f"cam{i}", seed=first.seed + i) for i in range(sources))
     else:
         made = tuple(_as_synthetic(src, fps) for src in template)
-    # Its own agents need no metrics endpoint (and must not take the real agent's port).
+    # Its own agents need no metrics endpoint (and must not take the real agent's port),
+    # and wait for no subscriber: nobody listens to a measurement.
     metrics = replace(config.metrics, enabled=False)
+    publish = replace(config.publish, wait_for_subscribers=0)
     if len(made) == 1:
-        return replace(config, source=made[0], sources=(), metrics=metrics)
-    return replace(config, source=SyntheticSourceConfig(), sources=made, metrics=metrics)
+        return replace(config, source=made[0], sources=(), metrics=metrics, publish=publish)
+    return replace(config, source=SyntheticSourceConfig(), sources=made, metrics=metrics, publish=publish)
 
 
 def _raw(config: AgentConfig, sources: int = 0) -> AgentConfig:

@@ -61,14 +61,19 @@ def _latency_first_interpreter() -> None:
 
 
 def _load_config(
-    path: str | None, device: str | None = None, overlay: str | None = None, check_files: bool = True
+    path: str | None,
+    device: str | None = None,
+    overlay: str | None = None,
+    check_files: bool = False,
+    resolve_paths: bool = True,
 ):
     """The effective config (see ``fleet.load_effective``): a file, a fleet's device or the
     embedded default, with the overlay and ``EDGE_AGENT__`` variables applied.
-    ``check_files``: a missing input file is a config error naming its line."""
+    ``check_files`` (what ``run`` loads): a missing input file is a config error naming its
+    line. ``resolve_paths`` false: paths as written (to compare configs, not run them)."""
     from edge_agent.fleet import load_effective
 
-    return load_effective(path, device, overlay, check_files=check_files).config
+    return load_effective(path, device, overlay, check_files=check_files, resolve_paths=resolve_paths).config
 
 
 def _problem_lines(e: Any, limit: int = 12) -> str:
@@ -121,11 +126,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from edge_agent.service import Signals, Supervisor
 
     def load():
-        return _load_config(args.config, args.device, args.overlay)
+        return _load_config(args.config, args.device, args.overlay, check_files=True)
 
     config = load()
     _setup_logging(config.log_level)
     _latency_first_interpreter()
+    if args.config and os.path.isfile(args.config):
+        from edge_agent.configload import compose_file
+
+        if compose_file(args.config) is None:  # a truncated deploy must not pass unnoticed
+            log.warning("%s is empty: running the embedded default (a synthetic camera)", args.config)
     notifier = Notifier.from_env()
     signals = Signals()
     signals.install()
@@ -133,7 +143,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     notifier.extend_timeout(900, "loading the model")
     agent = Agent(config, max_frames=args.frames or 0)
     agent.build()
-    agent.start()
+    agent.start(signals.stop)
     log.info("running: %s", json.dumps(agent.describe()))
     t0 = time.monotonic()
 
@@ -285,8 +295,9 @@ def cmd_keys(args: argparse.Namespace) -> int:
             "the other side trusts (use --force to replace it)",
             EXIT_USAGE,
         )
-    folder.mkdir(parents=True, exist_ok=True)
-    folder.chmod(0o700)
+    if not folder.is_dir():
+        folder.mkdir(parents=True)
+        folder.chmod(0o700)  # a folder made for keys; an existing one (".") keeps its mode
     # The secret certificate is the identity: readable by its owner only, from its first byte.
     old_umask = os.umask(0o077)
     try:
@@ -314,17 +325,19 @@ def cmd_config(args: argparse.Namespace) -> int:
             print(_problem_lines(e), file=sys.stderr)
             return EXIT_USAGE
     elif args.config_command == "render":
-        rendered = load_fleet(args.fleet).render(args.device, overlay=args.overlay)
+        # Paths as written: the rendered config is for a device, not for this machine.
+        rendered = load_fleet(args.fleet).render(args.device, overlay=args.overlay, resolve_paths=False)
         if args.explain:
             for key, origin in sorted(rendered.origins.items()):
                 print(f"{key}: {origin}")
         else:
             print(dump(rendered.config), end="")
     elif args.config_command == "diff":
-        a, b = (to_plain(_load_config(p, args.device, check_files=False)) for p in (args.a, args.b))
+        # Paths as written: two checkouts of one fleet do not differ by where they lie.
+        a, b = (to_plain(_load_config(p, args.device, resolve_paths=False)) for p in (args.a, args.b))
         print("\n".join(diff_configs(a, b)) or "no differences")
     else:
-        print(dump(_load_config(args.file, args.device, check_files=False)), end="")
+        print(dump(_load_config(args.file, args.device)), end="")
     return EXIT_OK
 
 
@@ -445,8 +458,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 def _power_config(args: argparse.Namespace):
     from dataclasses import replace
 
-    # Restoring clocks must never depend on the model or camera files being there.
-    cfg = _load_config(args.config, check_files=False).power
+    cfg = _load_config(args.config).power  # files unchecked: a restore never depends on a model
     if args.root:
         cfg = replace(cfg, root=args.root)
     if args.state_file:
@@ -738,7 +750,7 @@ def build_parser() -> argparse.ArgumentParser:
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
     kg = _sub(keys_sub, "generate", "write NAME.key (public) and NAME.key_secret (mode 600)")
     kg.add_argument("name", help="a plain file name, e.g. the agent's or the client's host name")
-    kg.add_argument("--dir", default=".", help="folder for the two files (made mode 700)")
+    kg.add_argument("--dir", default=".", help="folder for the two files (created mode 700 if missing)")
     kg.add_argument("--force", action="store_true", help="replace an existing key pair of that name")
     kg.set_defaults(func=cmd_keys)
 

@@ -198,9 +198,9 @@ class TensorRTConfig:
     gpu_fallback: bool = True  # layers the DLA cannot run go to the GPU (else the build fails)
     workspace_mib: int = 1024
     optimization_level: int = 3  # TensorRT builder optimisation level, 0..5
-    cache_dir: str = path_field("output", "~/.cache/edge-agent/engines")  # engines, timing, calibration
+    cache_dir: str = path_field("path", "~/.cache/edge-agent/engines")  # engines, timing, calibration
     # INT8 only: frames for calibration, run through the same letterbox as live frames.
-    calibration_images: str = path_field("dir")
+    calibration_images: str = path_field("path")  # checked when an INT8 engine is built
     calibration_frames: int = 200
     # Where normalisation and the NCHW transpose run for float-input models: on a DLA core,
     # on the GPU, or on the CPU (numpy). The letterbox resize stays on the CPU: the DLA
@@ -365,7 +365,7 @@ class PowerConfig:
     fan_mode: str = ""  # jetson-stats fan profile (quiet, cool, manual); needs the jtop service
     fan_speed: int = -1  # 0..100 with fan_mode manual; -1: leave
     thermal_limit_c: float = 85.0  # a zone above this counts as throttling
-    state_file: str = path_field("output", "/var/lib/edge-agent/power-state.json")  # kept until restored
+    state_file: str = path_field("path", "/var/lib/edge-agent/power-state.json")  # kept until restored
     sample_hz: float = 2.0  # telemetry rate, off the frame path
     root: str = path_field("dir", "/")  # filesystem root to read and write (a copied tree, for tests)
 

@@ -68,27 +68,57 @@ def check(ok: bool, key: str, message: str) -> None:
     sink.append(FieldError(key, message))
 
 
-def _syntax_error(e: yaml.YAMLError, file: str) -> ConfigError:
+def _syntax_error(e: yaml.YAMLError, file: str, text: str = "") -> ConfigError:
     if isinstance(e, yaml.reader.ReaderError):  # a control character: binary, not text
-        what = f"character #x{e.character:04x}" if isinstance(e.character, int) else "byte"
-        problem = f"not text (a binary file?): {what} at byte {e.position}"
-        return ConfigError([Problem(file, 0, 0, "", problem)])
+        what = f"character #x{e.character:04x}" if isinstance(e.character, int) else "a character"
+        line = text.count("\n", 0, e.position) + 1 if text else 0
+        return ConfigError([Problem(file, line, 0, "", f"not text (a binary file?): {what}")])
     mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
     line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
     problem = getattr(e, "problem", None) or str(e).splitlines()[0]
     return ConfigError([Problem(file, line, col, "", f"YAML syntax: {short(problem, 200)}")])
 
 
-def compose(text: str, file: str) -> yaml.Node | None:
-    """Parse YAML into a node tree that keeps line numbers; syntax errors → ConfigError."""
+def _compose(text: str, file: str, name: str) -> yaml.Node | None:
+    """``text`` composed with its marks named ``name``; an empty document gives None."""
+    loader = yaml.SafeLoader(text)
+    loader.name = name
     try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
+        node = loader.get_single_node()
     except yaml.YAMLError as e:
-        raise _syntax_error(e, file) from None
+        raise _syntax_error(e, file, text) from None
+    finally:
+        loader.dispose()
+    if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"):
+        return None  # "---" alone, or a sample config with every line commented out
+    _check_acyclic(node, file, set())
+    return node
+
+
+def _check_acyclic(node: yaml.Node, file: str, inside: set[int]) -> None:
+    """An alias to a node that contains it (``a: &x {b: *x}``) makes a loop, which every
+    walk over the tree would follow forever."""
+    if id(node) in inside:
+        mark = node.start_mark
+        loop = "an alias refers to a mapping or list that contains it (a loop)"
+        raise ConfigError([Problem(file, mark.line + 1, mark.column + 1, "", loop)])
+    if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
+        inside.add(id(node))
+        for child in node.value:
+            for n in child if isinstance(child, tuple) else (child,):
+                _check_acyclic(n, file, inside)
+        inside.discard(id(node))
+
+
+def compose(text: str, file: str) -> yaml.Node | None:
+    """Parse YAML into a node tree that keeps line numbers; syntax errors → ConfigError.
+    An empty document gives None."""
+    return _compose(text, file, "<unicode string>")
 
 
 def compose_file(path: str) -> yaml.Node | None:
-    """Compose a YAML file from its opened stream, so every mark names the file.
+    """Compose a YAML file; every mark names the file, so a tree merged from several files
+    blames the right one.
 
     An empty document (or one with every line commented out) gives None. An unreadable,
     binary or non-UTF-8 file, or a YAML syntax error, raises ``ConfigError`` naming it.
@@ -96,19 +126,17 @@ def compose_file(path: str) -> yaml.Node | None:
     if os.path.isdir(path):
         raise ConfigError([Problem(path, 0, 0, "", "is a directory, not a YAML file")])
     try:
-        with open(path, encoding="utf-8") as f:
-            node = yaml.compose(f, Loader=yaml.SafeLoader)
+        with open(path, "rb") as f:
+            data = f.read()
     except OSError as e:
         raise ConfigError([Problem(path, 0, 0, "", f"cannot read: {e.strerror}")]) from None
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ConfigError(
-            [Problem(path, 0, 0, "", f"not text (a binary file?): byte {e.start} is not UTF-8 ({e.reason})")]
-        ) from None
-    except yaml.YAMLError as e:
-        raise _syntax_error(e, path) from None
-    if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"):
-        return None  # "---" alone, or a sample config with every line commented out
-    return node
+        line = data.count(b"\n", 0, e.start) + 1
+        problem = f"not text (a binary file?): byte {e.start} is not UTF-8 ({e.reason})"
+        raise ConfigError([Problem(path, line, 0, "", problem)]) from None
+    return _compose(text, path, path)
 
 
 def load(cls: type, text: str, file: str) -> Any:
@@ -116,10 +144,7 @@ def load(cls: type, text: str, file: str) -> Any:
 
     Paths in it are kept as written (no file to resolve them against: see ``load_file``).
     """
-    node = compose(text, file)
-    if isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null":
-        node = None
-    return _build(Builder(file), cls, node)
+    return _build(Builder(file), cls, compose(text, file))
 
 
 def load_file(cls: type, path: str, check_files: bool = False) -> Any:
@@ -138,23 +163,25 @@ def _build(builder: Builder, cls: type, node: yaml.Node | None) -> Any:
 
 # -- paths -------------------------------------------------------------------------------------
 
-PathKind = Literal["file", "dir", "output"]
+PathKind = Literal["file", "dir", "path"]
+
+# The mark of a value set by an environment variable: "env EDGE_AGENT__SOURCE__FPS".
+ENV_PREFIX = "EDGE_AGENT__"
+ENV_ORIGIN = "env "
 
 
 def path_field(kind: PathKind, default: str = "") -> Any:
     """A config field that names a file or folder. A relative value resolves against the
-    folder of the config file that set it (an environment override: the working folder);
-    ``file``/``dir`` must exist when the loader checks files, ``output`` is created."""
+    folder of the config file that set it (an environment override: the working folder),
+    and ``~`` is the home folder. ``file``/``dir``: an input that must exist when the loader
+    checks files; ``path``: created, or needed only in some modes (checked where used)."""
     return dataclasses.field(default=default, metadata={"path": kind})
-
-
-ENV_ORIGIN = "env "  # the prefix of an environment variable's mark name
 
 
 def _origin_dir(mark_file: str | None, fallback: str) -> str | None:
     """The folder a relative path set at a node resolves against; None: leave it as written."""
     origin = mark_file if mark_file and not mark_file.startswith("<") else fallback
-    if origin.startswith(ENV_ORIGIN):
+    if origin.startswith(ENV_ORIGIN + ENV_PREFIX):
         return os.getcwd()
     if not origin or origin.startswith("<"):
         return None
@@ -249,12 +276,13 @@ class Builder:
 
     def _path(self, kind: PathKind, value: str, node: yaml.Node, path: str) -> Any:
         """A path field's value resolved against the file that set it, and checked."""
-        if self.resolve_paths and not os.path.isabs(value) and not value.startswith("~"):
+        if self.resolve_paths:
+            value = os.path.expanduser(value)
             base = _origin_dir(getattr(node.start_mark, "name", None), self.file)
-            if base is not None:
+            if base is not None and not os.path.isabs(value):
                 value = os.path.normpath(os.path.join(base, value))
         if self.check_files:
-            problem = _missing(kind, os.path.expanduser(value))
+            problem = _missing(kind, value)
             if problem:
                 return self.fail(node, path, problem)
         return value
@@ -338,7 +366,11 @@ class Builder:
         nodes: dict[str, yaml.Node] = {}
         ok = True
         for k_node, v_node in node.value:
-            key = _scalars.construct_object(k_node) if isinstance(k_node, yaml.ScalarNode) else None
+            if not isinstance(k_node, yaml.ScalarNode):
+                self.fail(k_node, path, f"a key must be a name, got {node_kind(k_node)}")
+                ok = False
+                continue
+            key = _scalars.construct_object(k_node)
             if key not in fields:
                 known = ", ".join(fields)
                 self.fail(k_node, _join(path, str(key)), f"unknown key (expected one of: {known})")

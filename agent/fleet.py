@@ -75,9 +75,16 @@ from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
 from edge_agent.config import AgentConfig
-from edge_agent.configload import ENV_ORIGIN, Builder, ConfigError, Problem, compose_file, node_kind, to_plain
-
-ENV_PREFIX = "EDGE_AGENT__"
+from edge_agent.configload import (
+    ENV_ORIGIN,
+    ENV_PREFIX,
+    Builder,
+    ConfigError,
+    Problem,
+    compose_file,
+    node_kind,
+    to_plain,
+)
 
 _STR = "tag:yaml.org,2002:str"
 _MAP = "tag:yaml.org,2002:map"
@@ -402,6 +409,7 @@ class Fleet:
         env: Mapping[str, str] | None = None,
         facts: DeviceFacts | None = None,
         check_files: bool = False,
+        resolve_paths: bool = True,
     ) -> Rendered:
         """The effective config of ``device_id``; raises ``ConfigError`` with every problem.
 
@@ -414,7 +422,7 @@ class Fleet:
         listed = self._devices.get(device_id)
         if listed is not None:
             layers.append(_Layer(f"devices.{device_id}", listed.config))
-        return _render_local(self.path, device_id, layers, overlay, env, check_files)
+        return _render_local(self.path, device_id, layers, overlay, env, check_files, resolve_paths)
 
 
 def _config_layer(label: str, node: yaml.Node | None, problems: list[Problem]) -> _Layer | None:
@@ -435,6 +443,7 @@ def _render_local(
     overlay: str | None,
     env: Mapping[str, str] | None,
     check_files: bool,
+    resolve_paths: bool = True,
 ) -> Rendered:
     """``layers``, then this device's own: the overlay file and the environment."""
     env = os.environ if env is None else env
@@ -442,7 +451,8 @@ def _render_local(
     if overlay is not None:
         layer = _config_layer("overlay", compose_file(overlay), problems)
         layers = [*layers, layer] if layer else layers
-    return _render(file, device_id, layers, env, _env_layer(env, problems), problems, check_files)
+    env_node = _env_layer(env, problems)
+    return _render(file, device_id, layers, env, env_node, problems, check_files, resolve_paths)
 
 
 def is_fleet(path: str) -> bool:
@@ -451,8 +461,10 @@ def is_fleet(path: str) -> bool:
     if os.path.isdir(path):
         return True
     node = compose_file(path)
-    keys = {k.value for k, _v in node.value} if isinstance(node, yaml.MappingNode) else set()
-    return bool(keys) and keys <= {"defaults", "groups", "devices"}
+    if not isinstance(node, yaml.MappingNode):
+        return False
+    keys = [k.value if isinstance(k, yaml.ScalarNode) else None for k, _v in node.value]
+    return bool(keys) and set(keys) <= {"defaults", "groups", "devices"}
 
 
 def load_effective(
@@ -461,6 +473,7 @@ def load_effective(
     overlay: str | None = None,
     env: Mapping[str, str] | None = None,
     check_files: bool = False,
+    resolve_paths: bool = True,
 ) -> Rendered:
     """The config this device runs: the embedded default (``path`` None), a plain config
     file, or device ``device`` (default: this host's name) of a fleet; then the local
@@ -469,16 +482,20 @@ def load_effective(
 
     Raises ``ConfigError`` naming the file, line and key path (or the variable) of every
     problem; ``check_files``: also of every input file or folder that does not exist.
+    ``resolve_paths`` false keeps relative paths as written (to compare two configs).
     """
     host = socket.gethostname()
     if path is not None and is_fleet(path):
-        return load_fleet(path).render(device or host, overlay, env, check_files=check_files)
+        fleet = load_fleet(path)
+        return fleet.render(
+            device or host, overlay, env, check_files=check_files, resolve_paths=resolve_paths
+        )
     problems: list[Problem] = []
     layer = _config_layer("file", compose_file(path), problems) if path is not None else None
     if problems:
         raise ConfigError(problems)
     layers = [layer] if layer else []
-    return _render_local(path or "<default config>", host, layers, overlay, env, check_files)
+    return _render_local(path or "<default config>", host, layers, overlay, env, check_files, resolve_paths)
 
 
 def _matches(group: _Group, facts: DeviceFacts) -> bool:
@@ -497,6 +514,7 @@ def _render(
     env_node: yaml.MappingNode | None,
     problems: list[Problem],
     check_files: bool = False,
+    resolve_paths: bool = True,
 ) -> Rendered:
     merger = _Merger()
     id_mark = yaml.Mark("<device id>", 0, -1, -1, None, None)
@@ -514,7 +532,7 @@ def _render(
         root = merger.merge(root, node, (), layer.label)
     if env_node is not None:
         root = merger.merge(root, env_node, (), None)
-    builder = Builder(file, resolve_paths=True, check_files=check_files)
+    builder = Builder(file, resolve_paths=resolve_paths, check_files=check_files)
     config = builder.build(AgentConfig, root, "")
     reported = {(p.file, p.line, p.column) for p in problems}
     problems += [p for p in builder.problems if (p.file, p.line, p.column) not in reported]
@@ -577,10 +595,8 @@ class _Merger:
             base_tag = _type_of(base) or _default_tag(parts)
             if over_tag is None or over_tag == base_tag:
                 pairs = list(base.value)
-                if not parts and label is not None:
-                    # Not for a variable: EDGE_AGENT__SOURCE__FPS must not swap a config's
-                    # sources list for one default camera (it is refused as both instead).
-                    pairs = self._one_source_form(pairs, over)
+                if not parts:
+                    pairs = self._one_source_form(pairs, over, variable=label is None)
                 index = {_key(k): i for i, (k, _v) in enumerate(pairs)}
                 for k_node, v_node in over.value:
                     key = _key(k_node)
@@ -600,13 +616,18 @@ class _Merger:
         return over
 
     def _one_source_form(
-        self, pairs: list[tuple[yaml.Node, yaml.Node]], over: yaml.MappingNode
+        self, pairs: list[tuple[yaml.Node, yaml.Node]], over: yaml.MappingNode, variable: bool = False
     ) -> list[tuple[yaml.Node, yaml.Node]]:
         """``source`` (one camera) and ``sources`` (several) exclude each other: a layer that
         sets one replaces the other of the layers below (defaults with one camera, a device
-        with four)."""
+        with four). A ``variable`` (EDGE_AGENT__SOURCES) may replace one camera by a list,
+        but EDGE_AGENT__SOURCE__FPS only tunes a single source: over a list it is refused
+        (as both), not turned into a default camera."""
         given = {_key(k) for k, _v in over.value}
-        drop = {"source", "sources"} - given if given & {"source", "sources"} else set()
+        if variable:
+            drop = {"source"} if "sources" in given else set()
+        else:
+            drop = {"source", "sources"} - given if given & {"source", "sources"} else set()
         for path in [p for p in self.origins if p.split(".")[0] in drop]:
             del self.origins[path]
         return [(k, v) for k, v in pairs if _key(k) not in drop]

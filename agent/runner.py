@@ -7,6 +7,7 @@ failure to build names the file, device or key at fault before anything is start
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -20,6 +21,7 @@ from edge_agent.config import (
     LadderStep,
     ModelConfig,
     OnnxRuntimeConfig,
+    PublishConfig,
     SourceConfig,
     TensorRTConfig,
 )
@@ -165,6 +167,12 @@ def load_model(model: ModelConfig, backend_config: BackendConfig) -> LoadedModel
     )
 
 
+def _publisher(pub: PublishConfig) -> ZmqPublisher:
+    return ZmqPublisher(
+        pub.endpoint, pub.send_hwm, pub.encoding, pub.curve_server_key, pub.curve_clients_dir, pub.topic
+    )
+
+
 class Agent:
     """One configured agent: source → pipeline → result stream, with its heartbeat."""
 
@@ -285,10 +293,7 @@ class Agent:
         self.profiles, self.models = self._load_profiles(cfg)
         self.sources = {src.name: self._source(cfg, src) for src in cfg.source_list()}
         self.power = PowerManager(cfg.power)
-        pub = cfg.publish
-        self.publisher = ZmqPublisher(
-            pub.endpoint, pub.send_hwm, pub.encoding, pub.curve_server_key, pub.curve_clients_dir
-        )
+        self.publisher = _publisher(cfg.publish)
         self.pipeline = self._pipeline(cfg, self.sources, self.profiles)
         self.health = HealthReporter(
             self.pipeline, self.publisher, cfg.device_id, cfg.publish.health_interval_s, self.power
@@ -440,13 +445,7 @@ class Agent:
             log.warning("reload: the result stream is rebound (%s); subscribers reconnect", pub_new.endpoint)
             assert self.publisher is not None
             self.publisher.close()
-            publisher = ZmqPublisher(
-                pub_new.endpoint,
-                pub_new.send_hwm,
-                pub_new.encoding,
-                pub_new.curve_server_key,
-                pub_new.curve_clients_dir,
-            )
+            publisher = _publisher(pub_new)
             publisher.open()
             self._replace_started(self.publisher, publisher)
             self.publisher = publisher
@@ -476,8 +475,9 @@ class Agent:
     def _replace_started(self, old: Any, new: Any) -> None:
         self._started = [new if part is old else part for part in self._started]
 
-    def start(self) -> None:
-        """Open the stream and the source, start the stages and the heartbeat.
+    def start(self, interrupt: threading.Event | None = None) -> None:
+        """Open the stream and the sources, wait for the subscribers a file needs, start
+        the stages and the heartbeat. ``interrupt`` (a stop signal) ends that wait early.
 
         On failure, whatever already started is stopped again.
         """
@@ -490,10 +490,10 @@ class Agent:
             self._started.append(self.power)
             self.publisher.open()
             self._started.append(self.publisher)
-            self._wait_for_subscribers()
             for source in self.sources.values():
                 source.open()
                 self._started.append(source)
+            self._wait_for_subscribers(interrupt)
             self.pipeline.start()
             self._started.append(self.pipeline)
             assert self.health is not None
@@ -504,7 +504,7 @@ class Agent:
             self.stop()
             raise
 
-    def _wait_for_subscribers(self) -> None:
+    def _wait_for_subscribers(self, interrupt: threading.Event | None) -> None:
         """Before the first frame of a file: results published before a waiting subscriber's
         subscription arrived would be lost to it (ZeroMQ drops them)."""
         assert self.publisher is not None
@@ -512,10 +512,12 @@ class Agent:
         if not wanted:
             return
         timeout_s = self.config.publish.subscriber_timeout_s
-        got = self.publisher.wait_for_subscribers(wanted, timeout_s)
-        if got < wanted:
+        log.info("waiting up to %.1f s for %d subscriber(s) to the results", timeout_s, wanted)
+        got = self.publisher.wait_for_subscribers(wanted, timeout_s, interrupt)
+        if got < wanted and not (interrupt is not None and interrupt.is_set()):
             log.info(
-                "%d of %d subscribers after %.1f s (publish.wait_for_subscribers): publishing anyway",
+                "%d of %d subscribers to the results after %.1f s (publish.wait_for_subscribers; "
+                "a client refused by CURVE never subscribes): publishing anyway",
                 got,
                 wanted,
                 timeout_s,

@@ -128,9 +128,12 @@ class Supervisor:
             with self._watchdog_fed():
                 new = self.load_config()
                 changed = self.agent.reload(new)
-        except (ConfigError, RuntimeError, OSError, ValueError) as e:
+        except Exception as e:  # whatever went wrong, the running config stays
             self.refused_reloads += 1
-            log.error("reload refused, the running config stays: %s", e)
+            if isinstance(e, (ConfigError, RuntimeError, OSError, ValueError)):
+                log.error("reload refused, the running config stays: %s", e)
+            else:  # not an expected refusal: keep the traceback for the bug report
+                log.exception("reload refused, the running config stays: %s", e)
             self.notifier.ready("reload refused: " + str(e).splitlines()[0][:200])
             return False
         self.reloads += 1

@@ -164,9 +164,10 @@ def _private(cfg: AgentConfig, fps: float) -> AgentConfig:
     socket, power read-only."""
     from edge_agent.bench import synthetic_config
 
+    made = synthetic_config(cfg, fps)
     return replace(
-        synthetic_config(cfg, fps),
-        publish=replace(cfg.publish, endpoint="tcp://127.0.0.1:*"),
+        made,
+        publish=replace(made.publish, endpoint="tcp://127.0.0.1:*"),
         power=replace(cfg.power, manage=False),
     )
 

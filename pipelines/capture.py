@@ -10,7 +10,6 @@ exponential backoff and jitter, without stopping the agent.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
@@ -21,7 +20,7 @@ import cv2
 import numpy as np
 
 from edge_agent.config import GStreamerSourceConfig, RtspSourceConfig, V4L2SourceConfig
-from edge_agent.pipelines.sources import BufferPolicy, Source, SourceError, SourceFrame
+from edge_agent.pipelines.sources import BufferPolicy, Source, SourceError, SourceFrame, open_video
 
 log = logging.getLogger(__name__)
 
@@ -35,30 +34,9 @@ def has_gstreamer() -> bool:
     return False
 
 
-# OpenCV's FFmpeg backend takes its demuxer options from this process-wide variable,
-# read inside VideoCapture's open; no open parameter sets them per capture (OpenCV 4.8 to
-# 5.0 accept only the timeouts, threads, format and hardware-acceleration ones there).
-FFMPEG_OPTIONS_VAR = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
-_ffmpeg_options_lock = threading.Lock()
-
-
 def _open_rtsp(url: str, transport: str, params: list[int]) -> cv2.VideoCapture:
-    """Open an RTSP URL with FFmpeg over ``transport``. The variable is set, the capture
-    opened and the previous value put back under one lock: two sources opening at once
-    would otherwise see each other's transport, and the value would leak into later
-    FFmpeg opens (video files, RTSP sources of other code). OpenCV already serialises
-    FFmpeg opens with a lock of its own (unless OPENCV_FFMPEG_IS_THREAD_SAFE=1), so this
-    one costs no concurrency."""
-    with _ffmpeg_options_lock:
-        previous = os.environ.get(FFMPEG_OPTIONS_VAR)
-        os.environ[FFMPEG_OPTIONS_VAR] = f"rtsp_transport;{transport}"
-        try:
-            return cv2.VideoCapture(url, cv2.CAP_FFMPEG, params)
-        finally:
-            if previous is None:
-                os.environ.pop(FFMPEG_OPTIONS_VAR, None)
-            else:
-                os.environ[FFMPEG_OPTIONS_VAR] = previous
+    """Open an RTSP URL with FFmpeg over ``transport`` (per source: see ``open_video``)."""
+    return open_video(url, cv2.CAP_FFMPEG, params, f"rtsp_transport;{transport}")
 
 
 def open_capture(config: LiveConfig) -> cv2.VideoCapture:

@@ -25,7 +25,7 @@ import zmq
 from edge_agent.pipelines.handoff import CAPTURED, N_STAMPS, PUBLISH, STAGES, FrameSlot
 
 SCHEMA_VERSION = 1
-CLOSE_LINGER_MS = 500  # at most this long to flush queued messages when the socket closes
+CLOSE_LINGER_MS = 200  # at most this long to flush queued messages when the socket closes
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +41,10 @@ class ZmqPublisher:
         encoding: str = "json",
         curve_server_key: str = "",
         curve_clients_dir: str = "",
+        topic: str = "det",
     ) -> None:
         self.endpoint = endpoint
+        self._results = f"{topic}.".encode()  # results go out as "<topic>.<source>"
         self.send_hwm = send_hwm
         self.encoding = encoding
         self.curve_server_key = curve_server_key
@@ -54,7 +56,7 @@ class ZmqPublisher:
         # ZeroMQ socket must not be used by two threads at once.
         self._lock = threading.Lock()
         self.sent = 0
-        self.subscriptions = 0  # subscribe minus unsubscribe messages seen so far
+        self.subscriptions = 0  # to results (not heartbeats only): subscribed minus unsubscribed
         self._pack = _packer(encoding)
 
     def encode(self, message: dict[str, Any]) -> bytes:
@@ -117,10 +119,13 @@ class ZmqPublisher:
             self._auth.stop()
             self._auth = None
 
-    def wait_for_subscribers(self, count: int, timeout_s: float) -> int:
-        """Wait until ``count`` subscriptions have arrived, or ``timeout_s``; returns how many
-        did. A subscriber that was waiting for the agent connects within ZeroMQ's reconnect
-        interval (100 ms), so its subscription is here well inside a second."""
+    def wait_for_subscribers(
+        self, count: int, timeout_s: float, interrupt: threading.Event | None = None
+    ) -> int:
+        """Wait until ``count`` subscriptions to results have arrived, ``timeout_s`` passed
+        or ``interrupt`` is set; returns how many arrived. A subscriber that was waiting for
+        the agent connects within ZeroMQ's reconnect interval (100 ms), so its subscription
+        is here well inside a second. A client that CURVE refuses never subscribes."""
         deadline = time.monotonic() + timeout_s
         while True:
             with self._lock:
@@ -132,6 +137,8 @@ class ZmqPublisher:
                     return self.subscriptions
                 # Short slices: the lock is the socket's, and the heartbeat may want it.
                 self._sock.poll(min(left_s, 0.05) * 1000, zmq.POLLIN)
+            if interrupt is not None and interrupt.is_set():
+                return self.subscriptions
 
     def poll_subscriptions(self) -> int:
         """Take the subscription messages queued so far (XPUB keeps them until read, without
@@ -148,6 +155,10 @@ class ZmqPublisher:
                 msg = self._sock.recv(zmq.NOBLOCK)
             except zmq.Again:
                 return
+            prefix = msg[1:]
+            # A subscription to "", "d", "det" or "det.cam0" receives results; "health" not.
+            if not (self._results.startswith(prefix) or prefix.startswith(self._results)):
+                continue
             if msg[:1] == b"\x01":
                 self.subscriptions += 1
             elif msg[:1] == b"\x00":

@@ -14,6 +14,7 @@ import enum
 import glob
 import logging
 import os
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -31,6 +32,38 @@ from edge_agent.config import (
 from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
 
 log = logging.getLogger(__name__)
+
+
+# OpenCV's FFmpeg backend takes its demuxer options from this process-wide variable,
+# read inside VideoCapture's open; no open parameter sets them per capture (OpenCV 4.8 to
+# 5.0 accept only the timeouts, threads, format and hardware-acceleration ones there).
+FFMPEG_OPTIONS_VAR = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
+_ffmpeg_options_lock = threading.Lock()
+
+
+def open_video(
+    target: str, api: int = cv2.CAP_ANY, params: list[int] | None = None, ffmpeg_options: str = ""
+) -> cv2.VideoCapture:
+    """``cv2.VideoCapture(target, api, params)`` with FFmpeg ``ffmpeg_options`` ("key;value",
+    appended to the user's own OPENCV_FFMPEG_CAPTURE_OPTIONS) for this open alone.
+
+    Files and streams are opened under one lock: the variable is set, the capture opened
+    and the previous value put back, so two RTSP sources opening at once never see each
+    other's transport, and no open reads the variable while another thread writes it.
+    OpenCV serialises FFmpeg opens with a lock of its own (unless
+    OPENCV_FFMPEG_IS_THREAD_SAFE=1), so this one costs no concurrency.
+    """
+    with _ffmpeg_options_lock:
+        previous = os.environ.get(FFMPEG_OPTIONS_VAR)
+        if ffmpeg_options:
+            os.environ[FFMPEG_OPTIONS_VAR] = f"{previous}|{ffmpeg_options}" if previous else ffmpeg_options
+        try:
+            return cv2.VideoCapture(target, api, params or [])
+        finally:
+            if previous is None:
+                os.environ.pop(FFMPEG_OPTIONS_VAR, None)
+            else:
+                os.environ[FFMPEG_OPTIONS_VAR] = previous
 
 
 class BufferPolicy(enum.Enum):
@@ -167,8 +200,9 @@ class VideoFileSource(Source):
         path = self.config.path
         if not os.path.isfile(path):
             raise SourceError(f"video file not found: {path}")
-        cap = cv2.VideoCapture(path)
+        cap = open_video(path)
         if not cap.isOpened():
+            cap.release()
             raise SourceError(f"cannot decode video file: {path}")
         self._cap = cap
         fps = cap.get(cv2.CAP_PROP_FPS) or 0.0

@@ -72,6 +72,15 @@ def test_a_misspelled_variable_is_an_error_naming_it(tmp_path, with_file):
     assert run.returncode == 2 and "EDGE_AGENT__SOURCE__FSP" in run.stderr
 
 
+def test_a_sources_variable_replaces_a_single_source(tmp_path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text("defaults:\n  source: {type: synthetic, fps: 30}\n")
+    env = {"EDGE_AGENT__SOURCES": "[{name: x}, {name: y, fps: 5}]"}
+    for path in (fleet, None):
+        cfg = load_effective(str(path) if path else None, device="cam-1", env=env).config
+        assert [s.name for s in cfg.source_list()] == ["x", "y"]
+
+
 def test_an_override_of_source_does_not_silently_replace_a_sources_list(tmp_path):
     path = tmp_path / "two.yaml"
     path.write_text("sources:\n  - {name: a, fps: 30}\n  - {name: b, fps: 30}\n")
@@ -103,7 +112,8 @@ def test_relative_paths_resolve_against_the_config_file_not_the_working_dir(tmp_
     assert f"  path: {conf / 'clip.mp4'}" in shown.stdout.splitlines()
     assert f"  path: {tmp_path / 'site' / 'models' / 'det.onnx'}" in shown.stdout.splitlines()
     assert f"  state_file: {conf / 'state' / 'power.json'}" in shown.stdout.splitlines()
-    assert "  cache_dir: ~/engines" in shown.stdout.splitlines(), "a home path is not relative"
+    home = os.path.expanduser("~")
+    assert f"  cache_dir: {home}/engines" in shown.stdout.splitlines(), "~ is the home folder"
     ok = cli("config", "validate", str(conf / "agent.yaml"), cwd=elsewhere)
     assert ok.returncode == 0, ok.stderr
 
@@ -124,6 +134,49 @@ def test_fleet_layers_and_overlays_resolve_against_their_own_files(tmp_path, mon
     assert cfg.source.path == str(tmp_path / "fleet" / "frames")
     assert cfg.resilience.fallback_model == str(tmp_path / "local" / "small.onnx")
     assert cfg.model.manifest == str(tmp_path / "m.yaml"), "a variable's path: the working folder"
+
+
+def test_home_paths_are_expanded_for_the_check_and_the_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "m.onnx").write_bytes(b"")
+    path = tmp_path / "conf" / "agent.yaml"
+    path.parent.mkdir()
+    path.write_text("model: {path: ~/m.onnx}\n")
+    cfg = load_effective(str(path), env={}, check_files=True).config
+    assert cfg.model.path == str(tmp_path / "m.onnx")
+
+
+def test_files_a_run_does_not_read_are_not_required(tmp_path):
+    """An INT8 calibration folder matters only where an INT8 engine is built; the auto
+    backend on a machine without TensorRT never reads it."""
+    path = tmp_path / "agent.yaml"
+    path.write_text("backend: {type: auto, tensorrt: {precision: fp16, calibration_images: calib}}\n")
+    cfg = load_effective(str(path), env={}, check_files=True).config
+    assert cfg.backend.tensorrt.calibration_images == str(tmp_path / "calib")
+
+
+def test_two_checkouts_of_one_fleet_do_not_differ_by_where_they_lie(tmp_path):
+    for name in ("v1", "v2"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "agent.yaml").write_text("source: {type: video, path: clip.mp4}\n")
+    r = cli("config", "diff", str(tmp_path / "v1" / "agent.yaml"), str(tmp_path / "v2" / "agent.yaml"))
+    assert r.returncode == 0 and r.stdout.strip() == "no differences", r.stdout + r.stderr
+
+
+def test_run_warns_that_an_empty_config_is_the_embedded_default(tmp_path, endpoint):
+    path = tmp_path / "agent.yaml"
+    path.write_text("# truncated\n")
+    r = cli(
+        "run",
+        "-c",
+        str(path),
+        "--frames",
+        "1",
+        "--quiet",
+        env={"EDGE_AGENT__PUBLISH__ENDPOINT": endpoint, "EDGE_AGENT__METRICS__ENABLED": "false"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert f"{path} is empty: running the embedded default" in r.stderr
 
 
 def test_validate_reports_a_missing_file_with_its_resolved_path_and_line(tmp_path):
@@ -176,8 +229,10 @@ def test_a_fleet_is_validated_without_the_devices_files(tmp_path):
         (b"x" * 4000 + b"\n", "expected an agent config mapping, got a scalar 'xxx"),
         (b"source: [unclosed\n", "YAML syntax:"),
         (b"- just\n- a list\n", "expected an agent config mapping, got a list"),
+        (b"[a]: 1\n", "a key must be a name, got a list"),
+        (b"source: &x {fps: *x}\n", "an alias refers to a mapping or list that contains it"),
     ],
-    ids=["binary", "latin1", "4KB-scalar", "syntax", "list"],
+    ids=["binary", "latin1", "4KB-scalar", "syntax", "list", "list-key", "alias-loop"],
 )
 def test_a_bad_config_file_is_named_in_a_short_error_and_exits_2(tmp_path, content, expected):
     path = tmp_path / "agent.yaml"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -132,8 +133,11 @@ def test_the_publisher_counts_subscriptions_and_stops_waiting_when_they_arrive(e
         t0 = time.monotonic()
         assert pub.wait_for_subscribers(1, 0.3) == 0, "nobody there: the wait times out"
         assert time.monotonic() - t0 < 5
-        subs = [connect(endpoint, ("det",), context=ctx) for _ in range(2)]
+        # A heartbeat-only monitor receives no result: it does not count.
+        monitor = connect(endpoint, ("health",), context=ctx)
+        subs = [connect(endpoint, topics, context=ctx) for topics in (("det",), ("det.cam0", "health"))]
         assert pub.wait_for_subscribers(2, 60) == 2
+        monitor.close()
         # Sent after the wait, the first message reaches both.
         pub.send(b"det.cam0", b'{"seq":0}')
         for s in subs:
@@ -171,3 +175,25 @@ def test_the_gap_tracker_keeps_the_seq_each_topic_was_joined_at():
     assert [gaps.update("det.a", s) for s in (14, 15, 17)] == [0, 0, 1]
     assert gaps.update("det.b", 0) == 0
     assert gaps.joined == {"det.a": 14, "det.b": 0} and gaps.lost == {"det.a": 1}
+
+
+def test_sigterm_during_the_wait_for_subscribers_stops_the_agent(tmp_path, endpoint, const_model):
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(
+        f"source: {{type: images, path: {write_images(tmp_path / 'frames', 5)}}}\n"
+        f"model: {{path: {const_model}}}\n"
+        f"publish: {{endpoint: '{endpoint}', subscriber_timeout_s: 600}}\nmetrics: {{enabled: false}}\n"
+    )
+    with spawn(
+        [sys.executable, "-m", "edge_agent", "run", "-c", str(cfg), "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as agent:
+        line = ""
+        while "waiting up to 600.0 s for 1 subscriber" not in line:
+            line = read_line(agent.stderr, 60)
+            assert line, "the agent never said it waits for a subscriber"
+        agent.send_signal(signal.SIGTERM)
+        # Not the 600 s the wait would last: the signal ends it.
+        assert agent.wait(30) == 0
