@@ -121,6 +121,13 @@ def agent_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "edge_agent", *args]
 
 
+def spawn_run(cfg: Path | str, *args: str) -> Any:
+    """``edge-agent run --config CFG --quiet ARGS`` as a subprocess, its output on text pipes;
+    a context manager that ends it (and its children) on exit, as ``spawn``."""
+    command = agent_command("run", "--config", str(cfg), "--quiet", *args)
+    return spawn(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 def free_endpoint() -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

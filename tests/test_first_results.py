@@ -10,7 +10,6 @@ import json
 import select
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import cv2
 import numpy as np
 import pytest
 import zmq
-from conftest import spawn, wait_until
+from conftest import agent_command, spawn, spawn_run, wait_until
 from test_sources import write_video
 
 from edge_agent.client import GapTracker, connect, decode
@@ -54,12 +53,7 @@ def run_agent_for_a_waiting_subscriber(cfg_path: Path, endpoint: str, frames: in
     results: list[dict] = []
     final = False
     try:
-        with spawn(
-            [sys.executable, "-m", "edge_agent", "run", "-c", str(cfg_path), "--quiet"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        ) as agent:
+        with spawn_run(cfg_path) as agent:
             deadline = time.monotonic() + 120
             while not final and time.monotonic() < deadline:
                 try:
@@ -103,7 +97,7 @@ def test_listen_started_before_the_agent_gets_every_result_from_seq_0(tmp_path, 
         f"model: {{path: {const_model}}}\n"
         f"publish: {{endpoint: '{endpoint}', subscriber_timeout_s: 60}}\nmetrics: {{enabled: false}}\n"
     )
-    listen = [sys.executable, "-m", "edge_agent", "listen", endpoint, "--json", "--topic", "det."]
+    listen = agent_command("listen", endpoint, "--json", "--topic", "det.")
     with spawn(
         [*listen, "--count", str(n)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as listener:
@@ -111,11 +105,7 @@ def test_listen_started_before_the_agent_gets_every_result_from_seq_0(tmp_path, 
         # from then on it is certainly subscribed, before the agent exists.
         notice = read_line(listener.stderr, 60)
         assert "nothing received yet" in notice, notice
-        with spawn(
-            [sys.executable, "-m", "edge_agent", "run", "-c", str(cfg), "--quiet"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        ) as agent:
+        with spawn(agent_command("run", "-c", str(cfg), "--quiet"), stdout=subprocess.DEVNULL) as agent:
             out, _ = listener.communicate(timeout=120)
             assert agent.wait(60) == 0
     seqs = [json.loads(line)["seq"] for line in out.splitlines()]
@@ -184,12 +174,7 @@ def test_sigterm_during_the_wait_for_subscribers_stops_the_agent(tmp_path, endpo
         f"model: {{path: {const_model}}}\n"
         f"publish: {{endpoint: '{endpoint}', subscriber_timeout_s: 600}}\nmetrics: {{enabled: false}}\n"
     )
-    with spawn(
-        [sys.executable, "-m", "edge_agent", "run", "-c", str(cfg), "--quiet"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as agent:
+    with spawn_run(cfg) as agent:
         line = ""
         while "waiting up to 600.0 s for 1 subscriber" not in line:
             line = read_line(agent.stderr, 60)

@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import agent_command, run_process, spawn, started, wait_until
+from conftest import agent_command, run_process, spawn_run, started, wait_until
 from jetson_tree import make_tree
 
 from edge_agent.config import PowerConfig
@@ -330,16 +330,6 @@ def agent_config(tmp_path: Path, root: Path, endpoint: str) -> Path:
     return cfg
 
 
-def start_run(cfg: Path):
-    """The agent as a subprocess (a context manager: ended with its children on exit)."""
-    return spawn(
-        agent_command("run", "--config", str(cfg), "--quiet"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def run_agent(cfg: Path, *args: str) -> subprocess.CompletedProcess:
     return run_process(agent_command("run", "--config", str(cfg), "--quiet", *args), timeout_s=60)
 
@@ -371,7 +361,7 @@ def test_the_agent_restores_on_exit_and_on_sigterm(ending, tools, tmp_path, endp
         proc = run_agent(cfg, "--frames", "15")
         assert proc.returncode == 0, proc.stderr
     else:
-        with start_run(cfg) as proc:
+        with spawn_run(cfg) as proc:
             wait_applied(root, proc, endpoint)
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=20)
@@ -385,7 +375,7 @@ def test_sigkill_then_the_next_agent_start_restores_before_applying(tools, tmp_p
     root = make_tree(tmp_path / "root", "orin-nano")
     before = gpu_range(root)
     cfg = agent_config(tmp_path, root, endpoint)
-    with start_run(cfg) as proc:
+    with spawn_run(cfg) as proc:
         wait_applied(root, proc, endpoint)
         proc.kill()
         proc.communicate(timeout=20)
@@ -408,7 +398,7 @@ def test_sigkill_then_power_restore_puts_it_back(tools, tmp_path, endpoint):
     root = make_tree(tmp_path / "root", "orin-nano")
     before = gpu_range(root)
     cfg = agent_config(tmp_path, root, endpoint)
-    with start_run(cfg) as proc:
+    with spawn_run(cfg) as proc:
         wait_applied(root, proc, endpoint)
         proc.kill()  # SIGKILL: nothing runs, the device stays locked
         proc.communicate(timeout=20)
