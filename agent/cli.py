@@ -121,21 +121,20 @@ def _summary(stats: Any, elapsed_s: float) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from edge_agent.fleet import load_effective
     from edge_agent.runner import Agent
     from edge_agent.sdnotify import Notifier
     from edge_agent.service import Signals, Supervisor
 
     def load():
-        return _load_config(args.config, args.device, args.overlay, check_files=True)
+        return load_effective(args.config, args.device, args.overlay, check_files=True)
 
-    config = load()
+    rendered = load()
+    config = rendered.config
     _setup_logging(config.log_level)
     _latency_first_interpreter()
-    if args.config and os.path.isfile(args.config):
-        from edge_agent.configload import compose_file
-
-        if compose_file(args.config) is None:  # a truncated deploy must not pass unnoticed
-            log.warning("%s is empty: running the embedded default (a synthetic camera)", args.config)
+    if args.config and rendered.defaults_only:  # a truncated deploy must not pass unnoticed
+        log.warning("%s is empty: running the embedded default (a synthetic camera)", args.config)
     notifier = Notifier.from_env()
     signals = Signals()
     signals.install()
@@ -161,7 +160,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(_status_line(b), file=sys.stderr, flush=True)
 
     try:
-        Supervisor(agent, notifier, signals, load, args.duration, show).run()
+        Supervisor(agent, notifier, signals, lambda: load().config, args.duration, show).run()
         if signals.received:
             log.info("received %s, stopping", signals.received)
     finally:
@@ -354,8 +353,8 @@ def _validate(path: str) -> int:
         print("the files a device's config names are checked on the device, when it loads its config")
         return EXIT_OK
     rendered = load_effective(path, check_files=True)
-    empty = not rendered.origins.keys() - {"device_id"}
-    print(f"{path}: OK" + (" (empty: the embedded default, every key at its default)" if empty else ""))
+    note = " (empty: the embedded default, every key at its default)" if rendered.defaults_only else ""
+    print(f"{path}: OK{note}")
     return EXIT_OK
 
 

@@ -114,6 +114,11 @@ class Rendered:
     plain: dict
     origins: dict[str, str]  # dotted key path -> layer, e.g. 'defaults (fleet.yaml:3)'
 
+    @property
+    def defaults_only(self) -> bool:
+        """No config file set anything (an empty file; variables may have)."""
+        return all(o == "device id" or o.startswith(ENV_ORIGIN) for o in self.origins.values())
+
 
 @dataclass
 class _Layer:
@@ -458,9 +463,10 @@ def _render_local(
 def is_fleet(path: str) -> bool:
     """A fleet is a directory of YAML files, or a file whose top level has only
     ``defaults``/``groups``/``devices``. Raises ``ConfigError`` for an unreadable file."""
-    if os.path.isdir(path):
-        return True
-    node = compose_file(path)
+    return os.path.isdir(path) or _fleet_shaped(compose_file(path))
+
+
+def _fleet_shaped(node: yaml.Node | None) -> bool:
     if not isinstance(node, yaml.MappingNode):
         return False
     keys = [k.value if isinstance(k, yaml.ScalarNode) else None for k, _v in node.value]
@@ -485,13 +491,13 @@ def load_effective(
     ``resolve_paths`` false keeps relative paths as written (to compare two configs).
     """
     host = socket.gethostname()
-    if path is not None and is_fleet(path):
-        fleet = load_fleet(path)
-        return fleet.render(
+    node = None  # the plain file, composed once
+    if path is not None and (os.path.isdir(path) or _fleet_shaped(node := compose_file(path))):
+        return load_fleet(path).render(
             device or host, overlay, env, check_files=check_files, resolve_paths=resolve_paths
         )
     problems: list[Problem] = []
-    layer = _config_layer("file", compose_file(path), problems) if path is not None else None
+    layer = _config_layer("file", node, problems)
     if problems:
         raise ConfigError(problems)
     layers = [layer] if layer else []

@@ -130,10 +130,9 @@ class Supervisor:
                 changed = self.agent.reload(new)
         except Exception as e:  # whatever went wrong, the running config stays
             self.refused_reloads += 1
-            if isinstance(e, (ConfigError, RuntimeError, OSError, ValueError)):
-                log.error("reload refused, the running config stays: %s", e)
-            else:  # not an expected refusal: keep the traceback for the bug report
-                log.exception("reload refused, the running config stays: %s", e)
+            # An expected refusal says why in its message; anything else keeps its traceback.
+            expected = isinstance(e, (ConfigError, RuntimeError, OSError, ValueError))
+            log.error("reload refused, the running config stays: %s", e, exc_info=not expected)
             self.notifier.ready("reload refused: " + str(e).splitlines()[0][:200])
             return False
         self.reloads += 1

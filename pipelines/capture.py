@@ -34,11 +34,6 @@ def has_gstreamer() -> bool:
     return False
 
 
-def _open_rtsp(url: str, transport: str, params: list[int]) -> cv2.VideoCapture:
-    """Open an RTSP URL with FFmpeg over ``transport`` (per source: see ``open_video``)."""
-    return open_video(url, cv2.CAP_FFMPEG, params, f"rtsp_transport;{transport}")
-
-
 def open_capture(config: LiveConfig) -> cv2.VideoCapture:
     """Open the device, URL or pipeline a live config names. Raises SourceError."""
     timeout_ms = int(config.stall_timeout_s * 1000)
@@ -53,7 +48,8 @@ def open_capture(config: LiveConfig) -> cv2.VideoCapture:
         what = f"GStreamer pipeline {config.pipeline!r}"
     elif config.type == "rtsp":
         params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, timeout_ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, timeout_ms]
-        cap = _open_rtsp(config.url, config.transport, params)
+        # The transport is this source's alone (see open_video).
+        cap = open_video(config.url, cv2.CAP_FFMPEG, params, f"rtsp_transport;{config.transport}")
         what = f"RTSP stream {config.url}"
     else:
         device: Any = int(config.device) if config.device.isdigit() else config.device
