@@ -129,6 +129,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     def load():
         return load_effective(args.config, args.device, args.overlay, check_files=True)
 
+    # Before anything slow: a SIGHUP or SIGTERM at any moment is handled, never fatal.
+    signals = Signals()
+    signals.install()
     rendered = load()
     config = rendered.config
     _setup_logging(config.log_level)
@@ -136,12 +139,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.config and rendered.defaults_only:  # a truncated deploy must not pass unnoticed
         log.warning("%s is empty: running the embedded default (a synthetic camera)", args.config)
     notifier = Notifier.from_env()
-    signals = Signals()
-    signals.install()
     # A first TensorRT engine build can outlast TimeoutStartSec: ask for the time it needs.
     notifier.extend_timeout(900, "loading the model")
     agent = Agent(config, max_frames=args.frames or 0)
-    agent.build()
+    if not _build(agent, signals.stop):
+        # Nothing has started (no power profile, no socket): leave the loading behind.
+        log.info("received %s while loading the model, stopping", signals.received)
+        notifier.stopping()
+        _exit_now(EXIT_OK)
     agent.start(signals.stop)
     log.info("running: %s", json.dumps(agent.describe()))
     t0 = time.monotonic()
@@ -180,10 +185,52 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+    lanes = agent.pipeline.lanes
+    damaged = [f"source {lane.name}: {lane.source.damage}" for lane in lanes if lane.source.lost]
+    for line in damaged:
+        print(line, file=sys.stderr, flush=True)
     failure = agent.pipeline.failure()
-    if failure:
-        return _fail(failure)
-    return EXIT_OK if clean else EXIT_FAILED
+    code = _fail(failure) if failure else EXIT_OK
+    if damaged and not code:
+        code = _fail("frames were lost to damaged input (above)")
+    if not clean:
+        # A stage is stuck inside a backend or a driver: its frames are accounted, and
+        # waiting for the thread could take forever (an interpreter exit joins it).
+        log.error("a stage thread did not stop; exiting without waiting for it")
+        _exit_now(code or EXIT_FAILED)
+    return code
+
+
+def _build(agent: Any, stop: Any) -> bool:
+    """``agent.build()`` (models loaded, engines built, warmed up) in a helper thread, so a
+    stop signal is answered at once; False if ``stop`` came first (the thread is left)."""
+    import threading
+
+    error: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            agent.build()
+        except BaseException as e:  # re-raised in the main thread
+            error.append(e)
+
+    loader = threading.Thread(target=build, name="load", daemon=True)
+    loader.start()
+    while loader.is_alive() and not stop.is_set():
+        loader.join(0.05)
+    if loader.is_alive():
+        return False
+    if error:
+        raise error[0]
+    return True
+
+
+def _exit_now(code: int) -> None:
+    """Exit without joining threads stuck in native code (os._exit), output flushed."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 # -- listen -------------------------------------------------------------------

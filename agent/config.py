@@ -420,6 +420,22 @@ class ResilienceConfig:
 
 
 @dataclass(frozen=True)
+class ServiceConfig:
+    """What the systemd watchdog means. Pings go out while the agent does its job: every
+    stage thread alive and progressing, no stage failed. A camera that is down is retried
+    on schedule and is the camera's fault, not the agent's, so it stops the pings only
+    when ``stall_watchdog_s`` asks for it (the outage shows in STATUS=, heartbeats and
+    metrics either way)."""
+
+    stage_timeout_s: float = 5.0  # a stage thread without progress this long is stuck: no pings
+    stall_watchdog_s: float = 0.0  # no frame from any source this long: no pings (a restart); 0: off
+
+    def __post_init__(self) -> None:
+        check(self.stage_timeout_s > 0, "stage_timeout_s", "must be > 0")
+        check(self.stall_watchdog_s >= 0, "stall_watchdog_s", "must be >= 0 (0: off)")
+
+
+@dataclass(frozen=True)
 class FaultsConfig:
     """Fault injection, for tests on the real pipeline only: refused unless the
     environment variable EDGE_AGENT_FAULTS=1 is set."""
@@ -429,11 +445,13 @@ class FaultsConfig:
     backend_error_rate: float = 0.0  # share of inferences that raise
     backend_fail_after_frames: int = 0  # every inference after this many raises (0: never)
     backend_delay_ms: float = 0.0  # added to every inference
+    model_load_delay_s: float = 0.0  # added to loading the models (a first TensorRT engine build)
     seed: int = 0
 
     def __post_init__(self) -> None:
         check(0.0 <= self.backend_error_rate <= 1.0, "backend_error_rate", "must be within 0..1")
         check(self.source_outage_s >= 0 and self.backend_delay_ms >= 0, "source_outage_s", "must be >= 0")
+        check(self.model_load_delay_s >= 0, "model_load_delay_s", "must be >= 0")
         check(
             not self.active() or os.environ.get("EDGE_AGENT_FAULTS") == "1",
             "backend_error_rate" if self.backend_error_rate else "source_outage_after_frames",
@@ -446,6 +464,7 @@ class FaultsConfig:
             or self.backend_error_rate
             or self.backend_fail_after_frames
             or self.backend_delay_ms
+            or self.model_load_delay_s
         )
 
 
@@ -462,6 +481,7 @@ class AgentConfig:
     power: PowerConfig = field(default_factory=PowerConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     resilience: ResilienceConfig = field(default_factory=ResilienceConfig)
+    service: ServiceConfig = field(default_factory=ServiceConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
     log_level: Literal["debug", "info", "warning", "error"] = "info"

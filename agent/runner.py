@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -202,6 +203,8 @@ class Agent:
         overload must be instant, and a broken fallback must fail at start, not then.
         """
         batches = model_batches(cfg)
+        if cfg.faults.model_load_delay_s:
+            time.sleep(cfg.faults.model_load_delay_s)
         main = self._faulty(load_model(cfg.model, with_batch(cfg.backend, batches[""])), cfg)
         profiles = {"": Profile(main.manifest.name, main)}
         models = {"": main}

@@ -2,9 +2,10 @@
 
 Under ``Type=notify`` systemd passes ``$NOTIFY_SOCKET`` (a path, or ``@name`` for the
 abstract namespace) and, with ``WatchdogSec=``, ``$WATCHDOG_USEC``. The agent says
-READY=1 only once the model is loaded and warmed up, WATCHDOG=1 only while frames are
-published (a hung pipeline is then killed and restarted by systemd), STATUS= with the
-live figures, RELOADING=1 around a reload, and STOPPING=1 on the way out. Outside
+READY=1 only once the model is loaded and warmed up, WATCHDOG=1 while the agent does
+its job (a stage stuck in a backend or a driver stops it, and systemd restarts the
+agent), STATUS= with the live figures, RELOADING=1 around a reload, and STOPPING=1 on
+the way out. Outside
 systemd every call is a cheap no-op. Written against sd_notify(3) and
 sd_watchdog_enabled(3); JetPack 6's systemd 249 has no notify-reload/MONOTONIC_USEC.
 """
@@ -44,8 +45,10 @@ class Notifier:
         return self._sock is not None
 
     def watchdog_interval_s(self) -> float | None:
-        """How often to ping: half the watchdog timeout, as sd_watchdog_enabled(3) advises."""
-        return self.watchdog_usec / 2e6 if self.watchdog_usec else None
+        """How often to ping: a third of the watchdog timeout. sd_watchdog_enabled(3) advises
+        half; a third keeps every gap under half even when the main loop's 0.1 s turns are
+        late on a loaded machine."""
+        return self.watchdog_usec / 3e6 if self.watchdog_usec else None
 
     def notify(self, **fields: object) -> bool:
         """Send ``KEY=VALUE`` lines (e.g. ``notify(READY=1, STATUS="running")``)."""

@@ -1,10 +1,16 @@
 """Running as a service: the main loop under systemd, reload on SIGHUP, and installing the units.
 
 The main thread owns the agent's lifetime. It reports READY=1 only after the models are
-loaded and warmed up and the stages run, pings the watchdog only while frames are being
-published (a pipeline that stalls stops the pings, and systemd kills and restarts it),
-keeps STATUS= current, and on SIGHUP reloads: the new config is validated and prepared
-while the old one still runs, and a bad one is refused with the old config kept.
+loaded and warmed up and the stages run, pings the watchdog while the agent does its job
+(every stage thread alive and progressing, none failed: a stage stuck in a backend or a
+driver stops the pings, and systemd kills and restarts the agent), keeps STATUS= current
+(a camera that is down is named there), and on SIGHUP reloads: the new config is
+validated and prepared while the old one still runs, and a bad one is refused with the
+old config kept.
+
+A camera outage does not stop the pings: the camera is retried on schedule, and a
+restart would not bring it back sooner (with a camera down at boot it would only loop).
+``service.stall_watchdog_s`` makes a long one stop them, for those who want a restart.
 """
 
 from __future__ import annotations
@@ -77,8 +83,10 @@ class Supervisor:
         self.on_beat = on_beat
         self.reloads = 0
         self.refused_reloads = 0
-        self._last_published = -1
         self._last_ping = 0.0
+        self._captured = -1  # frames from every source, at the last check ...
+        self._captured_at = time.monotonic()  # ... and when that count last grew
+        self.withheld = ""  # why the last ping was withheld ("" when it was sent)
 
     def run(self) -> None:
         agent, n = self.agent, self.notifier
@@ -102,7 +110,7 @@ class Supervisor:
                 break
             if health.beats > shown:
                 shown = health.beats
-                n.status(status_text(health.latest))
+                n.status(status_text(health.latest) + _outages(health.latest_by_source))
                 if self.on_beat is not None:
                     self.on_beat(health.latest)
             if interval and time.monotonic() - self._last_ping >= interval:
@@ -110,13 +118,31 @@ class Supervisor:
         n.stopping()
 
     def watchdog(self) -> None:
-        """Ping only if frames were published since the last ping and no stage failed."""
-        pipeline = self.agent.pipeline
-        published = pipeline.published()
-        if published > self._last_published and pipeline.error is None:
+        """Ping if the agent is doing its job (see ``unhealthy``); say once why not."""
+        why = self.unhealthy()
+        if not why:
             self.notifier.watchdog()
             self._last_ping = time.monotonic()
-        self._last_published = published
+        elif why != self.withheld:
+            log.error("watchdog: pings withheld (systemd will restart the agent): %s", why)
+        self.withheld = why
+
+    def unhealthy(self) -> str:
+        """Why the agent is not doing its job, or "" when it is: a stage failed, a stage
+        thread is stuck, or (with ``service.stall_watchdog_s``) no source delivered."""
+        pipeline, svc = self.agent.pipeline, self.agent.config.service
+        if pipeline.error is not None:
+            return pipeline.error
+        stuck = pipeline.stuck_stages(svc.stage_timeout_s)
+        if stuck:
+            return f"stage thread(s) {', '.join(stuck)} made no progress for {svc.stage_timeout_s:g} s"
+        now = time.monotonic()
+        captured = sum(lane.stats.captured for lane in pipeline.lanes)
+        if captured != self._captured:
+            self._captured, self._captured_at = captured, now
+        if svc.stall_watchdog_s and now - self._captured_at > svc.stall_watchdog_s:
+            return f"no frame from any source for {now - self._captured_at:.0f} s (service.stall_watchdog_s)"
+        return ""
 
     def reload(self) -> bool:
         from edge_agent.configload import ConfigError
@@ -156,6 +182,16 @@ class Supervisor:
         interval = self.notifier.watchdog_interval_s()
         while interval and not done.wait(interval):
             self.watchdog()
+
+
+def _outages(beats: dict[str, dict[str, Any]]) -> str:
+    """The sources that are down now, for STATUS= ("; cam0 down: read failed ...")."""
+    down = [
+        f"; {name} down: {state.get('last_error') or 'connecting'}"
+        for name, beat in beats.items()
+        if (state := beat.get("source_state", {})).get("connected") is False
+    ]
+    return "".join(down)
 
 
 # -- installing -------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 A reader thread owns the ``cv2.VideoCapture`` and decodes into three reused buffers: one
 being written, the newest complete frame, and the one the pipeline is reading. The
 pipeline always gets the newest frame; frames it had no time for are overwritten
-(counted in ``skipped``). A camera that fails to open, errors or stalls is reopened with
+(counted in ``skipped``), and the backlog a stream delivers at once on (re)connect is
+drained (counted in ``stale``). A camera that fails to open, errors or stalls is reopened with
 exponential backoff and jitter, without stopping the agent.
 """
 
@@ -69,6 +70,17 @@ def open_capture(config: LiveConfig) -> cv2.VideoCapture:
     return cap
 
 
+_DRAIN_MAX_S = 1.0  # the longest a connect's backlog is drained
+
+
+def _frame_period_s(cap: Any) -> float:
+    """The stream's frame period from its declared rate; 1/30 s when it declares none
+    (or nonsense: RTSP streams may report the 90 kHz RTP clock)."""
+    get = getattr(cap, "get", None)
+    fps = get(cv2.CAP_PROP_FPS) if get is not None else 0.0
+    return 1.0 / fps if 1.0 <= fps <= 240.0 else 1.0 / 30
+
+
 class Backoff:
     """Exponential backoff with full jitter, reset after a success."""
 
@@ -111,7 +123,8 @@ class OpenCvCapture(Source):
         self.failures = 0
         self.stalls = 0
         self.connected = False
-        self.last_error = ""
+        self.last_error = ""  # why it is not connected now ("" while it is)
+        self.last_failure = ""  # the latest failure, kept after a reconnect
 
     def open(self) -> None:
         self._stop.clear()
@@ -142,12 +155,22 @@ class OpenCvCapture(Source):
                 cap.release()
                 return
             self.connected = True
+            self.last_error = ""  # the state now; ``last_failure`` keeps what happened
             self._last_frame_ns = time.monotonic_ns()
             self._frozen_sample = None  # a new connection starts a new comparison
             log.info("source %s: connected", self.name)
+            # A stream hands over the frames it buffered while the connection was set up
+            # (FFmpeg's probing, the server's burst) far faster than its frame rate. They
+            # are old: drained here and counted stale, instead of flooding the pipeline
+            # with frames that would each be overrun by the next a moment later.
+            period_s = _frame_period_s(cap)
+            drain_end = time.monotonic() + _DRAIN_MAX_S
+            drain_left = int(_DRAIN_MAX_S / period_s)  # at most a second's worth of frames
+            draining = True
             try:
                 while current():
                     slot = self._free_slot()
+                    t = time.monotonic()
                     ok, img = cap.read(self._bufs[slot] if self._bufs else None)
                     if not current():
                         return
@@ -157,12 +180,21 @@ class OpenCvCapture(Source):
                         # First frame, or the camera changed resolution: (re)allocate.
                         self._bufs = [img, np.empty_like(img), np.empty_like(img)]
                         slot = 0
-                    self._check_frozen(self._bufs[slot])
-                    self._publish(slot, frame_id)
                     frame_id += 1
+                    if draining:
+                        now = time.monotonic()
+                        if now - t < period_s / 2 and now < drain_end and drain_left > 0:
+                            drain_left -= 1
+                            self.stale += 1
+                            self._last_frame_ns = time.monotonic_ns()  # not stalled
+                            continue
+                        draining = False
+                    self._check_frozen(self._bufs[slot])
+                    self._publish(slot, frame_id - 1)
                     backoff.reset()
             except Exception as e:
                 if current():
+                    self.connected = False  # during the backoff too, not only after it
                     self._failed(str(e), backoff)
             finally:
                 if gen == self._gen:
@@ -171,7 +203,7 @@ class OpenCvCapture(Source):
 
     def _failed(self, error: str, backoff: Backoff) -> None:
         self.failures += 1
-        self.last_error = error
+        self.last_error = self.last_failure = error
         delay = backoff.next_delay()
         log.warning("source %s: %s; retrying in %.1f s", self.name, error, delay)
         self._stop.wait(delay)
@@ -230,7 +262,7 @@ class OpenCvCapture(Source):
             return
         self.failures += 1
         self.stalls += 1
-        self.last_error = f"no frame for {silent_s:.1f} s (stalled)"
+        self.last_error = self.last_failure = f"no frame for {silent_s:.1f} s (stalled)"
         log.warning("source %s: %s; reopening", self.name, self.last_error)
         self.connected = False
         self._last_frame_ns = time.monotonic_ns()
@@ -252,4 +284,5 @@ class OpenCvCapture(Source):
             "failures": self.failures,
             "stalls": self.stalls,
             "last_error": self.last_error,
+            "last_failure": self.last_failure,
         }

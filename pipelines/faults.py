@@ -62,7 +62,8 @@ class FaultySource(Source):
         frame = self.inner.read(timeout_s)
         if frame is not None:
             self.frames += 1
-        self.skipped = self.inner.skipped
+        self.skipped, self.stale = self.inner.skipped, self.inner.stale
+        self.lost, self.damage = self.inner.lost, self.inner.damage
         return frame
 
     def describe(self) -> dict[str, Any]:

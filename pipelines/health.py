@@ -77,7 +77,8 @@ class HealthReporter:
         first: dict[str, Any] = {}
         self.publisher.poll_subscriptions()
         for lane in self.pipeline.lanes:
-            change = None if final else lane.monitor.tick(now)
+            # A file's frames are never skipped, so its ladder stays at the top.
+            change = None if final or lane.every_frame else lane.monitor.tick(now)
             msg = self.snapshot(now, change, lane)
             if final:
                 msg["final"] = True

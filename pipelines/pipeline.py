@@ -17,6 +17,12 @@ dropped with a reason (see ``deadline.DROP_REASONS``).
 
 Shutdown: ``stop`` ends capture; the scheduler and the post queue are closed behind the
 last frame, so the frames in flight are drained and published before the threads exit.
+An inference that does not return in time (a hung backend) is abandoned: its frames and
+those waiting for it are accounted as dropped (``shutdown``) at once, its buffers are
+never reused, and whatever it returns later is discarded.
+
+Each stage thread stamps its progress on every loop turn (idle ones every poll), so the
+owner can tell a stage that is stuck (inside a backend, a driver) from one that waits.
 """
 
 from __future__ import annotations
@@ -185,11 +191,13 @@ class PipelineStats:
         with self._lock:
             self.dropped[reason] += n
 
-    def add_captured(self, n: int = 1, gap: int = 0) -> None:
-        """``n`` frames taken from the source, and ``gap`` frames it skipped (dropped)."""
+    def add_captured(self, n: int = 1, gap: int = 0, stale: int = 0) -> None:
+        """``n`` frames taken from the source, ``gap`` frames it skipped and ``stale`` ones
+        it drained as too old (both dropped)."""
         with self._lock:
-            self.captured += n + gap
+            self.captured += n + gap + stale
             self.dropped["source_gap"] += gap
+            self.dropped["stale"] += stale
 
     def add_published(self, total_ns: int, late: bool) -> None:
         with self._lock:
@@ -252,6 +260,9 @@ class Lane:
         self.builder = builder
         self.topic = f"{topic}.{source.name}".encode()
         self.priority = priority
+        # A file (or an unpaced source) hands over every frame and waits for the pipeline:
+        # each one is processed, late or not; the ladder never skips its frames.
+        self.every_frame = source.policy is BufferPolicy.WAIT
         self.period_ns = int(1e9 / max_fps) if max_fps > 0 else 0
         self.stats = PipelineStats()
         for p in profiles.values():
@@ -319,6 +330,11 @@ class Pipeline:
         self._stop = threading.Event()
         self._abort = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._progress: dict[str, int] = {}  # by stage thread: monotonic ns of its last loop turn
+        # The batch inside the backend now: stop() takes it over if the backend hangs.
+        self._batch_lock = threading.Lock()
+        self._running: list[FrameSlot] = []
+        self._abandoned = False
         self.scheduler = BatchScheduler(
             [
                 LaneSpec(
@@ -388,15 +404,24 @@ class Pipeline:
     def start(self) -> None:
         stages = [(f"capture-{lane.name}", self._capture, (lane,)) for lane in self.lanes]
         stages += [("infer", self._infer, ()), ("post", self._post, ())]
+        now = time.monotonic_ns()
         for name, target, args in stages:
+            self._progress[name] = now
             t = threading.Thread(target=target, args=args, name=name)
             t.start()
             self._threads.append(t)
 
+    def stuck_stages(self, after_s: float) -> list[str]:
+        """The stage threads still running that made no progress for ``after_s``: blocked
+        in a backend or a driver (an idle stage polls, and so progresses)."""
+        oldest = time.monotonic_ns() - int(after_s * 1e9)
+        return [t.name for t in self._threads if t.is_alive() and self._progress.get(t.name, 0) < oldest]
+
     def stop(self, timeout_s: float = 1.5) -> bool:
         """Stop capturing, drain the frames in flight, join; True if all threads ended.
 
-        Takes at most ``timeout_s`` plus 0.3 s when a stage is stuck.
+        Takes at most ``timeout_s`` plus 0.6 s when a stage is stuck. An inference that is
+        still running then is abandoned: every frame is accounted before this returns.
         """
         self._stop.set()
         deadline = time.monotonic() + timeout_s
@@ -407,13 +432,40 @@ class Pipeline:
             # A stage is stuck (e.g. inside the backend): give up draining.
             log.warning("pipeline: %s did not drain in %.1f s; aborting", alive, timeout_s)
             self._abort.set()
-            deadline = time.monotonic() + 0.3
-            for t in self._threads:
-                t.join(max(0.0, deadline - time.monotonic()))
+            self._join(0.3)
+            if any(t.name == "infer" and t.is_alive() for t in self._threads):
+                self._abandon()
+                self._join(0.3)
             alive = [t.name for t in self._threads if t.is_alive()]
             if alive:
                 log.error("pipeline: threads still running after abort: %s", alive)
         return not alive
+
+    def _join(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def _abandon(self) -> None:
+        """The inference thread is stuck in the backend: account its batch and every frame
+        waiting for it as dropped now, and let the post thread finish what it has."""
+        with self._batch_lock:
+            self._abandoned = True
+            stuck, self._running = self._running, []
+        for slot in stuck:
+            # Counted, but the slot stays out of its pool: the backend may still write to
+            # its buffers, and a reload's pipeline may share the pool.
+            self._drop(self.lanes[slot.lane], None, "shutdown")
+        waiting = self.scheduler.drain()
+        for slot in waiting:
+            self._drop(self.lanes[slot.lane], slot, "shutdown")
+        self._to_post.close()
+        log.error(
+            "pipeline: an inference did not return; %d frame(s) in it and %d waiting for it "
+            "abandoned (dropped: shutdown)",
+            len(stuck),
+            len(waiting),
+        )
 
     # -- accounting ---------------------------------------------------------------
 
@@ -434,8 +486,10 @@ class Pipeline:
         # scheduler: reading ahead would not raise throughput (one frame already waits)
         # but would age every frame by a whole inference time.
         read_ahead = source.policy is BufferPolicy.NEWEST
+        name = threading.current_thread().name
         try:
             while not self._stop.is_set():
+                self._progress[name] = time.monotonic_ns()
                 if self.max_frames and lane.stats.captured >= self.max_frames:
                     break
                 if not read_ahead and not self.scheduler.wait_room(lane.index, _POLL_S):
@@ -487,6 +541,7 @@ class Pipeline:
     def _infer(self) -> None:
         try:
             while True:
+                self._progress["infer"] = time.monotonic_ns()
                 try:
                     batch = self.scheduler.next_batch(_POLL_S)
                     if batch is None:
@@ -506,6 +561,7 @@ class Pipeline:
     def _post(self) -> None:
         try:
             while True:
+                self._progress["post"] = time.monotonic_ns()
                 try:
                     slot = self._to_post.get(_POLL_S)
                 except Closed:
@@ -532,12 +588,14 @@ class Pipeline:
         """The next source frame (or None on timeout); counts frames the source skipped."""
         lane = lane or self.lanes[0]
         source = lane.source
-        before = source.skipped
+        before, stale_before = source.skipped, source.stale
         frame = source.read(_POLL_S)
-        gap = source.skipped - before
+        gap, stale = source.skipped - before, source.stale - stale_before
         if self.max_frames:  # --frames N counts source frames, skipped ones included
-            gap = min(gap, max(self.max_frames - lane.stats.captured - (frame is not None), 0))
-        lane.stats.add_captured(int(frame is not None), gap)
+            room = max(self.max_frames - lane.stats.captured - (frame is not None), 0)
+            gap = min(gap, room)
+            stale = min(stale, room - gap)
+        lane.stats.add_captured(int(frame is not None), gap, stale)
         return frame
 
     def prepare(self, frame: Any, lane: Lane | None = None) -> FrameSlot | None:
@@ -593,7 +651,8 @@ class Pipeline:
         expected = self.scheduler.estimate_ns(batch[0].profile, len(batch), measured_only=True) or None
         for slot in batch:
             lane = self.lanes[slot.lane]
-            if lane.monitor.admit(slot.stamps, now, slot.profile.name, expected):
+            # A file's frames are all processed: lateness is recorded, never a drop.
+            if lane.every_frame or lane.monitor.admit(slot.stamps, now, slot.profile.name, expected):
                 ran.append(slot)
             else:
                 self._drop(lane, slot, "stale")
@@ -601,9 +660,13 @@ class Pipeline:
             return ran
         batch = ran
         profile = batch[0].profile
+        with self._batch_lock:
+            self._running = batch
         try:
             profile.infer(batch)
         except Exception as e:
+            if not self._took_back():
+                return []  # abandoned by stop() meanwhile: already accounted
             self._consecutive_errors += 1
             # One line per failure, not a traceback per frame: a broken backend can fail
             # hundreds of times a second.
@@ -615,6 +678,8 @@ class Pipeline:
                 log.error("pipeline: %d inferences in a row failed: breaker open", self._consecutive_errors)
                 self.breaker.set()
             return []
+        if not self._took_back():
+            return []
         self._consecutive_errors = 0
         end = time.monotonic_ns()
         self.scheduler.record(profile, len(batch), end - now)
@@ -623,6 +688,13 @@ class Pipeline:
             slot.stamps[INFER_END] = end
             slot.batch = len(batch)
         return batch
+
+    def _took_back(self) -> bool:
+        """The backend returned: the batch is the inference thread's again, unless stop()
+        abandoned it meanwhile (then its frames are accounted and its slots are lost)."""
+        with self._batch_lock:
+            self._running = []
+            return not self._abandoned
 
     def publish_one(self, slot: FrameSlot) -> None:
         """Decode, publish and account one frame, then give its slot back."""

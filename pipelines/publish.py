@@ -16,23 +16,29 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import threading
 import time
 from typing import Any
 
 import zmq
+from zmq.utils import z85
+from zmq.utils.z85 import Z85CHARS
 
 from edge_agent.pipelines.handoff import CAPTURED, N_STAMPS, PUBLISH, STAGES, FrameSlot
 
 SCHEMA_VERSION = 1
 CLOSE_LINGER_MS = 200  # at most this long to flush queued messages when the socket closes
+REBIND_TIMEOUT_S = 5.0  # a rebind waits at most this long for the old listener to let go of the port
+REFUSED_LOG_INTERVAL_S = 60.0  # one warning per refused client key in this long
 
 log = logging.getLogger(__name__)
 
 
 class ZmqPublisher:
     """The PUB socket. With CURVE, only clients whose public key is in the allowed folder
-    can connect (a ZAP authenticator in the socket's own context checks them)."""
+    can connect (a ZAP authenticator in the socket's own context asks ``_AllowedClients``,
+    which holds the keys read at open and at every ``refresh_clients``)."""
 
     def __init__(
         self,
@@ -52,9 +58,12 @@ class ZmqPublisher:
         self._ctx: zmq.Context | None = None
         self._sock: zmq.Socket | None = None
         self._auth: Any = None
+        self._clients: _AllowedClients | None = None
+        self._server_keys: tuple[bytes, bytes] | None = None  # CURVE (public, secret)
         # Results come from the post thread and heartbeats from the health thread; a
         # ZeroMQ socket must not be used by two threads at once.
         self._lock = threading.Lock()
+        self._refresh_lock = threading.Lock()  # one refresh at a time (reading the folder)
         self.sent = 0
         self.subscriptions = 0  # to results (not heartbeats only): subscribed minus unsubscribed
         self._pack = _packer(encoding)
@@ -64,8 +73,33 @@ class ZmqPublisher:
 
     def open(self) -> None:
         self._ctx = zmq.Context()
+        sock: zmq.Socket | None = None
+        try:
+            if self.curve_server_key:
+                self._curve()
+            elif not _loopback(self.endpoint):
+                log.warning(
+                    "result stream on %s without CURVE: anyone who can reach it reads it "
+                    "(set publish.curve_server_key and curve_clients_dir)",
+                    self.endpoint,
+                )
+            sock = self._socket()
+            sock.bind(self.endpoint)
+        except (zmq.ZMQError, OSError, ValueError) as e:
+            if sock is not None:
+                sock.close()
+            self._stop_auth()
+            self._ctx.term()
+            self._ctx = None
+            raise OSError(f"cannot bind result stream to {self.endpoint}: {e}") from None
+        self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT) or self.endpoint
+        self._sock = sock
+
+    def _socket(self) -> zmq.Socket:
+        """A new XPUB, not bound yet (for open and for a rebind)."""
+        assert self._ctx is not None
         sock = self._ctx.socket(zmq.XPUB)
-        # Both only apply to later binds, so they are set first.
+        # All of these only apply to later binds, so they are set first.
         sock.sndhwm = self.send_hwm
         sock.linger = 0
         # Every subscriber's subscriptions and unsubscriptions (a disconnect included), not
@@ -74,50 +108,123 @@ class ZmqPublisher:
             sock.setsockopt(zmq.XPUB_VERBOSER, 1)
         except (AttributeError, zmq.ZMQError):  # libzmq < 4.3: no unsubscriptions counted
             sock.setsockopt(zmq.XPUB_VERBOSE, 1)
-        try:
-            if self.curve_server_key:
-                self._curve(sock)
-            elif not _loopback(self.endpoint):
-                log.warning(
-                    "result stream on %s without CURVE: anyone who can reach it reads it "
-                    "(set publish.curve_server_key and curve_clients_dir)",
-                    self.endpoint,
-                )
-            sock.bind(self.endpoint)
-        except (zmq.ZMQError, OSError, ValueError) as e:
-            sock.close()
-            self._stop_auth()
-            self._ctx.term()
-            self._ctx = None
-            raise OSError(f"cannot bind result stream to {self.endpoint}: {e}") from None
-        self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT) or self.endpoint
-        self._sock = sock
+        if self._server_keys is not None:
+            sock.curve_publickey, sock.curve_secretkey = self._server_keys
+            sock.curve_server = True
+        return sock
 
-    def _curve(self, sock: zmq.Socket) -> None:
+    def _curve(self) -> None:
         import zmq.auth
         from zmq.auth.thread import ThreadAuthenticator
 
         public, secret = zmq.auth.load_certificate(self.curve_server_key)
         if secret is None:
             raise ValueError(f"{self.curve_server_key} holds no secret key (use the .key_secret file)")
+        mode = stat.S_IMODE(os.stat(self.curve_server_key).st_mode)
+        if mode & 0o077:
+            log.warning(
+                "CURVE: the server's secret key %s has mode %04o: users other than its owner "
+                "can read it (chmod 600 %s)",
+                self.curve_server_key,
+                mode,
+                self.curve_server_key,
+            )
         if not os.path.isdir(self.curve_clients_dir):
             raise ValueError(f"allowed-clients folder not found: {self.curve_clients_dir}")
+        keys, problem = _read_client_keys(self.curve_clients_dir)
+        if problem:
+            raise ValueError(problem)
+        self._server_keys = (public, secret)
+        self._clients = _AllowedClients(self.curve_clients_dir)
         self._auth = ThreadAuthenticator(self._ctx)
         self._auth.start()
-        self.refresh_clients()
-        sock.curve_secretkey = secret
-        sock.curve_publickey = public
-        sock.curve_server = True  # before bind
+        # Our own provider rather than configure_curve(location=...): pyzmq's folder load
+        # gives up on the first bad file and then keeps the previous list (see refresh_clients).
+        self._auth.configure_curve_callback(domain="*", credentials_provider=self._clients)
+        self._apply_clients(self._clients, keys)
 
-    def refresh_clients(self) -> None:
-        """Re-read the allowed-clients folder (the authenticator reads it only when told)."""
-        if self._auth is not None:
-            self._auth.configure_curve(domain="*", location=self.curve_clients_dir)
+    def refresh_clients(self) -> bool:
+        """Re-read the allowed-clients folder and apply it at once; returns whether keys were
+        removed (the stream was then rebound, see below).
+
+        Each ``*.key`` file is read on its own. A file that is not a valid public certificate
+        is named in a warning and skipped, and the others still apply: refusing the whole
+        reload instead would keep the old list, and so keep a revoked client in, which is
+        the worse failure. An empty list (also a folder that is gone or unreadable now)
+        refuses every client, with a warning: it fails closed.
+
+        ZeroMQ asks the authenticator only at a connection's handshake, so a client already
+        connected would keep receiving after its key was removed. When keys were removed the
+        socket is therefore closed and bound again on the same endpoint: every client
+        connects again (ZeroMQ clients reconnect by themselves within 100 ms) and is checked
+        against the new list; the results published meanwhile are lost to them (a gap in
+        seq), and ``subscriptions`` counts again from 0 as their subscriptions come back.
+        """
+        clients = self._clients
+        if clients is None:  # no CURVE, or not open
+            return False
+        with self._refresh_lock:
+            # A folder that is gone or unreadable now gives an empty list, not the old one.
+            keys, problem = _read_client_keys(self.curve_clients_dir)
+            return self._apply_clients(clients, keys, problem)
+
+    def _apply_clients(self, clients: _AllowedClients, keys: frozenset[bytes], problem: str = "") -> bool:
+        before = clients.allowed
+        # One reference swap (atomic under the GIL): the authenticator thread sees either the
+        # old set or the new one, and the next handshake is checked against the new one.
+        clients.allowed = keys
+        removed = before - keys
+        if not keys:
+            log.warning(
+                "CURVE: no allowed client keys (%s): every client is refused",
+                problem or f"no valid .key file in {self.curve_clients_dir}",
+            )
+        else:
+            log.info(
+                "CURVE: %d allowed client key(s) in %s (%d added, %d removed)",
+                len(keys),
+                self.curve_clients_dir,
+                len(keys - before),
+                len(removed),
+            )
+        if removed:
+            with self._lock:
+                if self._sock is not None:  # not at open (not bound yet) nor after close
+                    self._rebind()
+                    log.warning(
+                        "CURVE: %d client key(s) removed: the result stream on %s was rebound "
+                        "to drop revoked clients (allowed ones reconnect)",
+                        len(removed),
+                        self.endpoint,
+                    )
+        return bool(removed)
+
+    def _rebind(self) -> None:
+        """Close the socket (every connection with it) and bind a new one; under the lock."""
+        assert self._sock is not None
+        self._sock.close(linger=0)  # nothing more for anyone on the old connections
+        self._sock = None
+        self.subscriptions = 0
+        sock = self._socket()
+        # The old listener is closed by ZeroMQ's I/O thread, a moment after close().
+        deadline = time.monotonic() + REBIND_TIMEOUT_S
+        while True:
+            try:
+                sock.bind(self.endpoint)
+                break
+            except zmq.ZMQError as e:
+                if e.errno != zmq.EADDRINUSE or time.monotonic() >= deadline:
+                    sock.close()
+                    log.error("CURVE: the result stream could not be bound again to %s: %s", self.endpoint, e)
+                    raise OSError(f"cannot bind result stream to {self.endpoint} again: {e}") from None
+                time.sleep(0.01)
+        self._sock = sock
 
     def _stop_auth(self) -> None:
         if self._auth is not None:
             self._auth.stop()
             self._auth = None
+        self._clients = None
 
     def wait_for_subscribers(
         self, count: int, timeout_s: float, interrupt: threading.Event | None = None
@@ -184,6 +291,96 @@ class ZmqPublisher:
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
+
+
+class _AllowedClients:
+    """The CURVE credentials provider: the allowed clients' public keys (z85), swapped
+    whole by ``ZmqPublisher.refresh_clients``; the authenticator thread calls ``callback``
+    at every handshake (no file is read there)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.allowed: frozenset[bytes] = frozenset()
+        self._refused: dict[bytes, list[float]] = {}  # key -> [last warning, refusals since]
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """``key``: the client's public key, z85-encoded bytes. True admits it."""
+        if key in self.allowed:
+            return True
+        self._log_refused(key)
+        return False
+
+    def _log_refused(self, key: bytes) -> None:
+        # A refused client reconnects every 100 ms: one warning per key a minute, not each.
+        now = time.monotonic()
+        seen = self._refused.get(key)
+        if seen is not None and now - seen[0] < REFUSED_LOG_INTERVAL_S:
+            seen[1] += 1
+            return
+        if len(self._refused) >= 1024:  # many keys: forget those quiet for a minute
+            self._refused = {k: v for k, v in self._refused.items() if now - v[0] < REFUSED_LOG_INTERVAL_S}
+        self._refused[key] = [now, 0]
+        # Logged in the authenticator thread; libzmq itself does not retry a refused
+        # connection, so repeats come from a client that opens new ones.
+        log.warning(
+            "CURVE: refused client %s...: its key is not in the allowed folder %s%s",
+            key[:8].decode("ascii", "replace"),
+            self.folder,
+            f" ({int(seen[1])} more refusal(s) of it not logged since)" if seen and seen[1] else "",
+        )
+
+
+def _read_client_keys(folder: str) -> tuple[frozenset[bytes], str]:
+    """The public keys (z85) of the ``*.key`` files in ``folder`` (the files pyzmq's
+    ``load_certificates`` reads), and what made the folder unreadable ("" if nothing). Each
+    file is read on its own: a bad one is named in a warning and skipped."""
+    import zmq.auth
+
+    try:
+        names = sorted(
+            e.name for e in os.scandir(folder) if e.name.endswith(".key") and not e.name.startswith(".")
+        )
+    except OSError as e:
+        return frozenset(), f"cannot read the allowed-clients folder {folder}: {e.strerror or e}"
+    keys = set()
+    # A bad file is skipped rather than failing the whole read: refusing the reload would
+    # keep the old list, and with it a client whose key was just removed.
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            public, secret = zmq.auth.load_certificate(path)
+        except (OSError, ValueError) as e:
+            log.warning("CURVE: skipped allowed-client file %s: %s", path, e)
+            continue
+        except Exception as e:  # e.g. a "public-key" line cut off before its "="
+            log.warning("CURVE: skipped allowed-client file %s: not a public certificate (%r)", path, e)
+            continue
+        key = bytes(public)
+        if not _z85_key(key):
+            log.warning(
+                "CURVE: skipped allowed-client file %s: its public-key %r is not a 40-character "
+                "Z85 key (truncated?)",
+                path,
+                key[:50],
+            )
+            continue
+        if secret:
+            log.warning(
+                "CURVE: allowed-client file %s holds a secret key; only the public .key belongs there",
+                path,
+            )
+        keys.add(key)
+    return frozenset(keys), ""
+
+
+def _z85_key(key: bytes) -> bool:
+    if len(key) != 40 or any(c not in Z85CHARS for c in key):
+        return False
+    try:
+        z85.decode(key)  # a group above 2**32 does not decode
+    except Exception:
+        return False
+    return True
 
 
 def _loopback(endpoint: str) -> bool:

@@ -97,6 +97,13 @@ class Source(ABC):
     def __init__(self, name: str) -> None:
         self.name = name
         self.skipped = 0  # frames a live source dropped because a newer one arrived
+        # Frames a live source read but never handed over because they were stale when they
+        # came: the backlog a stream delivers in a burst on (re)connect.
+        self.stale = 0
+        # Frames a damaged input lost (a file that ends before its declared length, or
+        # reads that failed mid-file), and what happened, for the summary and heartbeats.
+        self.lost = 0
+        self.damage = ""
 
     @abstractmethod
     def open(self) -> None: ...
@@ -184,7 +191,36 @@ class SyntheticSource(Source):
 
 
 class VideoFileSource(Source):
-    """A video file decoded by OpenCV into one reused buffer."""
+    """A video file decoded by OpenCV into one reused buffer.
+
+    A damaged file must not end as if it had finished. OpenCV's FFmpeg backend (4.x, 5.0)
+    answers a corrupt packet with a failed ``read()`` (the decoder refused the packet, or 64
+    decode errors in a row) and the demuxer stays past it, so a later read can succeed:
+    AVI (MJPG) and Matroska resynchronise on the next intact chunk after one failed read,
+    MP4 and MOV (mp4v) fail about once per damaged frame. ``grab()`` is the same call
+    without the colour conversion and recovers no better. Some damage fails no read at
+    all (XVID in AVI, VP8 in WebM): the demuxer skips it and fewer frames come out, which
+    only the container's frame count shows. A truncated AVI or Matroska file opens and
+    ends early; an MP4 cut before its index (written last by OpenCV) does not open.
+
+    So a failed read is read past (``MAX_FAILED_READS`` in a row), and then, when the file
+    declares its length, the frames past the damage are sought (``CAP_PROP_POS_FRAMES``,
+    which OpenCV turns into a timestamp): exact where the timestamps come from an intact
+    index (MP4), landing later in Matroska, and wrong in AVI, whose timestamps after damage
+    count the packets read, so a seek there goes back and delivers frames twice. A seek is
+    therefore made only after seeking back onto the frame in the buffer gives that frame.
+    ``CAP_PROP_POS_FRAMES`` counts the frames decoded, whatever was skipped, and is never
+    read for a position; ``CAP_PROP_POS_MSEC`` comes from the frame's timestamp.
+
+    ``lost`` counts the frames not decoded: the larger of the frames read past and the
+    frames missing at the end of a pass against the declared count (0, -1 or approximate
+    for some containers: trusted when positive, with a tolerance of 1 %, at least 2
+    frames). ``damage`` says what happened, in one line; each pass is warned about once.
+    """
+
+    # Failed reads in a row read past before a seek past the damage is tried (or the end
+    # is believed). At the real end each costs a few microseconds.
+    MAX_FAILED_READS = 8
 
     def __init__(self, config: VideoSourceConfig) -> None:
         super().__init__(config.name)
@@ -195,6 +231,21 @@ class VideoFileSource(Source):
         self._index = 0
         self._t0 = 0
         self._period_ns = 0
+        self._fps = 0.0
+        self._declared = 0  # the container's frame count when it gives one, else 0
+        self._passes = 0
+        self._damaged_passes = 0
+        self._start_pass()
+
+    def _start_pass(self) -> None:
+        self._passes += 1
+        self._index = 0  # frames taken from the file in this pass, decoded or grabbed
+        self._pass_skipped = 0  # frames known to be skipped past damage in this pass
+        self._pass_lost = 0  # what this pass has added to self.lost so far
+        self._events: list[str] = []
+        self._warned = False
+        self._buffer_at = -1  # frame number (from its timestamp) of the image in the buffer
+        self._last_at = -1  # frame number of the last frame decoded or grabbed
 
     def open(self) -> None:
         path = self.config.path
@@ -206,19 +257,151 @@ class VideoFileSource(Source):
             raise SourceError(f"cannot decode video file: {path}")
         self._cap = cap
         fps = cap.get(cv2.CAP_PROP_FPS) or 0.0
+        self._fps = fps if fps > 0 else 0.0
         self._period_ns = int(1e9 / fps) if self.config.realtime and fps > 0 else 0
-        self._index = 0
+        count = cap.get(cv2.CAP_PROP_FRAME_COUNT)
+        self._declared = int(count) if count > 0 else 0
+        self._passes = 0
+        self._start_pass()
+
+    def _position(self) -> int:
+        """The frame number of the frame just decoded or grabbed, from its timestamp."""
+        assert self._cap is not None
+        return round(self._cap.get(cv2.CAP_PROP_POS_MSEC) * self._fps / 1000) if self._fps else -1
+
+    def _grab(self) -> bool:
+        assert self._cap is not None
+        if not self._cap.grab():
+            return False
+        self._last_at = self._position()
+        return True
 
     def _decode(self) -> bool:
         assert self._cap is not None
         ok, img = self._cap.read(self._frame.image if self._frame.image.size else None)
         if ok:
             self._frame.image = img
+            self._buffer_at = self._last_at = self._position()
         return ok
+
+    def _next_frame(self, failed: int = 0) -> bool:
+        """Decode the next frame into the buffer, past damage; False at the end of a pass.
+
+        ``failed``: reads (grabs) that already failed just before this call.
+        """
+        if not failed and self._decode():
+            return True
+        at = self._index
+        failed = max(failed, 1)
+        while failed < self.MAX_FAILED_READS:
+            if self._decode():
+                reads = "read" if failed == 1 else "reads"
+                self._damaged(failed, f"reads failed at frame {at}, resumed after {failed} failed {reads}")
+                return True
+            failed += 1
+        gap_from = self._last_at
+        landed = self._seek_past_damage()
+        if landed < 0:
+            return False
+        self._damaged(
+            landed - gap_from - 1,
+            f"reads failed at frame {at}, sought past the damage to frame {landed}"
+            f" after {failed} failed reads",
+        )
+        return True
+
+    def _seek_past_damage(self) -> int:
+        """Seek past damage that reading does not get past; the frame landed on, or -1."""
+        cap, declared = self._cap, self._declared
+        assert cap is not None
+        start = self._last_at + 1
+        if not declared or not self._fps or self._buffer_at < 0 or start >= declared - self._tolerance():
+            return -1
+        # Only where seeking back onto the frame in the buffer gives that frame again do
+        # the timestamps say where the reads stopped (see the class notes on AVI).
+        ref = self._frame.image
+        cap.set(cv2.CAP_PROP_POS_FRAMES, self._buffer_at)
+        ok, img = cap.read()
+        if (
+            not ok
+            or self._position() != self._buffer_at
+            or img.shape != ref.shape
+            or cv2.norm(img, ref, cv2.NORM_L1) > ref.size  # a mean difference of 1 level
+        ):
+            return -1
+        # A seek lands only where the key frame before its target is intact: probe forward
+        # in doubling steps for a frame that decodes, then halve the way back to the damage.
+        bad, good, step = start - 1, -1, self.MAX_FAILED_READS
+        while good < 0:
+            target = min(start + step, declared - 1)
+            if self._land(target):
+                good = target
+            elif target >= declared - 1:
+                return -1
+            else:
+                bad, step = target, step * 2
+        there = True
+        while good - bad > 1:
+            middle = (bad + good) // 2
+            there = self._land(middle)
+            bad, good = (bad, middle) if there else (middle, good)
+        if not there and not self._land(good):
+            return -1
+        return self._last_at
+
+    def _land(self, target: int) -> bool:
+        """Seek to frame ``target`` and decode there (or later: Matroska lands later)."""
+        assert self._cap is not None
+        self._cap.set(cv2.CAP_PROP_POS_FRAMES, target)
+        return self._decode() and self._last_at >= target
+
+    def _tolerance(self) -> int:
+        return max(2, self._declared // 100)
+
+    def _damaged(self, frames: int, event: str) -> None:
+        """Damage read past in this pass: count it, say it (once a pass) and record it."""
+        self._pass_skipped += max(frames, 1)
+        self._events.append(event)
+        self._count(self._pass_skipped)
+        self._warn(event)
+
+    def _end_pass(self) -> None:
+        """At the end of a pass, count the frames missing against the declared count."""
+        declared, seen = self._declared, self._index
+        short = declared - seen if declared else 0
+        if short <= self._tolerance() and not self._pass_skipped:
+            return
+        lost = max(short, self._pass_skipped)
+        if short > 0:
+            self._events.append(f"decoding ended at frame {seen} of {declared}")
+        self._count(lost)
+        self._warn(f"decoding ended at frame {seen} of the {declared} it declares, {lost} not decoded")
+
+    def _count(self, pass_lost: int) -> None:
+        if not self._pass_lost:
+            self._damaged_passes += 1
+        self.lost += pass_lost - self._pass_lost
+        self._pass_lost = pass_lost
+        events = "; ".join(self._events[:3])
+        if len(self._events) > 3:
+            events += f"; {len(self._events) - 3} more"
+        of = f"{pass_lost} of {self._declared}" if self._declared else f"at least {pass_lost}"
+        line = f"{of} frames not decoded ({events})"
+        if self._damaged_passes > 1:
+            passes = f"{self.lost} frames not decoded in {self._damaged_passes} passes"
+            line = f"{passes}; pass {self._passes}: {line}"
+        self.damage = f"damaged: {line}"
+
+    def _warn(self, event: str) -> None:
+        if not self._warned:
+            self._warned = True
+            where = f" (pass {self._passes})" if self.config.loop else ""
+            log.warning("video file %s is damaged%s: %s", self.config.path, where, event)
 
     def read(self, timeout_s: float) -> SourceFrame | None:
         if self._cap is None:
             raise SourceError(f"source {self.name!r} read before open")
+        failed = 0
         if self._period_ns:
             # Real time, as a camera: wait for a frame that is not due yet, and skip the
             # frames whose time has passed while the pipeline was busy.
@@ -231,21 +414,30 @@ class VideoFileSource(Source):
             if wait_s > 0:
                 time.sleep(wait_s)
             due_index = (time.monotonic_ns() - self._t0) // self._period_ns
-            while self._index < due_index and self._cap.grab():
+            while self._index < due_index:
+                if not self._grab():
+                    failed = 1  # the end, or damage: _next_frame tells which
+                    break
                 self._index += 1
                 self.skipped += 1
-        if not self._decode():
+        if not self._next_frame(failed):
+            self._end_pass()
             if not self.config.loop:
                 raise EndOfStream(self.config.path)
+            decoded_any = self._index > 0
             self._cap.set(cv2.CAP_PROP_POS_FRAMES, 0)
-            self._t0, self._index = 0, 0
-            if not self._decode():
+            self._t0 = 0
+            self._start_pass()
+            if not decoded_any or not self._next_frame():
                 raise SourceError(f"cannot read from video file: {self.config.path}")
         f = self._frame
         f.frame_id = self._index
         f.capture_ns = time.monotonic_ns()
         self._index += 1
         return f
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "lost": self.lost, "damage": self.damage}
 
     def close(self) -> None:
         if self._cap is not None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from edge_agent.config import PowerConfig
 from edge_agent.power import sysfs
-from edge_agent.power.controller import PowerController, make_controller
+from edge_agent.power.controller import PowerController, ReadOnlyController, make_controller
 from edge_agent.power.state import clear_state, load_state, save_state
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,12 @@ class PowerManager:
         cfg = self.cfg
         if cfg.manage:
             recover(cfg, self.controller)
-            if cfg.changes_anything():
+            if cfg.changes_anything() and isinstance(self.controller, ReadOnlyController):
+                # Not a Jetson: nothing will change, so there is no state to keep (and its
+                # folder, /var/lib/edge-agent by default, need not exist or be writable).
+                self.applied = self.controller.apply(cfg)
+                log.info("power: %s", "; ".join(self.applied))
+            elif cfg.changes_anything():
                 save_state(cfg.state_file, self.controller.snapshot(cfg))
                 self._saved = True
                 try:

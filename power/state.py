@@ -28,7 +28,16 @@ class PowerState:
 
 
 def save_state(path: str | os.PathLike, state: PowerState) -> None:
-    atomic_write(path, json.dumps(asdict(state), indent=2).encode())
+    """Raises OSError naming the file (a full disk, a read-only or missing folder): the
+    profile is then not applied, since it could not be put back after a crash."""
+    try:
+        atomic_write(path, json.dumps(asdict(state), indent=2).encode())
+    except OSError as e:
+        raise OSError(
+            e.errno,
+            f"cannot save the power state to {path} ({e.strerror or e}); the power profile "
+            "was not applied (power.state_file must be on a writable disk with free space)",
+        ) from None
 
 
 def load_state(path: str | os.PathLike) -> PowerState | None:

@@ -513,3 +513,33 @@ def test_jtop_service_down_is_a_power_error(jtop_backend, tmp_path):
     svc.running = False
     with pytest.raises(PowerError, match=r"jtop\.service is not active"):
         PowerManager(profile(root, tmp_path, nvpmodel="1", gpu_freq_mhz=0, cpu_governor=""), ctl).start()
+
+
+def test_a_state_file_that_cannot_be_written_is_named_and_nothing_changes(board, tools, tmp_path):
+    import resource
+
+    _, root = board
+    cfg = profile(root, tmp_path)
+    before = gpu_range(root)
+    pm = PowerManager(cfg)
+    # A full disk, as the kernel reports it to a writer: no byte more may be written.
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, hard))
+    try:
+        with pytest.raises(OSError) as err:
+            pm.start()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert cfg.state_file in str(err.value), "the error names the state file"
+    assert gpu_range(root) == before and calls(tools) == [], "nothing changed without a saved state"
+
+
+def test_not_a_jetson_starts_where_the_state_file_could_never_be_written(tmp_path):
+    # Nothing will change on this machine, so there is no state to keep: the default
+    # /var/lib/edge-agent need not exist (here: a folder that cannot be made at all).
+    root = make_tree(tmp_path / "root", "not-jetson")
+    cfg = profile(root, tmp_path, state_file="/proc/edge-agent-test/power.json")
+    pm = PowerManager(cfg)
+    pm.start()
+    pm.close()
+    assert any("not a Jetson" in line for line in pm.applied)

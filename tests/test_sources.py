@@ -211,7 +211,8 @@ def test_live_capture_retries_with_backoff_until_the_camera_appears(tmp_path):
         f = src.read(5.0)
         assert f is not None, "the source must recover once the camera appears"
         assert src.failures >= 2
-        assert "camera not there yet" in src.last_error
+        assert "camera not there yet" in src.last_failure
+        assert src.connected and src.last_error == "", "the state now: connected, no error"
     finally:
         src.close()
 
@@ -291,7 +292,7 @@ def test_stalled_camera_is_replaced_by_a_new_reader(tmp_path):
             if f is not None:
                 ids.append(f.frame_id)
         assert len(opened) == 2, "a stall must open the camera again"
-        assert src.stalls == 1 and "stalled" in src.last_error
+        assert src.stalls == 1 and "stalled" in src.last_failure
         f = None
         while f is None and time.monotonic() < deadline:
             f = src.read(0.1)
@@ -337,4 +338,81 @@ def test_a_frozen_camera_is_reopened():
     finally:
         src.close()
     assert len(opened) >= 2, "identical frames past stall_timeout_s must reopen the camera"
-    assert "frozen" in src.last_error and src.failures >= 1
+    assert "frozen" in src.last_failure and src.failures >= 1
+
+
+class FakeFailingCapture:
+    """A camera that delivers ``frames`` frames, then fails its reads (cannot exist here)."""
+
+    def __init__(self, frames: int) -> None:
+        self.left = frames
+
+    def read(self, image=None):
+        time.sleep(0.01)
+        if self.left > 0:
+            self.left -= 1
+            return True, np.random.default_rng(self.left).integers(0, 255, (48, 64, 3), np.uint8)
+        return False, None
+
+    def release(self) -> None:
+        pass
+
+
+def test_state_is_disconnected_during_the_backoff_and_clean_after_a_reconnect():
+    opened = []
+
+    def opener():
+        opened.append(FakeFailingCapture(3))
+        return opened[-1]
+
+    # A long first backoff: the state is read while the reader waits in it.
+    cfg = V4L2SourceConfig(retry_initial_s=2.0, retry_max_s=2.0)
+    src = OpenCvCapture(cfg, opener=opener)
+    src.open()
+    try:
+        wait_until(lambda: src.failures == 1, 10, message="the read failure")
+        state = src.describe()
+        assert state["connected"] is False, "not connected while waiting to retry"
+        assert "read failed" in state["last_error"]
+        wait_until(lambda: len(opened) == 2 and src.connected, 10, message="the reconnect")
+        state = src.describe()
+        assert state["last_error"] == "" and "read failed" in state["last_failure"]
+    finally:
+        src.close()
+
+
+class FakeBurstCapture:
+    """A stream that hands over ``backlog`` buffered frames at once on connect, then one
+    frame per period, as FFmpeg does after probing an RTSP stream (a fake: an RTSP server
+    is in the slow tests)."""
+
+    def __init__(self, backlog: int, fps: float = 30.0) -> None:
+        self.backlog, self.fps, self.n = backlog, fps, 0
+
+    def get(self, prop):
+        return self.fps if prop == cv2.CAP_PROP_FPS else 0.0
+
+    def read(self, image=None):
+        if self.n >= self.backlog:
+            time.sleep(1 / self.fps)
+        self.n += 1
+        img = np.full((48, 64, 3), self.n % 256, np.uint8)
+        return True, img
+
+    def release(self) -> None:
+        pass
+
+
+def test_the_backlog_a_stream_bursts_on_connect_is_drained_as_stale():
+    cfg = RtspSourceConfig(url="rtsp://test/x")
+    src = OpenCvCapture(cfg, opener=lambda: FakeBurstCapture(24))
+    src.open()
+    try:
+        f = src.read(10.0)
+        assert f is not None
+        first = f.frame_id
+    finally:
+        src.close()
+    # The buffered frames are never handed over: the first one is a live one. (All 24 are
+    # drained unless this machine is so loaded that reading one took half a frame time.)
+    assert first == src.stale and src.stale >= 20, (src.stale, first)

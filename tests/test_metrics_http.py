@@ -1,0 +1,253 @@
+"""The /metrics HTTP server under abuse: real sockets, real HTTP, the server in this process.
+
+Its limits (connections held, request and write deadlines, head size) are what keep a
+port scanner, a TLS client or a stuck scraper from using up the agent's file descriptors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import resource
+import socket
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import wait_until
+from prometheus_client.core import GaugeMetricFamily
+
+from edge_agent.metrics import MetricsServer
+
+#: File descriptors the server may hold beyond its connections at a moment we look.
+SLACK = 4
+
+
+def fd_count() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@contextlib.contextmanager
+def serving(host: str = "127.0.0.1", port: int = 0, **limits) -> Iterator[MetricsServer]:
+    """A started server for an agent with no pipeline (only the process metrics)."""
+    server = MetricsServer(SimpleNamespace(pipeline=None), host, port, **limits)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def scrape(port: int, path: str = "/metrics") -> tuple[int, str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as r:
+        return r.status, r.read().decode()
+
+
+def read_until_closed(sock: socket.socket, timeout_s: float) -> bytes:
+    """What the server sends before it closes (end of stream or a reset); AssertionError
+    when it keeps the connection open for ``timeout_s``."""
+    sock.settimeout(timeout_s)
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, BrokenPipeError):
+            return data
+        except TimeoutError:
+            raise AssertionError(f"the server kept the connection open for {timeout_s} s") from None
+        if not chunk:
+            return data
+        data += chunk
+
+
+def exchange(port: int, payload: bytes, timeout_s: float = 30) -> bytes:
+    """Send ``payload`` on a fresh connection, say nothing more, and return what comes back
+    before the server closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
+        sock.sendall(payload)
+        return read_until_closed(sock, timeout_s)
+
+
+def status_of(response: bytes) -> int:
+    assert response.startswith(b"HTTP/1."), response[:80]
+    return int(response.split(b" ", 2)[1])
+
+
+@pytest.fixture
+def many_fds() -> Iterator[None]:
+    """Room for 500 more connections in this process (the soft limit, restored after)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = fd_count() + 1200
+    if soft != resource.RLIM_INFINITY and soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} is below {need}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_hundreds_of_idle_connections_neither_pile_up_nor_delay_a_scrape(many_fds):
+    n, cap = 500, 16
+    with serving(max_connections=cap, request_timeout_s=120) as server:
+        baseline = fd_count()
+        clients: list[socket.socket] = []
+        try:
+            for i in range(n):
+                clients.append(socket.create_connection(("127.0.0.1", server.port), timeout=30))
+                if i % 20 == 19:
+                    held = fd_count() - len(clients) - baseline
+                    assert held <= cap + SLACK, f"server holds {held} fds after {i + 1} idle connections"
+            status, text = scrape(server.port)  # queued behind all of them, answered at once
+            assert status == 200 and "process_cpu_seconds_total" in text
+            held = fd_count() - len(clients) - baseline
+            assert held <= cap + SLACK, f"server holds {held} fds with {n} idle connections open"
+            assert read_until_closed(clients[0], 30) == b"", "the oldest idle connection made room"
+        finally:
+            for c in clients:
+                c.close()
+
+
+def test_a_running_agent_is_scraped_while_idle_connections_flood_its_port(const_model, endpoint):
+    from test_operations import free_port, running_agent
+
+    port = free_port()
+    with running_agent(const_model, endpoint, port) as agent:
+        wait_until(lambda: agent.pipeline.stats.published >= 1, 30, message="a result before the scrape")
+        clients = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(100)]
+        try:
+            status, text = scrape(port)
+            assert read_until_closed(clients[0], 30) == b"", "the oldest idle connection made room"
+        finally:
+            for c in clients:
+                c.close()
+    assert status == 200 and "edge_agent_frames_captured_total" in text
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"", b"GET /metr", b"hello"],
+    ids=["silent", "half a request line", "letters without a newline"],
+)
+def test_a_connection_without_a_whole_request_is_closed_after_the_request_timeout(payload):
+    with serving(request_timeout_s=0.5) as server:
+        response = exchange(server.port, payload)
+    if response:  # a started request is told why
+        assert status_of(response) == 408
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + bytes(32),  # a TLS ClientHello's start
+        b"GET /metrics\r\n",  # HTTP/0.9: no version, then silence
+        b"\x00\xff\x13\x37 not http at all",
+    ],
+    ids=["tls hello", "http/0.9", "binary garbage"],
+)
+def test_what_is_not_http_is_answered_400_and_closed_at_once(payload):
+    # The request timeout is far longer than the wait for the close.
+    with serving(request_timeout_s=300) as server:
+        assert status_of(exchange(server.port, payload, timeout_s=60)) == 400
+
+
+def test_an_oversized_request_head_is_refused_and_closed():
+    with serving(max_request_bytes=8192, request_timeout_s=300) as server:
+        head = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * 20000 + b"\r\n\r\n"
+        assert status_of(exchange(server.port, head, timeout_s=60)) in (400, 431)
+        endless = b"GET /metrics HTTP/1.1\r\n" + b"X-Padding: aaaaaaaaaaaaaaaa\r\n" * 1000
+        assert status_of(exchange(server.port, endless, timeout_s=60)) in (400, 431)
+        assert scrape(server.port)[0] == 200
+
+
+def test_only_get_of_metrics_is_served():
+    with serving() as server:
+        with pytest.raises(urllib.error.HTTPError) as e:
+            scrape(server.port, "/nope")
+        assert e.value.code == 404
+        request = urllib.request.Request(f"http://127.0.0.1:{server.port}/metrics", data=b"x=1")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(request, timeout=30)
+        assert e.value.code == 405
+        response = exchange(server.port, b"GET /metrics?name[]=x HTTP/1.0\r\n\r\n")
+        assert status_of(response) == 200 and b"\r\nConnection: close\r\n" in response
+        assert b"text/plain; version=" in response
+
+
+class HugeCollector:
+    """One gauge with a help text of ``size`` bytes, for a response that cannot fit in
+    the socket buffers."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def collect(self):
+        yield GaugeMetricFamily("test_huge", "x" * self.size, value=1)
+
+
+def test_a_client_that_does_not_read_its_response_is_dropped_after_the_write_timeout():
+    wmem_max = int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+    size = 2 * wmem_max + (1 << 20)  # beyond what the kernel buffers on both sides take
+    with serving(write_timeout_s=1.0, request_timeout_s=300) as server:
+        server.registry.register(HugeCollector(size))
+        baseline = fd_count()
+        stuck = socket.socket()
+        try:
+            stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting
+            stuck.settimeout(30)
+            stuck.connect(("127.0.0.1", server.port))
+            stuck.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            # Another scrape is answered while that one waits on a client that does not read.
+            status, text = scrape(server.port)
+            assert status == 200 and len(text) > size
+            wait_until(
+                lambda: fd_count() <= baseline + 1,
+                30,
+                message="the server closes the connection of a client that does not read",
+            )
+            assert len(read_until_closed(stuck, 30)) < size, "the response was abandoned"
+            assert scrape(server.port)[0] == 200
+        finally:
+            stuck.close()
+
+
+@pytest.mark.parametrize(("host", "warned"), [("0.0.0.0", True), ("127.0.0.1", False)])
+def test_metrics_on_a_non_loopback_address_warn_that_anyone_can_read_them(caplog, host, warned):
+    with caplog.at_level(logging.WARNING, logger="edge_agent.metrics"), serving(host) as server:
+        assert server.port != 0
+        assert scrape(server.port)[0] == 200
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("anyone who can reach the port" in w and "127.0.0.1" in w for w in warnings) == warned, (
+        warnings
+    )
+
+
+def metrics_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "metrics"]
+
+
+def test_close_ends_the_thread_closes_every_socket_and_frees_the_port():
+    assert not metrics_threads()
+    baseline = fd_count()
+    server = MetricsServer(SimpleNamespace(pipeline=None), "127.0.0.1", 0, request_timeout_s=300)
+    server.start()
+    port = server.port
+    idle = socket.create_connection(("127.0.0.1", port), timeout=30)
+    try:
+        assert len(metrics_threads()) == 1
+        assert scrape(port)[0] == 200
+        server.close()
+        assert not metrics_threads(), "close() waits for the server thread"
+        assert read_until_closed(idle, 30) == b"", "open connections are closed"
+        assert fd_count() == baseline + 1, "only the client's own socket is left"
+        with serving(port=port) as again:  # the same port, at once
+            assert again.port == port and scrape(port)[0] == 200
+    finally:
+        idle.close()
+        server.close()

@@ -1,0 +1,204 @@
+"""Soak test: run the agent for a long time on several synthetic cameras and watch it.
+
+    .venv/bin/python tools/soak.py --duration 3600 --out soak-out/
+
+Writes a config (4 synthetic sources at 30 fps, metrics and publish on free loopback
+ports), runs ``edge-agent run --duration N --quiet`` in its own session (ended on every
+way out of this script), and meanwhile:
+
+- scrapes /metrics every 5 s (failures counted; frames published give fps per source),
+- samples the agent's /proc/<pid>: VmRSS, Threads and open fds at 1 min, every 5 min and
+  5 s before the end,
+- counts results per source and gaps in their seq numbers on a ZeroMQ subscriber.
+
+At the end: a table of the samples, the agent's summary (its stderr tail) and exit code;
+the samples go to OUT/samples.json, the agent's log to OUT/agent.log. Stdlib and pyzmq only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+
+import zmq
+
+METRIC = re.compile(r"^(edge_agent_frames_\w+_total)\{([^}]*)\} ([0-9.e+]+)$", re.M)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict[str, float]:
+    """{'published/cam0': n, 'captured/cam0': n, ...} from the agent's /metrics."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=3).read().decode()
+    out: dict[str, float] = Counter()
+    for name, labels, value in METRIC.findall(text):
+        source = re.search(r'source="([^"]*)"', labels)
+        kind = name.removeprefix("edge_agent_frames_").removesuffix("_total")
+        out[f"{kind}/{source.group(1) if source else '?'}"] += float(value)
+    return out
+
+
+def proc_sample(pid: int) -> dict[str, float]:
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return {
+        "rss_mib": int(status["VmRSS"].split()[0]) / 1024,
+        "threads": int(status["Threads"]),
+        "fds": len(os.listdir(f"/proc/{pid}/fd")),
+    }
+
+
+class Results:
+    """Results per source and seq gaps, counted on a background thread."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.SUB)
+        self.sock.rcvhwm, self.sock.rcvtimeo, self.sock.linger = 0, 200, 0
+        self.sock.subscribe(b"det.")
+        self.sock.connect(endpoint)
+        self.count: Counter[str] = Counter()
+        self.gaps: Counter[str] = Counter()  # seq numbers missing (messages lost to us)
+        self.last: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                msg = json.loads(self.sock.recv().partition(b" ")[2])
+            except zmq.Again:
+                continue
+            src, seq = msg["source"], msg["seq"]
+            if src in self.last and seq != self.last[src] + 1:
+                self.gaps[src] += max(seq - self.last[src] - 1, 1)
+            self.last[src] = seq
+            self.count[src] += 1
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+        self.ctx.term()
+
+
+def print_report(r: dict, names: list[str]) -> None:
+    row = "{:>7} {:>8} {:>5} {:>7} {} {:>11}"
+    print(row.format("t s", "RSS MiB", "fds", "threads", " ".join(f"{n:>7}" for n in names), "scrape fail"))
+    for s in r["samples"]:
+        fps = " ".join(f"{s['fps'][n]:7.1f}" if "fps" in s else f"{'-':>7}" for n in names)
+        print(
+            row.format(
+                f"{s['t_s']:.0f}", f"{s['rss_mib']:.1f}", s["fds"], s["threads"], fps, s["scrape_failures"]
+            )
+        )
+    print(
+        f"(fps: results published per second since the row before; /metrics first answered at "
+        f"{r['first_scrape_s']} s; {r['scrapes']} scrapes, {r['scrape_failures']} failed after that)"
+    )
+    print(
+        "results received: "
+        + ", ".join(f"{n} {r['results'].get(n, 0)} (seq gaps {r['seq_gaps'].get(n, 0)})" for n in names)
+    )
+    print("agent stderr (tail):\n  " + "\n  ".join(r["stderr_tail"]))
+    print(f"agent exit code: {r['exit_code']}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description="long run of the agent, watched")
+    p.add_argument("--duration", type=float, default=3600, help="seconds the agent runs")
+    p.add_argument("--out", type=Path, required=True, help="folder for config, log and samples.json")
+    p.add_argument("--sources", type=int, default=4)
+    p.add_argument("--fps", type=float, default=30)
+    args = p.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    names = [f"cam{i}" for i in range(args.sources)]
+    mport, endpoint = free_port(), f"tcp://127.0.0.1:{free_port()}"
+    sources = [{"type": "synthetic", "name": n, "fps": args.fps, "seed": i} for i, n in enumerate(names)]
+    config = {  # JSON is YAML
+        "device_id": "soak",
+        "sources": sources,
+        "publish": {"endpoint": endpoint, "send_hwm": 10000, "wait_for_subscribers": 1},
+        "metrics": {"enabled": True, "port": mport},
+    }
+    cfg = args.out / "agent.yaml"
+    cfg.write_text(json.dumps(config, indent=2) + "\n")
+    # A SIGTERM to this script unwinds through the finally below, as Ctrl-C does.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    results = Results(endpoint)
+    log = (args.out / "agent.log").open("w")
+    cmd = [sys.executable, "-m", "edge_agent", "run", "--config", str(cfg), "--quiet"]
+    agent = subprocess.Popen(
+        [*cmd, "--duration", str(args.duration)], stdout=log, stderr=log, start_new_session=True
+    )
+    t0 = time.monotonic()
+    end = args.duration - 5
+    due = sorted(d for d in {60.0, *range(300, int(end), 300), end} if 0 < d <= end)
+    samples: list[dict] = []
+    scrapes, failures, first_ok = 0, 0, None
+    last, mark = None, None  # the newest scrape (t, values); the one at the previous sample
+    try:
+        while agent.poll() is None and due:
+            time.sleep(5 - (time.monotonic() - t0) % 5)  # on a 5 s grid
+            now = time.monotonic() - t0
+            try:
+                last = (now, scrape(mport))
+                scrapes += 1
+                if first_ok is None:  # fps of the first row: since the agent first answered
+                    first_ok, mark = round(now, 1), last
+            except OSError:
+                failures += first_ok is not None  # before the first success: still loading
+            if due and now >= due[0] - 0.5:
+                due = [d for d in due if d > now + 0.5]
+                try:
+                    s = {"t_s": round(now, 1), **proc_sample(agent.pid), "scrape_failures": failures}
+                except OSError:  # it has just exited
+                    continue
+                if last is not None and mark is not None and last[0] > mark[0]:
+                    dt = last[0] - mark[0]
+                    s["fps"] = {
+                        n: (last[1][f"published/{n}"] - mark[1][f"published/{n}"]) / dt for n in names
+                    }
+                mark = last
+                samples.append(s)
+        code = agent.wait(timeout=args.duration + 300)
+    finally:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGTERM)
+            try:
+                agent.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(agent.pid, signal.SIGKILL)
+                agent.wait()
+        results.close()
+        log.close()
+
+    report = {
+        **{"config": config, "duration_s": args.duration, "samples": samples, "exit_code": code},
+        **{"scrapes": scrapes, "scrape_failures": failures, "first_scrape_s": first_ok},
+        **{"results": dict(results.count), "seq_gaps": dict(results.gaps)},
+        "stderr_tail": (args.out / "agent.log").read_text().splitlines()[-60:],
+    }
+    (args.out / "samples.json").write_text(json.dumps(report, indent=2) + "\n")
+    print_report(report, names)
+    return 0 if code == 0 and not failures and not any(results.gaps.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
