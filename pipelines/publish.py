@@ -77,7 +77,7 @@ class ZmqPublisher:
         try:
             if self.curve_server_key:
                 self._curve()
-            elif not _loopback(self.endpoint):
+            elif not is_loopback(self.endpoint):
                 log.warning(
                     "result stream on %s without CURVE: anyone who can reach it reads it "
                     "(set publish.curve_server_key and curve_clients_dir)",
@@ -383,7 +383,7 @@ def _z85_key(key: bytes) -> bool:
     return True
 
 
-def _loopback(endpoint: str) -> bool:
+def is_loopback(endpoint: str) -> bool:
     if endpoint.startswith(("ipc://", "inproc://")):
         return True
     host = endpoint.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
