@@ -9,6 +9,7 @@ the config (``faults:``, allowed by EDGE_AGENT_FAULTS=1).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
@@ -18,10 +19,9 @@ import threading
 import time
 from pathlib import Path
 
-import cv2
-import numpy as np
 import pytest
 from conftest import agent_command, spawn, wait_until
+from test_damaged_video import FRAMES, damage, write_video
 from test_pipeline import Subscriber
 from test_service import NotifySocket
 
@@ -49,6 +49,27 @@ def start_agent(cfg: Path | str, notify: str, watchdog_usec: int, *args: str):
     return spawn(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
+@contextlib.contextmanager
+def watched(tmp_path: Path, endpoint: str):
+    """A notify socket where systemd's would be and a heartbeat subscriber, both closed."""
+    sock = NotifySocket(tmp_path, abstract=True)
+    health = Subscriber(endpoint, "health")
+    try:
+        yield sock, health
+    finally:
+        sock.close()
+        health.close()
+
+
+def _down(beat: dict) -> bool:
+    return beat["source_state"]["connected"] is False
+
+
+def camera_back(health: Subscriber) -> bool:
+    """Heartbeats showed the camera down, then up again."""
+    return any(_down(a) and not _down(b) for a, b in itertools.pairwise(health.messages))
+
+
 def times_of(sock: NotifySocket, key: str) -> list[float]:
     return [t for t, m in sock.messages if key in m]
 
@@ -66,23 +87,13 @@ def test_a_camera_outage_longer_than_the_watchdog_keeps_the_pings_flowing(tmp_pa
         endpoint,
         "source: {type: synthetic, fps: 30}\nfaults: {source_outage_after_frames: 30, source_outage_s: 15}\n",
     )
-    sock = NotifySocket(tmp_path, abstract=True)
-    health = Subscriber(endpoint, "health")
-    try:
+    with watched(tmp_path, endpoint) as (sock, health):
         with start_agent(cfg, sock.address, 2_000_000) as proc:
-            down = lambda m: m["source_state"]["connected"] is False  # noqa: E731
-            wait_until(lambda: any(down(m) for m in health.messages), 60, message="the outage")
-            wait_until(
-                lambda: any(down(a) and not down(b) for a, b in itertools.pairwise(health.messages)),
-                60,
-                message="the camera back",
-            )
+            wait_until(lambda: any(_down(m) for m in health.messages), 60, message="the outage")
+            wait_until(lambda: camera_back(health), 60, message="the camera back")
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=30)
         wait_until(lambda: "STOPPING" in sock.names(), 10, message="STOPPING=1")
-    finally:
-        sock.close()
-        health.close()
     assert proc.returncode == 0, err[-2000:]
     ready = times_of(sock, "READY")[0]
     pings = [ready, *(t for t in times_of(sock, "WATCHDOG") if t > ready), times_of(sock, "STOPPING")[-1]]
@@ -101,26 +112,16 @@ def test_stall_watchdog_withholds_the_pings_while_no_source_delivers(tmp_path, e
         "service: {stall_watchdog_s: 1}\n"
         "faults: {source_outage_after_frames: 30, source_outage_s: 4}\n",
     )
-    sock = NotifySocket(tmp_path, abstract=True)
-    health = Subscriber(endpoint, "health")
-    try:
-        with start_agent(cfg, sock.address, 1_000_000) as proc:
-            down = lambda m: m["source_state"]["connected"] is False  # noqa: E731
-            wait_until(
-                lambda: any(down(a) and not down(b) for a, b in itertools.pairwise(health.messages)),
-                60,
-                message="an outage and the camera back",
-            )
-            back = len(times_of(sock, "WATCHDOG"))
-            wait_until(lambda: len(times_of(sock, "WATCHDOG")) >= back + 3, 30, message="pings again")
-            proc.send_signal(signal.SIGTERM)
-            _, err = proc.communicate(timeout=30)
-    finally:
-        sock.close()
-        health.close()
+    with watched(tmp_path, endpoint) as (sock, health), start_agent(cfg, sock.address, 1_000_000) as proc:
+        wait_until(lambda: camera_back(health), 60, message="an outage and the camera back")
+        back = len(times_of(sock, "WATCHDOG"))
+        wait_until(lambda: len(times_of(sock, "WATCHDOG")) >= back + 3, 30, message="pings again")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err[-2000:]
     gaps = [b - a for a, b in itertools.pairwise(times_of(sock, "WATCHDOG"))]
-    # Pings every 0.5 s, but none for most of the 4 s outage: systemd would restart it.
+    # Pings every third of a second, but none for most of the 4 s outage: systemd (1 s)
+    # would restart it.
     assert max(gaps) > 2.0, f"pings went on through the outage: {[round(g, 2) for g in gaps]}"
     assert "pings withheld" in err and "stall_watchdog_s" in err
 
@@ -134,9 +135,7 @@ def test_a_hung_backend_is_abandoned_at_stop_with_every_frame_accounted(tmp_path
         "service: {stage_timeout_s: 1}\n"
         "faults: {backend_delay_ms: 60000}\n",
     )
-    sock = NotifySocket(tmp_path, abstract=True)
-    health = Subscriber(endpoint, "health")
-    try:
+    with watched(tmp_path, endpoint) as (sock, health):
         with start_agent(cfg, sock.address, 2_000_000) as proc:
             wait_until(lambda: "READY" in sock.names(), 60, message="READY=1")
             # The stuck inference outlasts stage_timeout_s: the pings stop.
@@ -150,9 +149,6 @@ def test_a_hung_backend_is_abandoned_at_stop_with_every_frame_accounted(tmp_path
             _, err = proc.communicate(timeout=30)  # not the minute the inference would take
             took = time.monotonic() - stopped_at
         wait_until(lambda: any(m.get("final") for m in health.messages), 10, message="the final heartbeat")
-    finally:
-        sock.close()
-        health.close()
     assert took < 30 and proc.returncode != 0, err[-2000:]
     assert "did not return" in err and "pings withheld" in err
     captured, on_time, late, dropped = counts_line(err)
@@ -162,19 +158,8 @@ def test_a_hung_backend_is_abandoned_at_stop_with_every_frame_accounted(tmp_path
     assert final["dropped_by_reason"]["shutdown"] >= 1, final
 
 
-def write_video(path: Path, frames: int, size: tuple[int, int] = (160, 120)) -> Path:
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 30, size)
-    rng = np.random.default_rng(0)
-    for i in range(frames):
-        img = rng.integers(0, 255, (size[1], size[0], 3), np.uint8)
-        cv2.putText(img, str(i), (10, 60), cv2.FONT_HERSHEY_SIMPLEX, 1.5, (255, 255, 255), 3)
-        writer.write(img)
-    writer.release()
-    return path
-
-
 def test_a_file_is_processed_whole_under_an_impossible_budget(tmp_path, endpoint):
-    video = write_video(tmp_path / "clip.avi", 200)
+    video = write_video(tmp_path / "clip.avi", "MJPG", frames=200)
     cfg = tmp_path / "a.yaml"
     cfg.write_text(
         f"source: {{type: video, path: '{video}'}}\n"
@@ -194,10 +179,7 @@ def test_a_file_is_processed_whole_under_an_impossible_budget(tmp_path, endpoint
 
 
 def test_a_damaged_video_is_reported_and_fails_the_run(tmp_path, endpoint):
-    from test_damaged_video import FRAMES, damage
-    from test_damaged_video import write_video as write_numbered
-
-    video = damage(write_numbered(tmp_path / "clip.avi", "MJPG"), tmp_path / "damaged.avi", 0.40, 0.45)
+    video = damage(write_video(tmp_path / "clip.avi", "MJPG"), tmp_path / "damaged.avi", 0.40, 0.45)
     cfg = tmp_path / "a.yaml"
     cfg.write_text(
         f"source: {{type: video, path: '{video}'}}\n"

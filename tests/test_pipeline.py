@@ -26,15 +26,18 @@ from edge_agent.runner import Agent
 class Subscriber:
     """Collects result messages on a background thread (real SUB socket)."""
 
-    def __init__(self, endpoint: str, topic: str = "") -> None:
+    def __init__(self, endpoint: str, topic: str = "", keep_all: bool = False) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.SUB)
         self.sock.linger = 0
         self.sock.rcvtimeo = 100
+        if keep_all:  # no high-water mark: a test counting seq gaps must not cause them
+            self.sock.rcvhwm = 0
         self.sock.subscribe(topic)
         self.sock.connect(endpoint)
         self.messages: list[dict] = []
         self.topics: list[str] = []
+        self.arrivals: list[float] = []  # time.monotonic() as each message arrived
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run)
         self._thread.start()
@@ -46,6 +49,7 @@ class Subscriber:
             except zmq.Again:
                 continue
             topic, _, body = raw.partition(b" ")
+            self.arrivals.append(time.monotonic())
             self.topics.append(topic.decode())
             self.messages.append(json.loads(body))
 

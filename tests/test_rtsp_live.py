@@ -15,19 +15,17 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import select
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import zmq
 from conftest import agent_command, free_endpoint, spawn, wait_until
+from test_pipeline import Subscriber
 from test_service import NotifySocket
 
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -70,38 +68,24 @@ def kill(proc: subprocess.Popen) -> None:
     proc.wait(10)
 
 
-class Recorder:
+class Recorder(Subscriber):
     """Every message on the publish endpoint (results and heartbeats), with its arrival time."""
 
     def __init__(self, endpoint: str) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.SUB)
-        self.sock.linger = 0
-        self.sock.rcvtimeo = 100
-        self.sock.rcvhwm = 0  # keep everything: the test counts seq gaps, not ours
-        self.sock.subscribe(b"")
-        self.sock.connect(endpoint)
-        self.results: list[tuple[float, dict[str, Any]]] = []
-        self.beats: list[tuple[float, dict[str, Any]]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        super().__init__(endpoint, "", keep_all=True)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                raw = self.sock.recv()
-            except zmq.Again:
-                continue
-            topic, _, body = raw.partition(b" ")
-            entry = (time.monotonic(), json.loads(body))
-            (self.beats if topic == b"health" else self.results).append(entry)
+    def _entries(self, health: bool) -> list[tuple[float, dict[str, Any]]]:
+        n = len(self.messages)  # appended last by the receiving thread: a consistent prefix
+        rows = zip(self.arrivals[:n], self.topics[:n], self.messages[:n])
+        return [(t, m) for t, topic, m in rows if (topic == "health") == health]
 
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sock.close()
-        self.ctx.term()
+    @property
+    def results(self) -> list[tuple[float, dict[str, Any]]]:
+        return self._entries(health=False)
+
+    @property
+    def beats(self) -> list[tuple[float, dict[str, Any]]]:
+        return self._entries(health=True)
 
 
 def first(entries, after: float, test) -> tuple[float, dict[str, Any]] | None:
