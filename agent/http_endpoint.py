@@ -148,7 +148,7 @@ class HttpEndpoint:
 
     @property
     def listening(self) -> bool:
-        return self._sock is not None
+        return self._thread is not None
 
     def close(self) -> None:
         thread = self._thread

@@ -189,6 +189,7 @@ class Agent:
         self.power: PowerManager | None = None
         self.metrics: Any = None
         self._started: list[Any] = []
+        self._undrained: list[Pipeline] = []  # replaced by a reload with a stage stuck
         self._breaker_trips = 0  # Agent.recover's escalation since the last config change
 
     @property
@@ -388,6 +389,8 @@ class Agent:
         # The swap: drain the old pipeline, then start the new one on the same socket.
         old_pipeline = self.pipeline
         drained = old_pipeline.stop()
+        if not drained:  # its stuck thread still counts when the agent stops
+            self._undrained.append(old_pipeline)
         try:
             self._swap_parts(old, new)
             pipeline = self._pipeline(new, sources, profiles)
@@ -549,6 +552,10 @@ class Agent:
             except Exception:  # the parts after it (the power state last) must still close
                 log.exception("stopping %s failed", type(part).__name__)
                 clean = False
+        stuck = [name for p in self._undrained for name in p.alive()]
+        if stuck:
+            log.error("a pipeline replaced by a reload still has a stuck stage: %s", stuck)
+            clean = False
         if clean:
             # Never pull a session from under a stage thread that is still inside it.
             for model in self.models.values():

@@ -133,6 +133,9 @@ class Supervisor:
         pipeline, svc = self.agent.pipeline, self.agent.config.service
         if pipeline.error is not None:
             return pipeline.error
+        publisher = self.agent.publisher
+        if publisher is not None and publisher.error:
+            return publisher.error
         stuck = pipeline.stuck_stages(svc.stage_timeout_s)
         if stuck:
             return f"stage thread(s) {', '.join(stuck)} made no progress for {svc.stage_timeout_s:g} s"
@@ -156,6 +159,12 @@ class Supervisor:
                 changed = self.agent.reload(new)
         except Exception as e:  # whatever went wrong, the running config stays
             self.refused_reloads += 1
+            # ... but a revoked CURVE key must not wait for a valid config.
+            if self.agent.publisher is not None:
+                try:
+                    self.agent.publisher.refresh_clients()
+                except Exception:
+                    log.exception("reload: re-reading the allowed CURVE clients failed")
             # An expected refusal says why in its message; anything else keeps its traceback.
             expected = isinstance(e, (ConfigError, RuntimeError, OSError, ValueError))
             log.error("reload refused, the running config stays: %s", e, exc_info=not expected)

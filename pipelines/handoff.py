@@ -113,10 +113,14 @@ class FrameQueue:
         self._closed = False
         self._cond = threading.Condition()
 
-    def put(self, slot: FrameSlot) -> None:
+    def put(self, slot: FrameSlot) -> bool:
+        """Hand ``slot`` on; False (not taken) once the queue was closed."""
         with self._cond:
+            if self._closed:
+                return False
             self._items.append(slot)
             self._cond.notify()
+            return True
 
     def get(self, timeout_s: float) -> FrameSlot | None:
         """The oldest slot, or None after ``timeout_s``. Raises Closed when drained."""

@@ -268,6 +268,7 @@ class Lane:
         for p in profiles.values():
             self.stats.by_profile.setdefault(p.name, LatencyHistogram())
         self.seq = 0
+        self.stale_seen = source.stale  # the source's stale count already accounted
         self.error: str | None = None  # why the source ended early, if it did
         self._stride_count = 0
         self._next_read_ns = 0
@@ -295,7 +296,8 @@ class Lane:
     def adopt(self, old: Lane) -> None:
         """Continue where ``old`` (the same source before a reload) stopped."""
         self.seq = old.seq
-        if self.monitor.config == old.monitor.config:
+        # A file's ladder never steps: a camera's step is not carried over to it.
+        if self.monitor.config == old.monitor.config and not self.every_frame:
             # Same deadline settings: the ladder's step, backoff and estimates carry over,
             # so a reload under overload does not start again from the top.
             self.monitor = old.monitor
@@ -427,7 +429,7 @@ class Pipeline:
         deadline = time.monotonic() + timeout_s
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
-        alive = [t.name for t in self._threads if t.is_alive()]
+        alive = self.alive()
         if alive:
             # A stage is stuck (e.g. inside the backend): give up draining.
             log.warning("pipeline: %s did not drain in %.1f s; aborting", alive, timeout_s)
@@ -436,7 +438,7 @@ class Pipeline:
             if any(t.name == "infer" and t.is_alive() for t in self._threads):
                 self._abandon()
                 self._join(0.3)
-            alive = [t.name for t in self._threads if t.is_alive()]
+            alive = self.alive()
             if alive:
                 log.error("pipeline: threads still running after abort: %s", alive)
         return not alive
@@ -460,12 +462,23 @@ class Pipeline:
         for slot in waiting:
             self._drop(self.lanes[slot.lane], slot, "shutdown")
         self._to_post.close()
-        log.error(
-            "pipeline: an inference did not return; %d frame(s) in it and %d waiting for it "
-            "abandoned (dropped: shutdown)",
-            len(stuck),
-            len(waiting),
-        )
+        if stuck:
+            log.error(
+                "pipeline: an inference did not return; %d frame(s) in it and %d waiting for it "
+                "abandoned (dropped: shutdown)",
+                len(stuck),
+                len(waiting),
+            )
+        else:
+            log.error(
+                "pipeline: the inference thread did not end (waiting on a stuck stage); "
+                "%d waiting frame(s) dropped (shutdown)",
+                len(waiting),
+            )
+
+    def alive(self) -> list[str]:
+        """The stage threads still running (after a stop: the stuck ones)."""
+        return [t.name for t in self._threads if t.is_alive()]
 
     # -- accounting ---------------------------------------------------------------
 
@@ -547,7 +560,8 @@ class Pipeline:
                     if batch is None:
                         continue
                     for slot in self.infer_batch(batch):
-                        self._to_post.put(slot)
+                        if not self._to_post.put(slot):  # stop() gave up on this thread meanwhile
+                            self._drop(self.lanes[slot.lane], slot, "shutdown")
                 except Closed:
                     break
                 except Exception as e:  # a bug: stop; frames still waiting are accounted
@@ -588,9 +602,12 @@ class Pipeline:
         """The next source frame (or None on timeout); counts frames the source skipped."""
         lane = lane or self.lanes[0]
         source = lane.source
-        before, stale_before = source.skipped, source.stale
+        before = source.skipped
         frame = source.read(_POLL_S)
-        gap, stale = source.skipped - before, source.stale - stale_before
+        gap = source.skipped - before
+        # A camera's reader drains stale frames on its own thread, whenever it reconnects.
+        drained = source.stale
+        stale, lane.stale_seen = drained - lane.stale_seen, drained
         if self.max_frames:  # --frames N counts source frames, skipped ones included
             room = max(self.max_frames - lane.stats.captured - (frame is not None), 0)
             gap = min(gap, room)
@@ -661,7 +678,13 @@ class Pipeline:
         batch = ran
         profile = batch[0].profile
         with self._batch_lock:
-            self._running = batch
+            abandoned = self._abandoned
+            if not abandoned:
+                self._running = batch
+        if abandoned:  # stop() gave up on this thread: these frames never reach the backend
+            for slot in batch:
+                self._drop(self.lanes[slot.lane], slot, "shutdown")
+            return []
         try:
             profile.infer(batch)
         except Exception as e:

@@ -65,6 +65,7 @@ class ZmqPublisher:
         self._lock = threading.Lock()
         self._refresh_lock = threading.Lock()  # one refresh at a time (reading the folder)
         self.sent = 0
+        self.error: str | None = None  # the stream is down for good (a rebind failed)
         self.subscriptions = 0  # to results (not heartbeats only): subscribed minus unsubscribed
         self._pack = _packer(encoding)
 
@@ -215,7 +216,9 @@ class ZmqPublisher:
             except zmq.ZMQError as e:
                 if e.errno != zmq.EADDRINUSE or time.monotonic() >= deadline:
                     sock.close()
-                    log.error("CURVE: the result stream could not be bound again to %s: %s", self.endpoint, e)
+                    # Nothing is published from here on: the watchdog must not be fed.
+                    self.error = f"the result stream could not be bound again to {self.endpoint}: {e}"
+                    log.error("CURVE: %s", self.error)
                     raise OSError(f"cannot bind result stream to {self.endpoint} again: {e}") from None
                 time.sleep(0.01)
         self._sock = sock

@@ -190,6 +190,10 @@ class SyntheticSource(Source):
         return {**super().describe(), "size_wh": [c.width, c.height], "fps": c.fps, "seed": c.seed}
 
 
+#: Containers whose frame count comes from an index (OpenCV reads the stream's nb_frames).
+_EXACT_COUNT = (".avi", ".mp4", ".mov", ".m4v", ".3gp")
+
+
 class VideoFileSource(Source):
     """A video file decoded by OpenCV into one reused buffer.
 
@@ -213,9 +217,10 @@ class VideoFileSource(Source):
     read for a position; ``CAP_PROP_POS_MSEC`` comes from the frame's timestamp.
 
     ``lost`` counts the frames not decoded: the larger of the frames read past and the
-    frames missing at the end of a pass against the declared count (0, -1 or approximate
-    for some containers: trusted when positive, with a tolerance of 1 %, at least 2
-    frames). ``damage`` says what happened, in one line; each pass is warned about once.
+    frames missing at the end of a pass against the declared count (trusted only for
+    index-based containers, ``_EXACT_COUNT``, when positive, with a tolerance of 1 %, at
+    least 2 frames; elsewhere it is an estimate and only failed reads count). ``damage``
+    says what happened, in one line; each pass is warned about once.
     """
 
     # Failed reads in a row read past before a seek past the damage is tried (or the end
@@ -260,7 +265,11 @@ class VideoFileSource(Source):
         self._fps = fps if fps > 0 else 0.0
         self._period_ns = int(1e9 / fps) if self.config.realtime and fps > 0 else 0
         count = cap.get(cv2.CAP_PROP_FRAME_COUNT)
-        self._declared = int(count) if count > 0 else 0
+        # Only an index-based container's count is exact; elsewhere (Matroska, WebM, MPEG-TS,
+        # FLV) it is duration x fps, and an audio track longer than the video, or a variable
+        # frame rate, would make an intact file look short. There only failed reads count.
+        exact = os.path.splitext(path)[1].lower() in _EXACT_COUNT
+        self._declared = int(count) if count > 0 and exact else 0
         self._passes = 0
         self._start_pass()
 

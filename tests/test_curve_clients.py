@@ -317,3 +317,31 @@ def test_a_missing_folder_at_open_is_still_an_error(keys, tmp_path):
         pub.open()
     assert pub._auth is None
     assert os.path.isdir(keys.allowed)
+
+
+def test_a_refused_reload_still_applies_a_revoked_key(keys, ctx):
+    """SIGHUP with a config that does not load: the running config stays, but the allowed
+    clients are read again all the same (a revocation must not wait for a valid config)."""
+    from types import SimpleNamespace
+
+    from edge_agent.configload import ConfigError, Problem
+    from edge_agent.sdnotify import Notifier
+    from edge_agent.service import Signals, Supervisor
+
+    keys.allow("a", "b")
+    with streaming(keys) as (pub, sender):
+        a = Client(ctx, keys, "a", pub.endpoint)
+        try:
+            wait_until(lambda: len(a.drain()) >= 5, 30, message="a receives")
+
+            def broken_config():
+                raise ConfigError([Problem("agent.yaml", 3, 1, "source.fps", "must be >= 0")])
+
+            agent = SimpleNamespace(publisher=pub)
+            sup = Supervisor(agent, Notifier(None), Signals(), broken_config)
+            keys.revoke("a")
+            assert sup.reload() is False and sup.refused_reloads == 1
+            marker = sender.seq
+            assert receives_nothing_after(a, marker) == [], "the revoked client still receives"
+        finally:
+            a.close()

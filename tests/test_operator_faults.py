@@ -275,3 +275,78 @@ def test_the_footprint_counts_every_thread_of_the_process(const_model):
 @pytest.fixture(autouse=True)
 def _faults_allowed(monkeypatch):
     monkeypatch.setenv("EDGE_AGENT_FAULTS", "1")
+
+
+def test_a_pipeline_a_reload_left_stuck_keeps_the_stop_unclean(const_model, endpoint):
+    """The old pipeline's inference never returned when a reload swapped it out: the new
+    pipeline runs on, but the agent's stop must still say a thread is stuck (the CLI then
+    exits at once instead of the interpreter joining that thread for ever)."""
+    from dataclasses import replace
+
+    from edge_agent.config import (
+        AgentConfig,
+        DeadlineConfig,
+        ModelConfig,
+        PublishConfig,
+        SyntheticSourceConfig,
+    )
+    from edge_agent.runner import Agent
+
+    cfg = AgentConfig(
+        source=SyntheticSourceConfig(fps=30),
+        model=ModelConfig(path=str(const_model)),
+        publish=PublishConfig(endpoint=endpoint),
+        metrics=replace(AgentConfig().metrics, enabled=False),
+    )
+    agent = Agent(cfg)
+    agent.build()
+    backend = agent.model.backend
+    real, calls, unblock = backend.infer, [0], threading.Event()
+
+    def first_call_hangs(io):  # fault injection: the first inference never returns
+        calls[0] += 1
+        if calls[0] == 1:
+            unblock.wait(60)
+        return real(io)
+
+    backend.infer = first_call_hangs
+    agent.start()
+    try:
+        wait_until(lambda: calls[0] >= 1, 30, message="the first inference")
+        agent.reload(replace(cfg, deadline=DeadlineConfig(budget_ms=80)))
+        published = agent.pipeline.published()
+        wait_until(lambda: agent.pipeline.published() > published + 5, 30, message="the new pipeline runs")
+        assert agent.stop() is False, "the old pipeline's stuck inference is still running"
+    finally:
+        unblock.set()
+        agent.stop()
+
+
+def test_frames_that_reach_an_abandoned_inference_thread_are_counted_once(const_model, endpoint):
+    """stop() gave up on the inference thread (``_abandon``) just as it took a batch from
+    the scheduler, or just as its backend returned: those frames are counted (shutdown),
+    once, and never handed on."""
+    from edge_agent.config import AgentConfig, ModelConfig, PublishConfig, SyntheticSourceConfig
+    from edge_agent.pipelines.handoff import FrameQueue
+    from edge_agent.runner import Agent
+
+    cfg = AgentConfig(
+        source=SyntheticSourceConfig(fps=0),
+        model=ModelConfig(path=str(const_model)),
+        publish=PublishConfig(endpoint=endpoint),
+    )
+    agent = Agent(cfg)
+    agent.build()
+    pipeline = agent.pipeline
+    agent.sources["cam0"].open()
+    try:
+        slots = [pipeline.prepare(pipeline.read_frame()) for _ in range(2)]
+        pipeline._abandon()  # the thread was not inside the backend: nothing in flight yet
+        assert pipeline.infer_batch(slots[:1]) == [], "a batch taken after the abandon never runs"
+        c = pipeline.stats.counts()
+        assert c["dropped_by_reason"]["shutdown"] == 1 and c["in_flight"] == 1, c
+    finally:
+        agent.sources["cam0"].close()
+    queue = FrameQueue("post")
+    queue.close()
+    assert queue.put(slots[1]) is False, "a closed hand-off refuses a frame (the caller drops it)"
