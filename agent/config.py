@@ -427,7 +427,9 @@ class ServiceConfig:
     when ``stall_watchdog_s`` asks for it (the outage shows in STATUS=, heartbeats and
     metrics either way)."""
 
-    stage_timeout_s: float = 5.0  # a stage thread without progress this long is stuck: no pings
+    # A stage thread without progress this long (or 3x the slowest inference so far, if
+    # longer) is stuck: no pings.
+    stage_timeout_s: float = 5.0
     stall_watchdog_s: float = 0.0  # no frame from any source this long: no pings (a restart); 0: off
 
     def __post_init__(self) -> None:

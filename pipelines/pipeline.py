@@ -356,9 +356,11 @@ class Pipeline:
             Profile.batch_limit,
         )
         prepare_buffers([(lane.name, lane.profiles) for lane in lanes], max_batch)
+        self._slowest_ns = 0  # the longest inference run so far (warm-ups included)
         for profile in self.profiles.values():
             for size, ns in profile.warm_ns.items():
                 self.scheduler.seed(profile, size, ns)
+                self._slowest_ns = max(self._slowest_ns, ns)
         self._to_post = FrameQueue("post")
 
     # The first lane, for the single-source callers (the run summary, tune, bench).
@@ -415,9 +417,12 @@ class Pipeline:
 
     def stuck_stages(self, after_s: float) -> list[str]:
         """The stage threads still running that made no progress for ``after_s``: blocked
-        in a backend or a driver (an idle stage polls, and so progresses)."""
-        oldest = time.monotonic_ns() - int(after_s * 1e9)
-        return [t.name for t in self._threads if t.is_alive() and self._progress.get(t.name, 0) < oldest]
+        in a backend or a driver (an idle stage polls, and so progresses). A model that
+        legitimately takes longer (a CPU fallback of a large model) is given three times
+        its slowest inference so far before it counts as stuck."""
+        now = time.monotonic_ns()
+        limit = max(int(after_s * 1e9), 3 * self._slowest_ns)
+        return [t.name for t in self._threads if t.is_alive() and now - self._progress.get(t.name, 0) > limit]
 
     def stop(self, timeout_s: float = 1.5) -> bool:
         """Stop capturing, drain the frames in flight, join; True if all threads ended.
@@ -706,6 +711,7 @@ class Pipeline:
         self._consecutive_errors = 0
         end = time.monotonic_ns()
         self.scheduler.record(profile, len(batch), end - now)
+        self._slowest_ns = max(self._slowest_ns, end - now)
         for slot in batch:
             slot.stamps[INFER_START] = now
             slot.stamps[INFER_END] = end

@@ -331,3 +331,33 @@ def test_a_reload_that_fails_after_the_drain_resumes_the_old_config(tmp_path, co
         wait_until(lambda: len(sub.messages) > n + 10, 30, message="the old config runs again")
     seqs = [m["seq"] for m in sub.messages]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "and the stream kept its sequence"
+
+
+def test_a_slow_model_is_not_taken_for_a_stuck_one(const_model, endpoint, monkeypatch):
+    """Every inference takes 0.3 s, longer than stage_timeout_s: a CPU fallback of a big
+    model. The stage is slow, not stuck: it gets three times its slowest inference."""
+    from edge_agent.config import FaultsConfig
+
+    monkeypatch.setenv("EDGE_AGENT_FAULTS", "1")
+    cfg = AgentConfig(
+        source=SyntheticSourceConfig(fps=30),
+        model=ModelConfig(path=str(const_model)),
+        publish=PublishConfig(endpoint=endpoint),
+        service=ServiceConfig(stage_timeout_s=0.1),
+        faults=FaultsConfig(backend_delay_ms=300),
+    )
+    agent = Agent(cfg)
+    agent.build()
+    agent.start()
+    sup = Supervisor(agent, Notifier(None), Signals(), lambda: cfg)
+    try:
+        wait_until(lambda: agent.pipeline.published() >= 2, 30, message="two slow frames")
+        seen, end = [], time.monotonic() + 60
+        # The test's input: four more slow inferences, judged all along.
+        while agent.pipeline.published() < 6 and time.monotonic() < end:
+            seen.append(sup.unhealthy())
+            time.sleep(0.05)
+        assert agent.pipeline.published() >= 6
+    finally:
+        agent.stop()
+    assert not any(seen), [w for w in seen if w]
