@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -114,6 +115,21 @@ def run_process(args: list[str], timeout_s: float, **popen_kw: Any) -> subproces
     with spawn(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen_kw) as proc:
         out, err = proc.communicate(timeout=timeout_s)
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def read_line(pipe: Any, timeout_s: float) -> str:
+    """The next line of a child's pipe, or "" at its end or when none comes within
+    ``timeout_s``. Read from the file descriptor a byte at a time: a buffered readline may
+    take several lines at once, and select() then never sees those left in the buffer."""
+    fd, line = pipe.fileno(), bytearray()
+    end = time.monotonic() + timeout_s
+    while not line.endswith(b"\n"):
+        ready, _, _ = select.select([fd], [], [], max(0.0, end - time.monotonic()))
+        byte = os.read(fd, 1) if ready else b""
+        if not byte:
+            return ""
+        line += byte
+    return line.decode(errors="replace")
 
 
 def agent_command(*args: str) -> list[str]:

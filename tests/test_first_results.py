@@ -7,7 +7,6 @@ first frame is read (``publish.wait_for_subscribers``)."""
 from __future__ import annotations
 
 import json
-import select
 import signal
 import subprocess
 import time
@@ -17,7 +16,7 @@ import cv2
 import numpy as np
 import pytest
 import zmq
-from conftest import agent_command, spawn, spawn_run, wait_until
+from conftest import agent_command, read_line, spawn, spawn_run, wait_until
 from test_sources import write_video
 
 from edge_agent.client import GapTracker, connect, decode
@@ -38,12 +37,6 @@ def write_images(folder: Path, count: int) -> Path:
         img = np.full((48, 64, 3), (i * 7) % 250, np.uint8)
         cv2.imwrite(str(folder / f"{i:04d}.png"), img)
     return folder
-
-
-def read_line(pipe, timeout_s: float) -> str:
-    """The next line of a child's pipe, or "" when none comes within ``timeout_s``."""
-    ready, _, _ = select.select([pipe], [], [], timeout_s)
-    return pipe.readline() if ready else ""
 
 
 def run_agent_for_a_waiting_subscriber(cfg_path: Path, endpoint: str, frames: int) -> list[dict]:
