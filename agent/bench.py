@@ -48,6 +48,9 @@ def _as_synthetic(src: Any, fps: float | None) -> SyntheticSourceConfig:
     return SyntheticSourceConfig(fps=30.0 if fps is None else fps, **{k: getattr(src, k) for k in keep})
 
 
+PRIVATE_ENDPOINT = "tcp://127.0.0.1:*"  # a free loopback port, chosen at bind
+
+
 def synthetic_config(config: AgentConfig, fps: float | None, sources: int = 0) -> AgentConfig:
     """The config on synthetic cameras at ``fps``: its own sources, or ``sources`` copies
     of its first one."""
@@ -57,10 +60,11 @@ def synthetic_config(config: AgentConfig, fps: float | None, sources: int = 0) -
         made = tuple(replace(first, name=f"cam{i}", seed=first.seed + i) for i in range(sources))
     else:
         made = tuple(_as_synthetic(src, fps) for src in template)
-    # Its own agents need no metrics endpoint (and must not take the real agent's port),
-    # and wait for no subscriber: nobody listens to a measurement.
+    # Its own agents run beside the real one (a service on the same config): no metrics
+    # endpoint, and results on a private loopback port (any free one), never the configured
+    # endpoint; they wait for no subscriber: nobody listens to a measurement.
     metrics = replace(config.metrics, enabled=False)
-    publish = replace(config.publish, wait_for_subscribers=0)
+    publish = replace(config.publish, endpoint=PRIVATE_ENDPOINT, wait_for_subscribers=0)
     if len(made) == 1:
         return replace(config, source=made[0], sources=(), metrics=metrics, publish=publish)
     return replace(config, source=SyntheticSourceConfig(), sources=made, metrics=metrics, publish=publish)

@@ -161,15 +161,10 @@ def jetson_power_axes(cfg: PowerConfig, quick: bool) -> list[PowerConfig]:
 
 def _private(cfg: AgentConfig, fps: float) -> AgentConfig:
     """The candidate's config on synthetic cameras (as many as it has sources), its own
-    socket, power read-only."""
+    socket (see ``synthetic_config``), power read-only."""
     from edge_agent.bench import synthetic_config
 
-    made = synthetic_config(cfg, fps)
-    return replace(
-        made,
-        publish=replace(made.publish, endpoint="tcp://127.0.0.1:*"),
-        power=replace(cfg.power, manage=False),
-    )
+    return replace(synthetic_config(cfg, fps), power=replace(cfg.power, manage=False))
 
 
 def _combined(hists: list[LatencyHistogram]) -> LatencyHistogram:

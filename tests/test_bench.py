@@ -110,3 +110,26 @@ def test_bench_of_a_config_with_several_sources_keeps_their_rates(const_model, e
     assert front["counts"]["captured"] <= 1.5 * 40 * seconds + 2, front["counts"]
     assert side["counts"]["captured"] <= 1.5 * 10 * seconds + 2, side["counts"]
     assert front["counts"]["captured"] > side["counts"]["captured"] > 0
+
+
+def test_bench_runs_beside_an_agent_on_the_same_config(const_model, endpoint, tmp_path):
+    """A service runs the config; bench on that same config must not need its socket."""
+    from conftest import spawn_run, wait_until
+    from test_pipeline import Subscriber
+
+    cfg = tmp_path / "agent.yaml"
+    cfg.write_text(
+        f"model: {{path: {const_model}}}\npublish: {{endpoint: '{endpoint}'}}\nmetrics: {{port: 0}}\n"
+    )
+    health = Subscriber(endpoint, "health")
+    try:
+        with spawn_run(cfg):
+            wait_until(lambda: health.messages, 60, message="the agent publishes on its endpoint")
+            cmd = agent_command("bench", "-c", str(cfg), "--frames", "20", "--live-seconds", "0.5", "--json")
+            proc = run_process(cmd, timeout_s=120)
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            beats = len(health.messages)
+            wait_until(lambda: len(health.messages) > beats, 30, message="the agent still publishes")
+    finally:
+        health.close()
+    assert json.loads(proc.stdout)["live"]["counts"]["captured"] > 0
