@@ -275,7 +275,7 @@ class Agent:
                     sources[src.name],
                     lane_profiles,
                     DeadlineMonitor(replace(cfg.deadline, budget_ms=budget_ms)),
-                    MessageBuilder(cfg.device_id, labels, budget_ms, self.power),
+                    MessageBuilder(cfg.device_id, labels, budget_ms, self.power, cfg.publish.encoding),
                     cfg.publish.topic,
                     src.priority,
                     src.max_fps,

@@ -756,7 +756,7 @@ class Pipeline:
         total = int(st[PUBLISH] - st[CAPTURED])
         message["latency_ms"] = lane.builder.latencies(slot)
         message["deadline_missed"] = total > lane.builder.budget_ns
-        self.publisher.send(lane.topic, self.publisher.encode(message))
+        self.publisher.send(lane.topic, lane.builder.encode(message, slot))
         lane.seq += 1
         return total
 

@@ -198,3 +198,35 @@ def test_unknown_top_level_fields_are_allowed(samples, validator):
     result["future_field"] = {"anything": [1, 2]}
     health["future_field"] = "x"
     assert validator.is_valid(result) and validator.is_valid(health)
+
+
+@pytest.mark.parametrize("n", [0, 1, 10, 100])
+def test_the_formatted_detections_parse_to_the_same_objects(n):
+    """The JSON fast path (one ``%`` over all detections) says what the object path says:
+    same labels (escaped), class ids, scores to 4 decimals and boxes to 1."""
+    import numpy as np
+
+    from edge_agent.pipelines.backends.base import IOSet
+    from edge_agent.pipelines.handoff import FrameSlot
+    from edge_agent.pipelines.publish import MessageBuilder
+
+    labels = ("person", 'say "cheese"', "back\\slash", "naïve")
+    builder = MessageBuilder("dev", labels, 50.0)
+    io = IOSet(inputs={"images": np.zeros((1, 3, 8, 8), np.float32)}, outputs=[])
+    slot = FrameSlot(0, io, "images", 100, 4)
+    rng = np.random.default_rng(n)
+    slot.det_count = n
+    slot.det_xyxy[:n] = rng.uniform(0, 1920, (n, 4))
+    slot.det_score[:n] = rng.uniform(0.25, 1.0, n)
+    slot.det_class[:n] = rng.integers(0, len(labels) + 2, n)  # some beyond the labels
+    fast = json.loads(builder.detections_json(slot))
+    objects = builder.detections(slot)
+    assert len(fast) == len(objects) == n
+    for f, o in zip(fast, objects):
+        assert (f["label"], f["class_id"]) == (o["label"], o["class_id"])
+        assert f["score"] == pytest.approx(o["score"], abs=1e-9)
+        assert f["box_xyxy"] == pytest.approx(o["box_xyxy"], abs=1e-9)
+    message = builder.build(slot, 7, "m")
+    message["latency_ms"] = builder.latencies(slot)
+    body = json.loads(builder.encode(message, slot))
+    assert list(body)[-1] == "detections" and body["detections"] == fast and body["seq"] == 7
