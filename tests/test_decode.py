@@ -370,3 +370,22 @@ def test_yolov5_accepts_unbatched_layout_and_applies_class_aware_nms():
 
 def test_decoders_registry():
     assert {"yolov8": decode_yolov8, "yolov5": decode_yolov5} == DECODERS
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_opencv_and_numpy_batched_nms_keep_the_same_boxes(seed):
+    """Where OpenCV has NMSBoxesBatched it is used; the numpy pass (an OpenCV without dnn)
+    must keep exactly the same boxes, in the same order, negative coordinates included."""
+    from edge_agent.pipelines import decode
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 300))
+    xy = rng.uniform(-100, 700, (n, 2))
+    wh = rng.uniform(5, 200, (n, 2))
+    xyxy = np.concatenate((xy, xy + wh), axis=1).astype(np.float32)
+    scores = rng.choice(np.linspace(0.3, 1.0, 40), n).astype(np.float32)  # ties included
+    classes = rng.integers(0, 5, n)
+    assert decode._cv_batched_nms is not None, "this OpenCV has cv2.dnn.NMSBoxesBatched"
+    fast = decode.batched_nms(xyxy, scores, classes, 0.45)
+    plain = decode._numpy_batched_nms(xyxy, scores, classes, 0.45)
+    assert fast.tolist() == plain.tolist()
