@@ -180,8 +180,9 @@ class OnnxRuntimeConfig:
     execution_mode: Literal["sequential", "parallel"] = "sequential"
     # Spinning worker threads trade CPU time (and so power) for latency. Measured here
     # (2 cores, 2026-12-01, `edge-agent bench` interleaved) it wins everywhere: YOLOv8n
-    # 640 inference 45.8 ms against 52.6-57.0 off; the bundled detector live p50 6.5
-    # against 8.2-8.9 ms; four cameras live p50 17-19 against 22-24 ms. Off for a
+    # 640 inference 45.8 ms against 52.6-57.0 off, and over 600 live frames end to end
+    # p99 59-68 against 72 ms; the bundled detector live p50 6.5 against 8.2-8.9 ms;
+    # four cameras live p50 17-19 against 22-24 ms. Off for a
     # battery or thermally bound device (`tune --objective power` weighs it).
     allow_spinning: bool = True
 
