@@ -343,7 +343,7 @@ class Pipeline:
                     lane.name,
                     lane.priority,
                     lane.monitor.budget_ns,
-                    lane.source.policy is BufferPolicy.NEWEST,
+                    not lane.every_frame,
                     self._overrun,
                     lane.around_ns,
                     lane.current,
@@ -431,16 +431,14 @@ class Pipeline:
         still running then is abandoned: every frame is accounted before this returns.
         """
         self._stop.set()
-        deadline = time.monotonic() + timeout_s
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))
+        self._join(timeout_s)
         alive = self.alive()
         if alive:
             # A stage is stuck (e.g. inside the backend): give up draining.
             log.warning("pipeline: %s did not drain in %.1f s; aborting", alive, timeout_s)
             self._abort.set()
             self._join(0.3)
-            if any(t.name == "infer" and t.is_alive() for t in self._threads):
+            if "infer" in self.alive():
                 self._abandon()
                 self._join(0.3)
             alive = self.alive()
@@ -503,7 +501,7 @@ class Pipeline:
         # A file source is read only once the previous frame has been taken by the
         # scheduler: reading ahead would not raise throughput (one frame already waits)
         # but would age every frame by a whole inference time.
-        read_ahead = source.policy is BufferPolicy.NEWEST
+        read_ahead = not lane.every_frame
         name = threading.current_thread().name
         try:
             while not self._stop.is_set():

@@ -118,10 +118,10 @@ class Preprocessor:
         self._rgb = np.empty((h, w, 3), np.uint8) if fmt.color == "rgb" and fmt.layout == "NHWC" else None
         # Model channel c comes from plane _order[c] of the BGR frame.
         self._order = (2, 1, 0) if fmt.color == "rgb" else (0, 1, 2)
-        mul = np.asarray(fmt.scale, np.float32) / np.asarray(fmt.std, np.float32)
-        self._mul = (mul * np.ones(3, np.float32)).astype(np.float32)
-        self._add = (-np.asarray(fmt.mean, np.float32) / np.asarray(fmt.std, np.float32)).astype(np.float32)
-        self._add = (self._add * np.ones(3, np.float32)).astype(np.float32)
+        # Per model channel: value = pixel * mul + add.
+        std = np.asarray(fmt.std, np.float32)
+        self._mul = np.broadcast_to(np.float32(fmt.scale) / std, 3).astype(np.float32)
+        self._add = np.broadcast_to(-np.asarray(fmt.mean, np.float32) / std, 3).astype(np.float32)
         self._affine = bool(np.any(self._add != 0))
 
     def input_shape(self) -> tuple[int, ...]:

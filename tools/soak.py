@@ -12,7 +12,8 @@ way out of this script), and meanwhile:
 - counts results per source and gaps in their seq numbers on a ZeroMQ subscriber.
 
 At the end: a table of the samples, the agent's summary (its stderr tail) and exit code;
-the samples go to OUT/samples.json, the agent's log to OUT/agent.log. Stdlib and pyzmq only.
+the samples go to OUT/samples.json, the agent's log to OUT/agent.log. Stdlib, pyzmq and the
+project's own client (its seq gap tracker).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from collections import Counter
 from pathlib import Path
 
 import zmq
+
+from edge_agent.client import GapTracker
 
 METRIC = re.compile(r"^(edge_agent_frames_\w+_total)\{([^}]*)\} ([0-9.e+]+)$", re.M)
 
@@ -72,8 +75,7 @@ class Results:
         self.sock.subscribe(b"det.")
         self.sock.connect(endpoint)
         self.count: Counter[str] = Counter()
-        self.gaps: Counter[str] = Counter()  # seq numbers missing (messages lost to us)
-        self.last: dict[str, int] = {}
+        self.seq = GapTracker()  # seq numbers missing per source (messages lost to us)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -84,11 +86,8 @@ class Results:
                 msg = json.loads(self.sock.recv().partition(b" ")[2])
             except zmq.Again:
                 continue
-            src, seq = msg["source"], msg["seq"]
-            if src in self.last and seq != self.last[src] + 1:
-                self.gaps[src] += max(seq - self.last[src] - 1, 1)
-            self.last[src] = seq
-            self.count[src] += 1
+            self.seq.update(msg["source"], msg["seq"])
+            self.count[msg["source"]] += 1
 
     def close(self) -> None:
         self._stop.set()
@@ -192,12 +191,12 @@ def main() -> int:
     report = {
         **{"config": config, "duration_s": args.duration, "samples": samples, "exit_code": code},
         **{"scrapes": scrapes, "scrape_failures": failures, "first_scrape_s": first_ok},
-        **{"results": dict(results.count), "seq_gaps": dict(results.gaps)},
+        **{"results": dict(results.count), "seq_gaps": dict(results.seq.lost)},
         "stderr_tail": (args.out / "agent.log").read_text().splitlines()[-60:],
     }
     (args.out / "samples.json").write_text(json.dumps(report, indent=2) + "\n")
     print_report(report, names)
-    return 0 if code == 0 and not failures and not any(results.gaps.values()) else 1
+    return 0 if code == 0 and not failures and not any(results.seq.lost.values()) else 1
 
 
 if __name__ == "__main__":
