@@ -160,6 +160,12 @@ class ModelConfig:
     score_threshold: float | None = None
     iou_threshold: float | None = None
     max_detections: int = 100
+    # Float NCHW RGB models (Ultralytics exports): `auto` runs a copy of the graph that takes
+    # the letterboxed uint8 BGR frame, with the colour swap and 1/255 folded into the first
+    # convolution, so the host's preprocessing is the letterbox alone (ONNX Runtime only;
+    # TensorRT does this work on the GPU or DLA). `off`: numpy preprocessing of the original.
+    input_adapter: Literal["auto", "off"] = "auto"
+    cache_dir: str = path_field("path", "~/.cache/edge-agent/models")  # adapted model copies
 
     def __post_init__(self) -> None:
         for key in ("score_threshold", "iou_threshold"):
@@ -294,6 +300,11 @@ class LadderStep:
 @dataclass(frozen=True)
 class DeadlineConfig:
     budget_ms: float = 50.0  # capture to publish
+    # Under overload `throughput` (newest frame wins) starts inference on the newest frame
+    # even if it waited up to a frame interval; `latency` starts only on a frame fresh
+    # enough to finish within pre + infer + post, waiting for the next capture otherwise:
+    # a lower p99 at lower throughput.
+    mode: Literal["throughput", "latency"] = "throughput"
     # Per-stage budgets (stage names as in the message's latency_ms); a stage over its
     # budget is counted per stage, so the health stream shows which stage broke the total.
     stage_budgets_ms: dict[str, float] = field(default_factory=dict)

@@ -26,6 +26,7 @@ from edge_agent.config import (
     SourceConfig,
     TensorRTConfig,
 )
+from edge_agent.models import adapter
 from edge_agent.models.manifest import InputSpec, ModelError, ModelManifest, ResolvedModel, resolve_model
 from edge_agent.pipelines.backends.base import InferenceBackend, TensorSpec
 from edge_agent.pipelines.backends.registry import create_backend
@@ -52,6 +53,7 @@ class LoadedModel:
     params: DecodeParams
     input_name: str
     output_index: int
+    adapted_from: str = ""  # the original model when the backend runs its input-adapted copy
 
     @property
     def manifest(self) -> ModelManifest:
@@ -149,7 +151,13 @@ def load_model(model: ModelConfig, backend_config: BackendConfig) -> LoadedModel
     m = resolved.manifest
     backend = create_backend(backend_config)
     fmt = m.input.format()
-    backend.load(resolved.path, fmt)
+    path = ""
+    # TensorRT backends take the conversion onto the GPU or DLA themselves (host_format).
+    if model.input_adapter == "auto" and backend.name == "onnxruntime":
+        path = adapter.try_adapt(resolved.path, fmt, model.cache_dir, m.input.name)
+    if path:
+        fmt = adapter.host_format(fmt)
+    backend.load(path or resolved.path, fmt)
     host = backend.host_format(fmt)
     input_name, output_index = check_io(m, resolved.path, backend.inputs, backend.outputs, host)
     params = DecodeParams(
@@ -165,6 +173,7 @@ def load_model(model: ModelConfig, backend_config: BackendConfig) -> LoadedModel
         params,
         input_name,
         output_index,
+        adapted_from=resolved.path if path else "",
     )
 
 
@@ -567,6 +576,7 @@ class Agent:
         return {
             "model": self.model.resolved.path,
             "manifest": self.model.resolved.manifest_path or "(read from the ONNX)",
+            "input_adapter": "adapted copy" if self.model.adapted_from else "off",
             **self.model.backend.describe(),
             "sources": [source.describe() for source in self.sources.values()],
             "endpoint": self.config.publish.endpoint,

@@ -134,6 +134,43 @@ def write_load_model(out_dir: str, size: int, channels: int) -> Path:
     return d / "model.onnx"
 
 
+def float_nchw_detector(out_dir: str) -> Path:
+    """The bundled detector as Ultralytics exports models: float32 RGB in 0..1, NCHW.
+
+    Its uint8 prologue (Transpose, Cast, Mul by the scale) is cut off and the first
+    convolution's input channels are reordered and rescaled to match, so the model detects
+    exactly what the bundled one does, through the input format users' models have.
+    """
+    from edge_agent.models.manifest import bundled_model_path
+
+    model = onnx.load(bundled_model_path())
+    g = model.graph
+    ops = [n.op_type for n in g.node[:5]]
+    if ops != ["Transpose", "Cast", "Constant", "Mul", "Conv"]:
+        raise ValueError(f"unexpected bundled prologue {ops}")
+    scale = float(numpy_helper.to_array(g.node[2].attribute[0].t))
+    conv = g.node[4]
+    weight = next(i for i in g.initializer if i.name == conv.input[1])
+    w = numpy_helper.to_array(weight)
+    # conv(W, bgr * scale) == conv(W[:, ::-1] * 255 * scale, rgb / 255)
+    weight.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(w[:, ::-1] * (255.0 * scale)), weight.name))
+    name = g.input[0].name
+    conv.input[0] = name
+    for _ in range(4):
+        g.node.remove(g.node[0])
+    g.input[0].CopyFrom(helper.make_tensor_value_info(name, TensorProto.FLOAT, ["batch", 3, 320, 320]))
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(d / "model.onnx"))
+    bundled = (Path(bundled_model_path()).parent / "manifest.yaml").read_text()
+    (d / "manifest.yaml").write_text(
+        bundled.replace("layout: NHWC", "layout: NCHW").replace("dtype: uint8", "dtype: float32")
+        .replace("color: bgr", "color: rgb")
+    )
+    return d / "model.onnx"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description="write a load model (fixed output, real compute)")
     p.add_argument("--size", type=int, default=640, help="square input size")
