@@ -1,6 +1,7 @@
 """``edge-agent bench``: where every millisecond goes, measured in one run.
 
-Four phases on the real pipeline code and the synthetic camera:
+Four phases on the real pipeline code, the config's model (or ``--model``) and frames of
+the config's source, or of a video file or image folder (``--source``):
 
 1. **pure inference**: the backend alone on one fixed, preprocessed input;
 2. **sequential**: capture → preprocess → infer → postprocess → publish one frame after
@@ -13,6 +14,23 @@ Four phases on the real pipeline code and the synthetic camera:
 
 ``overhead`` is each frame's end-to-end time minus its capture and inference stages:
 preprocessing, hand-offs, postprocessing and publishing (JSON + socket send included).
+When the main model runs as an input-adapted copy (``model.input_adapter``: the
+normalisation moved into the graph), that work is inside the inference stage: the bench
+times the adapted and the original model alone (in alternating blocks) and adds the
+difference of their p50s to the overhead it reports.
+
+Frames: a synthetic camera for a synthetic or live-camera source (a camera may be held by
+the agent the bench runs beside); from a video file or an image folder (the config's own
+single file source, or ``--source``) the frames are decoded into memory first and played
+from there, looped (``MemorySource``): unpaced in the inference, sequential and saturated
+phases, as a camera at the live rate in the live phase. Decoding a file (a PNG costs
+milliseconds) is thus no part of any figure, as a camera's frames arrive decoded, and it
+never competes with inference for the cores. Each phase counts the detections of every
+published frame, so the figures describe the model on these scenes.
+
+``compare_bare`` (``--compare-bare``) adds a fifth phase: a plain ONNX Runtime loop on one
+thread (letterbox, ``session.run``, decode and NMS) on the same frames, with the config's
+ONNX Runtime settings, for the agent's overhead and inference against it (``bare_loop``).
 
 ``--sources N`` benchmarks several cameras on one accelerator instead (``run_multi_bench``):
 saturated throughput of one source, of N sources without batching and of N sources
@@ -21,18 +39,48 @@ batched; then N paced sources live, with each source's latency and the batch siz
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
-from edge_agent.config import AgentConfig, LadderStep, SyntheticSourceConfig
+import cv2
+import numpy as np
+
+from edge_agent.config import (
+    AgentConfig,
+    AutoBackendConfig,
+    ImageFolderSourceConfig,
+    LadderStep,
+    OnnxRuntimeConfig,
+    SourceConfig,
+    SyntheticSourceConfig,
+    TensorRTConfig,
+    VideoSourceConfig,
+)
 from edge_agent.latency import LatencyHistogram
 from edge_agent.pipelines.handoff import STAGES
 from edge_agent.pipelines.pipeline import PipelineStats
-from edge_agent.runner import Agent
+from edge_agent.pipelines.preprocess import Letterbox, Preprocessor, boxes_to_source
+from edge_agent.pipelines.sources import (
+    BufferPolicy,
+    EndOfStream,
+    Source,
+    SourceError,
+    SourceFrame,
+    create_source,
+    open_video,
+)
+from edge_agent.runner import Agent, LoadedModel, check_io, load_model
 
 BENCH_SCHEMA = 1
+
+
+class BenchError(ValueError):
+    """The bench cannot measure what it was asked to; the message says why."""
 
 
 def _hist_ms(h: LatencyHistogram) -> dict[str, float]:
@@ -51,6 +99,15 @@ def _as_synthetic(src: Any, fps: float | None) -> SyntheticSourceConfig:
 PRIVATE_ENDPOINT = "tcp://127.0.0.1:*"  # a free loopback port, chosen at bind
 
 
+def _private(config: AgentConfig) -> AgentConfig:
+    # Its own agents run beside the real one (a service on the same config): no metrics
+    # endpoint, and results on a private loopback port (any free one), never the configured
+    # endpoint; they wait for no subscriber: nobody listens to a measurement.
+    metrics = replace(config.metrics, enabled=False)
+    publish = replace(config.publish, endpoint=PRIVATE_ENDPOINT, wait_for_subscribers=0)
+    return replace(config, metrics=metrics, publish=publish)
+
+
 def synthetic_config(config: AgentConfig, fps: float | None, sources: int = 0) -> AgentConfig:
     """The config on synthetic cameras at ``fps``: its own sources, or ``sources`` copies
     of its first one."""
@@ -60,24 +117,221 @@ def synthetic_config(config: AgentConfig, fps: float | None, sources: int = 0) -
         made = tuple(replace(first, name=f"cam{i}", seed=first.seed + i) for i in range(sources))
     else:
         made = tuple(_as_synthetic(src, fps) for src in template)
-    # Its own agents run beside the real one (a service on the same config): no metrics
-    # endpoint, and results on a private loopback port (any free one), never the configured
-    # endpoint; they wait for no subscriber: nobody listens to a measurement.
-    metrics = replace(config.metrics, enabled=False)
-    publish = replace(config.publish, endpoint=PRIVATE_ENDPOINT, wait_for_subscribers=0)
     if len(made) == 1:
-        return replace(config, source=made[0], sources=(), metrics=metrics, publish=publish)
-    return replace(config, source=SyntheticSourceConfig(), sources=made, metrics=metrics, publish=publish)
+        return _private(replace(config, source=made[0], sources=()))
+    return _private(replace(config, source=SyntheticSourceConfig(), sources=made))
 
 
-def _raw(config: AgentConfig, sources: int = 0) -> AgentConfig:
+FileSourceConfig = VideoSourceConfig | ImageFolderSourceConfig
+
+
+def with_model(config: AgentConfig, path: str, manifest: str = "") -> AgentConfig:
+    """The config measuring the model at ``path`` in place of its own (its manifest:
+    ``manifest``, else beside it, else read from the ONNX). Sources with a model of their
+    own run it too: the model measured is the one every source runs."""
+    model = replace(config.model, path=path, manifest=manifest)
+    source = replace(config.source, model="", manifest="")
+    sources = tuple(replace(s, model="", manifest="") for s in config.sources)
+    return replace(config, model=model, source=source, sources=sources)
+
+
+def bench_source(config: AgentConfig, path: str | None = None) -> FileSourceConfig | None:
+    """The file the bench plays (see ``preload``): ``path`` (a video file or an image
+    folder), else the config's own source when it is a single video file or image folder;
+    None: a synthetic camera (live cameras are never opened: the agent may hold them).
+    Raises SourceError naming a ``path`` that is neither."""
+    if path:
+        if os.path.isdir(path):
+            made: FileSourceConfig = ImageFolderSourceConfig(path=path)
+        elif os.path.isfile(path):
+            made = VideoSourceConfig(path=path)
+        else:
+            raise SourceError(f"--source {path}: no such video file or image folder")
+        keep = ("name", "priority", "budget_ms", "max_fps", "model", "manifest")
+        return replace(made, **{k: getattr(config.source_list()[0], k) for k in keep})
+    own = config.source_list()
+    if len(own) != 1 or not isinstance(own[0], (VideoSourceConfig, ImageFolderSourceConfig)):
+        return None
+    return own[0]
+
+
+#: Most memory the frames of a file take once decoded; a longer file plays its first ones.
+PRELOAD_MIB = 256
+
+
+def video_fps(src: FileSourceConfig) -> float:
+    """A video's own frame rate (0 when unknown, and for an image folder)."""
+    if not isinstance(src, VideoSourceConfig):
+        return 0.0
+    cap = open_video(src.path)
+    try:
+        fps = cap.get(cv2.CAP_PROP_FPS) if cap.isOpened() else 0.0
+    finally:
+        cap.release()
+    return float(fps) if fps and fps > 0 else 0.0
+
+
+def preload(src: FileSourceConfig, wanted: int, max_mib: float = PRELOAD_MIB) -> list[np.ndarray]:
+    """The first ``wanted`` frames of ``src``, decoded (one pass at most: a shorter file is
+    looped when played; and at most ``max_mib`` of them). Raises SourceError, naming the
+    file, for one that cannot be opened or gives no frame."""
+    if isinstance(src, VideoSourceConfig):
+        once: FileSourceConfig = replace(src, loop=False, realtime=False)  # as fast as it decodes
+    else:
+        once = replace(src, loop=False)
+    source = create_source(once)
+    source.open()
+    images: list[np.ndarray] = []
+    size = 0
+    try:
+        while len(images) < wanted:
+            try:
+                frame = source.read(1.0)
+            except EndOfStream:
+                break
+            if frame is None:
+                break
+            if images and size + frame.image.nbytes > max_mib * (1 << 20):
+                break
+            images.append(frame.image.copy())  # a video decodes into one reused buffer
+            size += frame.image.nbytes
+    finally:
+        source.close()
+    if not images:
+        raise SourceError(f"no frame read from {src.path}")
+    return images
+
+
+def bench_config(
+    config: AgentConfig, fps: float | None, sources: int = 0, file_source: FileSourceConfig | None = None
+) -> AgentConfig:
+    """The config the bench's agents run: on ``file_source`` (its frames preloaded and
+    played by ``BenchAgent``, paced there), else on synthetic cameras at ``fps`` (see
+    ``synthetic_config``)."""
+    if file_source is None:
+        return synthetic_config(config, fps, sources)
+    return _private(replace(config, source=file_source, sources=()))
+
+
+def _raw(config: AgentConfig, sources: int = 0, file_source: FileSourceConfig | None = None) -> AgentConfig:
     """Unpaced, with neither admission nor ladder: the pipeline's own capability.
 
     The deadline machinery is for the live phase; here a model slower than the budget
     must still be measured, not dropped as stale.
     """
     deadline = replace(config.deadline, admission=False, ladder=(LadderStep(),))
-    return replace(synthetic_config(config, 0.0, sources), deadline=deadline)
+    return replace(bench_config(config, 0.0, sources, file_source), deadline=deadline)
+
+
+class MemorySource(Source):
+    """Preloaded frames played from memory, looped; nothing is decoded while it plays.
+
+    Unpaced (``fps`` 0) it hands over the next frame whenever the pipeline asks, each one
+    processed, as a file source does. Paced, it is a live camera, as ``SyntheticSource``
+    paced: frame k is due at t0 + k/fps whether or not the pipeline asks for it, a busy
+    pipeline gets the newest frame and those in between are skipped, and a frame's
+    capture time is when it was due. (The file source configs have no rate that makes
+    them a camera: a video's ``realtime`` plays at the file's own rate, and a source's
+    ``max_fps`` only spaces the reads of a source that still hands over every frame.)
+    """
+
+    def __init__(self, name: str, images: list[np.ndarray], fps: float = 0.0) -> None:
+        super().__init__(name)
+        self.images = images
+        self.fps = fps
+        self.policy = BufferPolicy.NEWEST if fps > 0 else BufferPolicy.WAIT
+        self._period_ns = int(1e9 / fps) if fps > 0 else 0
+        self._frame = SourceFrame()
+        self._next = 0
+        self._t0 = 0
+
+    def open(self) -> None:
+        self._next, self._t0 = 0, 0
+
+    def read(self, timeout_s: float) -> SourceFrame | None:
+        if self._period_ns:
+            now = time.monotonic_ns()
+            if self._t0 == 0:
+                self._t0 = now
+            due = self._t0 + self._next * self._period_ns
+            if due > now:
+                wait = (due - now) / 1e9
+                if wait > timeout_s:
+                    time.sleep(timeout_s)
+                    return None
+                time.sleep(wait)
+                index = self._next
+            else:
+                index = (now - self._t0) // self._period_ns
+                self.skipped += index - self._next
+            capture_ns = self._t0 + index * self._period_ns
+        else:
+            index = self._next
+            capture_ns = time.monotonic_ns()
+        f = self._frame
+        f.image = self.images[index % len(self.images)]
+        f.frame_id = index
+        f.capture_ns = capture_ns
+        self._next = index + 1
+        return f
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "frames": len(self.images), "fps": self.fps}
+
+
+class BenchAgent(Agent):
+    """An agent that counts the detections of every frame it decodes (each one is then
+    published), and plays ``images`` (a file's, preloaded) in place of its file source, as
+    a camera at ``pace_fps`` or unpaced (0)."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        max_frames: int = 0,
+        images: list[np.ndarray] | None = None,
+        pace_fps: float = 0.0,
+    ) -> None:
+        super().__init__(config, max_frames)
+        self.images = images
+        self.pace_fps = pace_fps
+        self.detections: list[int] = []  # per decoded frame, in order (one writer: post)
+
+    def _source(self, cfg: AgentConfig, src: SourceConfig) -> Any:  # type: ignore[override]
+        if self.images and isinstance(src, (VideoSourceConfig, ImageFolderSourceConfig)):
+            return MemorySource(src.name, self.images, self.pace_fps)
+        return super()._source(cfg, src)
+
+    def build(self) -> None:
+        super().build()
+        for m in self.models.values():
+            m.decode = self._counting(m.decode)
+
+    def _counting(self, decode: Callable[..., Any]) -> Callable[..., Any]:
+        record = self.detections.append
+
+        def counted(output: Any, params: Any) -> Any:
+            result = decode(output, params)
+            record(len(result[1]))
+            return result
+
+        return counted
+
+    def close_models(self) -> None:
+        for m in self.models.values():
+            m.backend.close()
+
+
+def detections_summary(counts: list[int]) -> dict[str, Any]:
+    """Detections per frame: how many frames, their mean, median and most."""
+    if not counts:
+        return {"frames": 0, "mean": 0.0, "p50": 0.0, "max": 0}
+    a = np.asarray(counts)
+    return {
+        "frames": len(a),
+        "mean": round(float(a.mean()), 3),
+        "p50": float(np.median(a)),
+        "max": int(a.max()),
+    }
 
 
 def _stage_table(stats: PipelineStats) -> dict[str, Any]:
@@ -105,8 +359,10 @@ def _slowest_thread_ms(stats: PipelineStats) -> float:
     return max(threads)
 
 
-def _run_agent(config: AgentConfig, frames: int) -> tuple[Agent, float]:
-    agent = Agent(config, max_frames=frames)
+def _run_agent(
+    config: AgentConfig, frames: int, images: list[np.ndarray] | None = None, pace_fps: float = 0.0
+) -> tuple[BenchAgent, float]:
+    agent = BenchAgent(config, frames, images, pace_fps)
     agent.build()
     assert agent.pipeline is not None
     agent.start()
@@ -114,31 +370,74 @@ def _run_agent(config: AgentConfig, frames: int) -> tuple[Agent, float]:
     agent.pipeline.finished.wait()
     elapsed = time.monotonic() - t0
     agent.stop()
+    failure = agent.pipeline.failure()
+    if failure:
+        raise BenchError(f"the pipeline failed during the measurement: {failure}")
     return agent, elapsed
 
 
-def pure_inference(agent: Agent, runs: int) -> LatencyHistogram:
-    """The backend alone, on one slot whose input holds a preprocessed synthetic frame."""
+def inference_alone(
+    agent: Agent, runs: int, original: LoadedModel | None = None
+) -> tuple[LatencyHistogram, LatencyHistogram | None]:
+    """The backend alone, on one slot whose input holds a preprocessed frame of the source.
+
+    With ``original`` (the model an input-adapted main model was made from) that model
+    too, on the same frame preprocessed its own way, ``runs`` times each, in alternating
+    blocks, so whatever drifts during the phase (clocks, the machine's other work) weighs
+    on both alike. The first run after each switch is not counted: the other session's
+    pool threads may still be spinning then (``allow_spinning``) and take cores from it.
+    Returns the main model's times and the original's (or None).
+    """
     assert agent.pipeline is not None
     p = agent.pipeline
     p.source.open()
-    frame = p.source.read(1.0)
-    slot = p.prepare(frame)
-    p.source.close()
+    try:
+        frame = p.source.read(1.0)
+        if frame is None:
+            raise BenchError(f"source {p.source.name!r} gave no frame within 1 s")
+        slot = p.prepare(frame)
+        original_io = None
+        if original is not None:
+            original_io = original.backend.allocate()
+            original.preprocessor(frame.image, original_io.inputs[original.input_name], Letterbox())
+            original.backend.upload(original_io)
+    finally:
+        p.source.close()
     assert slot is not None
-    backend = slot.profile.model.backend
-    hist = LatencyHistogram()
-    for _ in range(runs):
-        t = time.perf_counter_ns()
-        backend.infer(slot.io)
-        hist.record(time.perf_counter_ns() - t)
-    slot.pool.release(slot)
-    return hist
+    runners = [(slot.profile.model.backend, slot.io, LatencyHistogram())]
+    if original is not None and original_io is not None:
+        original.backend.warmup(original_io, runs=2)
+        runners.append((original.backend, original_io, LatencyHistogram()))
+    block = runs if len(runners) == 1 else max(1, min(10, runs // 4))
+    done = 0
+    while done < runs:
+        n = min(block, runs - done)
+        for backend, io, hist in runners:
+            if len(runners) > 1:
+                backend.infer(io)  # the switch (see above)
+            for _ in range(n):
+                t = time.perf_counter_ns()
+                backend.infer(io)
+                hist.record(time.perf_counter_ns() - t)
+        done += n
+    slot.pool.release(slot)  # type: ignore[union-attr]
+    return runners[0][2], runners[1][2] if len(runners) > 1 else None
 
 
-def sequential(config: AgentConfig, frames: int) -> tuple[LatencyHistogram, float]:
-    """Each frame through every stage on this thread, none overlapping."""
-    agent = Agent(_raw(config))
+def pure_inference(agent: Agent, runs: int) -> LatencyHistogram:
+    """The backend alone, on one slot whose input holds a preprocessed source frame."""
+    return inference_alone(agent, runs)[0]
+
+
+def sequential(
+    config: AgentConfig,
+    frames: int,
+    file_source: FileSourceConfig | None = None,
+    images: list[np.ndarray] | None = None,
+) -> tuple[LatencyHistogram, float, list[int]]:
+    """Each frame through every stage on this thread, none overlapping; returns the times
+    per frame, the seconds it took and the detections of each frame."""
+    agent = BenchAgent(_raw(config, file_source=file_source), images=images)
     agent.build()
     assert agent.pipeline is not None and agent.publisher is not None
     p = agent.pipeline
@@ -158,16 +457,177 @@ def sequential(config: AgentConfig, frames: int) -> tuple[LatencyHistogram, floa
         elapsed = time.monotonic() - t0
         p.source.close()
         agent.publisher.close()
-        for m in agent.models.values():
-            m.backend.close()
-    return hist, elapsed
+        agent.close_models()
+    return hist, elapsed, agent.detections
+
+
+def onnxruntime_settings(config: AgentConfig, running: str = "") -> OnnxRuntimeConfig:
+    """The ONNX Runtime settings the config's backend runs the model with (``running``: the
+    backend the model was loaded on, which ``auto`` chose). Raises BenchError for another
+    backend: the plain loop to compare with is an ONNX Runtime one."""
+    backend = config.backend
+    if isinstance(backend, OnnxRuntimeConfig):
+        return backend
+    if isinstance(backend, AutoBackendConfig) and running in ("", "onnxruntime"):
+        return backend.onnxruntime
+    raise BenchError(
+        "--compare-bare compares with a plain ONNX Runtime loop: it needs an ONNX Runtime backend, "
+        f"and this config runs the model on {running or backend.type} (set backend: {{type: onnxruntime}})"
+    )
+
+
+def bare_loop(
+    config: AgentConfig,
+    settings: OnnxRuntimeConfig,
+    frames: int,
+    params: Any,
+    images: list[np.ndarray] | None = None,
+) -> dict[str, Any]:
+    """A plain ONNX Runtime loop on one thread, on the frames the sequential phase had
+    (``images``: a file's, preloaded; None: the synthetic camera's).
+
+    Per frame: the letterbox (the manifest's pad value, 114 by default) and normalisation
+    of the original model's input by the project's own ``Preprocessor`` (numpy and OpenCV;
+    no input adapter, so the graph as exported), ``session.run``, the manifest's decoder
+    with its class-aware NMS (``params``: the agent's thresholds), and the boxes mapped back
+    to the frame. Reading the frame is not timed. The session is made the way the agent's
+    ONNX Runtime backend makes it, with ``settings`` (threads, spinning, optimisation
+    level, providers); it is warmed up with two runs first, as the agent's is.
+    """
+    from edge_agent.models.manifest import resolve_model
+    from edge_agent.pipelines.backends.onnxruntime import OnnxRuntimeBackend
+    from edge_agent.pipelines.decode import DECODERS
+
+    resolved = resolve_model(config.model.path, config.model.manifest)
+    m = resolved.manifest
+    backend = OnnxRuntimeBackend(settings)
+    backend.load(resolved.path)  # no input format given: the graph as exported
+    try:
+        input_name, out_index = check_io(m, resolved.path, backend.inputs, backend.outputs)
+        session = backend.session
+        assert session is not None
+        spec = next(t for t in backend.inputs if t.name == input_name)
+        tensor = np.zeros(spec.concrete(1), spec.dtype)
+        feed = {input_name: tensor}
+        fetch = [backend.outputs[out_index].name]
+        fmt = m.input.format()
+        preprocess = Preprocessor(fmt)
+        decode = DECODERS[m.output.decoder]
+        geo = Letterbox()
+        if images:
+            source: Source = MemorySource("bare", images)
+        else:
+            source = create_source(_raw(config).source)
+        names = ("pre", "infer", "post", "pre_post", "total")
+        hists = {k: LatencyHistogram() for k in names}
+        detections: list[int] = []
+        source.open()
+        try:
+            first = source.read(1.0)
+            if first is None:
+                raise BenchError(f"source {source.name!r} gave no frame within 1 s")
+            preprocess(first.image, tensor, geo)
+            for _ in range(2):
+                session.run(fetch, feed)
+        finally:
+            source.close()
+        source.open()  # from the first frame again, as the sequential phase
+        try:
+            for _ in range(frames):
+                frame = source.read(1.0)
+                if frame is None:
+                    raise BenchError(f"source {source.name!r} gave no frame within 1 s")
+                t0 = time.perf_counter_ns()
+                preprocess(frame.image, tensor, geo)
+                t1 = time.perf_counter_ns()
+                out = session.run(fetch, feed)[0]
+                t2 = time.perf_counter_ns()
+                xyxy, scores, _ = decode(out, params)
+                boxes_to_source(xyxy, geo)
+                t3 = time.perf_counter_ns()
+                hists["pre"].record(t1 - t0)
+                hists["infer"].record(t2 - t1)
+                hists["post"].record(t3 - t2)
+                hists["pre_post"].record(t1 - t0 + t3 - t2)
+                hists["total"].record(t3 - t0)
+                detections.append(len(scores))
+        finally:
+            source.close()
+    finally:
+        backend.close()
+    total_s = hists["total"].total_ns / 1e9
+    return {
+        "model": resolved.path,
+        "preprocessing": f"letterbox (pad {fmt.pad_value}) + numpy normalisation into the model's own "
+        f"{fmt.layout} {fmt.dtype} input (edge_agent Preprocessor, no input adapter)",
+        "onnxruntime": {
+            "providers": list(settings.providers),
+            "intra_op_threads": settings.intra_op_threads,
+            "inter_op_threads": settings.inter_op_threads,
+            "allow_spinning": settings.allow_spinning,
+            "graph_optimization": settings.graph_optimization,
+        },
+        "frames": frames,
+        **{f"{k}_ms": _hist_ms(h) for k, h in hists.items()},
+        "throughput_fps": round(frames / total_s, 2) if total_s else 0.0,
+        "detections_per_frame": detections_summary(detections),
+    }
 
 
 Progress = Callable[[str], None]
 
 
+class _Once(logging.Filter):
+    """Each distinct message once: every phase loads the model again, and what loading
+    says about it (e.g. the assumptions for a model without a manifest) would repeat."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple[int, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.levelno, record.getMessage())
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+@contextlib.contextmanager
+def _model_notes_once() -> Iterator[None]:
+    logger = logging.getLogger("edge_agent.runner")
+    once = _Once()
+    logger.addFilter(once)
+    try:
+        yield
+    finally:
+        logger.removeFilter(once)
+
+
 def _quiet(_line: str) -> None:
     pass
+
+
+def _source_info(
+    config: AgentConfig, file_source: FileSourceConfig | None, images: list[np.ndarray] | None
+) -> dict[str, Any]:
+    """Where the frames came from, the type of the config's own (first) source, and the
+    frames preloaded from a file (how many, how much memory)."""
+    own = config.source_list()[0].type
+    if file_source is None or not images:
+        return {"type": "synthetic", "path": "", "config_source": own, "frames": 0, "mib": 0.0}
+    mib = round(sum(i.nbytes for i in images) / (1 << 20), 1)
+    return {
+        "type": file_source.type,
+        "path": file_source.path,
+        "config_source": own,
+        "frames": len(images),
+        "mib": mib,
+    }
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b else None
 
 
 def run_bench(
@@ -176,39 +636,83 @@ def run_bench(
     source_fps: float | None = None,
     live_s: float = 10.0,
     progress: Progress = _quiet,
+    source: str | None = None,
+    compare_bare: bool = False,
 ) -> dict[str, Any]:
-    """All four phases; returns the result documented in the README (schema 1).
+    """All four phases (five with ``compare_bare``); returns the result documented in the
+    README (schema 1).
 
-    ``frames`` sizes the inference, sequential and saturated phases; the live phase
-    lasts ``live_s`` seconds of source time (at most ``frames`` frames). ``progress`` is
-    told the name of each phase as it begins.
+    ``frames`` sizes the inference, sequential, saturated and bare phases; the live phase
+    lasts ``live_s`` seconds of source time at ``source_fps`` (None: the config's synthetic
+    camera's rate, a video's own, else 30). ``source``: a video file or an image folder to
+    measure on (None: the config's source, see ``bench_source``). ``progress`` is told the
+    name of each phase as it begins.
     """
-    saturated_cfg = _raw(config)
-    progress("loading the model")
-    probe = Agent(saturated_cfg)
-    probe.build()
-    runs = max(frames // 2, 100)
-    progress(f"1/4 inference alone ({runs} runs)")
-    pure = pure_inference(probe, runs)
-    model = probe.model
-    assert model is not None
-    for m in probe.models.values():
-        m.backend.close()
+    with _model_notes_once():
+        return _run_bench(config, frames, source_fps, live_s, progress, source, compare_bare)
 
-    progress(f"2/4 sequential, one frame at a time ({frames} frames)")
-    seq, seq_s = sequential(config, frames)
-    # The backend was warmed up when its slots were allocated: every frame counts.
-    progress(f"3/4 pipelined at full speed ({frames} frames)")
-    sat, sat_s = _run_agent(saturated_cfg, frames)
-    sat_stats = sat.pipeline.stats  # type: ignore[union-attr]
 
+def _run_bench(
+    config: AgentConfig,
+    frames: int,
+    source_fps: float | None,
+    live_s: float,
+    progress: Progress,
+    source: str | None,
+    compare_bare: bool,
+) -> dict[str, Any]:
+    if source_fps is not None and source_fps <= 0:
+        raise BenchError(f"--source-fps must be > 0 (got {source_fps:g})")
+    if compare_bare and isinstance(config.backend, TensorRTConfig):
+        onnxruntime_settings(config)  # raises: before minutes of measuring
+    file_src = bench_source(config, source)
     live_fps = source_fps
     if live_fps is None:
         src = config.source_list()[0]
-        live_fps = src.fps if isinstance(src, SyntheticSourceConfig) and src.fps > 0 else 30.0
-    live_frames = max(1, min(frames, round(live_fps * live_s)))
-    progress(f"4/4 live camera at {live_fps:g} fps ({live_frames} frames, ~{live_frames / live_fps:.0f} s)")
-    live, live_elapsed = _run_agent(synthetic_config(config, live_fps), live_frames)
+        if file_src is not None:
+            live_fps = video_fps(file_src) or 30.0
+        else:
+            live_fps = src.fps if isinstance(src, SyntheticSourceConfig) and src.fps > 0 else 30.0
+    live_frames = max(1, round(live_fps * live_s))
+    images = None
+    if file_src is not None:
+        progress(f"decoding {file_src.path}")
+        images = preload(file_src, max(frames, live_frames))
+    steps = 5 if compare_bare else 4
+    saturated_cfg = _raw(config, file_source=file_src)
+    progress("loading the model")
+    probe = BenchAgent(saturated_cfg, images=images)
+    probe.build()
+    original: LoadedModel | None = None
+    try:
+        model = probe.model
+        assert model is not None
+        settings = onnxruntime_settings(config, model.backend.name) if compare_bare else None
+        adapted_from = str(getattr(model, "adapted_from", "") or "")
+        if adapted_from:
+            # Same backend settings, same input: only the adapter differs.
+            original = load_model(replace(config.model, input_adapter="off"), config.backend)
+        runs = max(frames // 2, 100)
+        both = ", the adapted and the original model in alternating blocks" if original else ""
+        progress(f"1/{steps} inference alone ({runs} runs{both})")
+        pure, original_hist = inference_alone(probe, runs, original)
+    finally:
+        probe.close_models()
+        if original is not None:
+            original.backend.close()
+
+    progress(f"2/{steps} sequential, one frame at a time ({frames} frames)")
+    seq, seq_s, seq_det = sequential(config, frames, file_src, images)
+    # The backend was warmed up when its slots were allocated: every frame counts.
+    progress(f"3/{steps} pipelined at full speed ({frames} frames)")
+    sat, sat_s = _run_agent(saturated_cfg, frames, images)
+    sat_stats = sat.pipeline.stats  # type: ignore[union-attr]
+
+    progress(
+        f"4/{steps} live camera at {live_fps:g} fps ({live_frames} frames, ~{live_frames / live_fps:.0f} s)"
+    )
+    live_cfg = bench_config(config, live_fps, 0, file_src)
+    live, live_elapsed = _run_agent(live_cfg, live_frames, images, live_fps)
     live_stats = live.pipeline.stats  # type: ignore[union-attr]
     monitor = live.pipeline.monitor  # type: ignore[union-attr]
 
@@ -218,16 +722,44 @@ def run_bench(
     seq_fps = frames / seq_s if seq_s else 0.0
     overhead = live_stats.overhead
     pre_inf_post = sum(live_stats.stages[s].percentile_ms(50) for s in ("preprocess", "infer", "postprocess"))
+    # Work the adapter moved into the graph is inside the inference stage: counted back.
+    # (From the p50s as reported, so that the figures printed add up.)
+    in_graph = 0.0
+    if original_hist is not None:
+        in_graph = round(round(pure_p50, 3) - round(original_hist.percentile_ms(50), 3), 3)
+    overhead_p50 = round(round(overhead.percentile_ms(50), 3) + in_graph, 3)
+    overhead_p99 = round(round(overhead.percentile_ms(99), 3) + in_graph, 3)
+
+    bare = None
+    if settings is not None:
+        progress(f"5/{steps} plain ONNX Runtime loop, one thread ({frames} frames)")
+        bare = bare_loop(config, settings, frames, model.params, images)
+        live_infer_p50 = round(live_stats.stages["infer"].percentile_ms(50), 3)
+        bare.update(
+            {
+                "agent_overhead_p50_ms": overhead_p50,
+                "agent_infer_p50_ms": live_infer_p50,
+                "overhead_over_bare_pre_post_p50": _ratio(overhead_p50, bare["pre_post_ms"]["p50"]),
+                "infer_over_bare_infer_p50": _ratio(live_infer_p50, bare["infer_ms"]["p50"]),
+            }
+        )
     return {
         "schema": BENCH_SCHEMA,
-        "model": model.resolved.path,
+        "model": adapted_from or model.resolved.path,
         "model_input_hw": [model.manifest.input.height, model.manifest.input.width],
         "backend": model.backend.describe(),
+        "source": _source_info(config, file_src, images),
         "frames": frames,
         "pure_inference_ms": _hist_ms(pure),
+        "input_adapter": {
+            "adapted": bool(adapted_from),
+            "original_inference_ms": _hist_ms(original_hist) if original_hist is not None else None,
+            "in_graph_ms": in_graph,
+        },
         "sequential": {
             "per_frame_ms": _hist_ms(seq),
             "throughput_fps": round(seq_fps, 2),
+            "detections_per_frame": detections_summary(seq_det),
         },
         "pipelined": {
             "throughput_fps": round(sat_fps, 2),
@@ -236,6 +768,7 @@ def run_bench(
             "efficiency": round(sat_fps * slowest / 1000.0, 3),
             "end_to_end_ms": _hist_ms(sat_stats.total),
             "stages": _stage_table(sat_stats),
+            "detections_per_frame": detections_summary(sat.detections),
         },
         "live": {
             "source_fps": live_fps,
@@ -244,10 +777,12 @@ def run_bench(
             "end_to_end_ms": _hist_ms(live_stats.total),
             "end_to_end_ms_by_profile": {k: _hist_ms(h) for k, h in live_stats.by_profile.items()},
             "overhead_ms": _hist_ms(overhead),
+            "overhead_with_adapter_ms": {"p50": overhead_p50, "p99": overhead_p99},
             "overhead_minus_pure_p50_ms": round(live_stats.total.percentile_ms(50) - pure_p50, 3),
             "p99_over_pre_infer_post_p50": round(live_stats.total.percentile_ms(99) / pre_inf_post, 3)
             if pre_inf_post
             else None,
+            "detections_per_frame": detections_summary(live.detections),
             "stages": _stage_table(live_stats),
             "backend_parts_ms": {k: _hist_ms(h) for k, h in live_stats.backend_parts.items()},
             "counts": live_stats.counts(),
@@ -257,6 +792,7 @@ def run_bench(
                 "history": list(monitor.history),
             },
         },
+        "bare": bare,
     }
 
 
@@ -264,21 +800,54 @@ def _pq(h: dict[str, float]) -> str:
     return f"p50 {h['p50']:8.3f} ms   p99 {h['p99']:8.3f} ms   max {h['max']:8.3f} ms"
 
 
+def _det(d: dict[str, Any]) -> str:
+    return f"mean {d['mean']:.2f}, p50 {d['p50']:g}, max {d['max']} ({d['frames']} frames)"
+
+
 def format_report(r: dict[str, Any]) -> str:
     """The human-readable form of a ``run_bench`` result."""
     pure, seq, pipe, live = r["pure_inference_ms"], r["sequential"], r["pipelined"], r["live"]
     h, w = r["model_input_hw"]
     backend = r["backend"]
+    src = r["source"]
+    if src["type"] != "synthetic":
+        kind = "image folder" if src["type"] == "images" else "video file"
+        frames_from = f"{kind} {src['path']}: {src['frames']} frames preloaded ({src['mib']:g} MiB), looped"
+    elif src["config_source"] != "synthetic":
+        frames_from = f"synthetic camera (in place of the config's {src['config_source']} source)"
+    else:
+        frames_from = "synthetic camera"
+    adapter = r["input_adapter"]
+    oh = live["overhead_with_adapter_ms"]
     lines = [
         f"model {r['model']} ({w}x{h}), {backend.get('backend')} {backend.get('providers', '')}",
+        f"source: {frames_from}",
         f"pure inference            {_pq(pure)}",
+    ]
+    if adapter["adapted"]:
+        orig = adapter["original_inference_ms"]
+        lines += [
+            f"  input adapter: p50 adapted {pure['p50']:.3f} ms, original {orig['p50']:.3f} ms"
+            f" (alternating): {adapter['in_graph_ms']:+.3f} ms of preprocessing moved into the graph",
+        ]
+    lines += [
         f"sequential, per frame     {_pq(seq['per_frame_ms'])}   {seq['throughput_fps']:.1f} fps",
         f"pipelined, saturated      {pipe['throughput_fps']:.1f} fps"
         f" = {pipe['gain_over_sequential']}x sequential; slowest stage"
         f" thread {pipe['slowest_thread_ms']:.3f} ms/frame, {pipe['efficiency']:.0%} of its bound",
         f"  end to end (queueing)   {_pq(pipe['end_to_end_ms'])}",
         f"live at {live['source_fps']:g} fps, end to end {_pq(live['end_to_end_ms'])}",
-        f"  overhead around model   {_pq(live['overhead_ms'])}   (end to end - capture - inference)",
+        f"  overhead around model (total - capture - infer)"
+        f"   p50 {oh['p50']:8.3f} ms   p99 {oh['p99']:8.3f} ms",
+    ]
+    if adapter["adapted"]:
+        measured = live["overhead_ms"]
+        lines.append(
+            f"    = measured p50 {measured['p50']:.3f} / p99 {measured['p99']:.3f} ms"
+            f" {adapter['in_graph_ms']:+.3f} ms the input adapter moved into inference"
+        )
+    lines += [
+        f"  detections per published frame: {_det(live['detections_per_frame'])}",
         f"  p99 / (pre + infer + post p50) = {live['p99_over_pre_infer_post_p50']}",
         f"  frames: {live['counts']}",
         f"  ladder: final step {live['ladder']['final_step']!r}, {live['ladder']['changes']} change(s)",
@@ -292,6 +861,23 @@ def format_report(r: dict[str, Any]) -> str:
             lines.append(f"published by {name:<12} {h['count']:5d} frames, end to end {_pq(h)}")
     for change in live["ladder"]["history"]:
         lines.append(f"ladder: {change['from']} -> {change['to']} ({change['reason']})")
+    bare = r.get("bare")
+    if bare:
+        lines += [
+            "",
+            f"bare ONNX Runtime loop, one thread, {bare['frames']} frames ({bare['preprocessing']}):"
+            f" {bare['throughput_fps']:.1f} fps",
+        ]
+        for name in ("pre", "infer", "post", "pre_post", "total"):
+            label = {"pre_post": "pre + post"}.get(name, name)
+            lines.append(f"  {label:<12}{_pq(bare[f'{name}_ms'])}")
+        lines += [
+            f"  detections per frame: {_det(bare['detections_per_frame'])}",
+            f"  agent overhead p50 / bare (pre + post) p50 = {bare['agent_overhead_p50_ms']:.3f} /"
+            f" {bare['pre_post_ms']['p50']:.3f} = {bare['overhead_over_bare_pre_post_p50']}",
+            f"  agent infer p50 (live) / bare infer p50 = {bare['agent_infer_p50_ms']:.3f} /"
+            f" {bare['infer_ms']['p50']:.3f} = {bare['infer_over_bare_infer_p50']}",
+        ]
     return "\n".join(lines)
 
 
@@ -319,6 +905,18 @@ def run_multi_bench(
     ``source_fps`` (None: each its own rate) for ``live_s`` seconds, each with its own
     latency and counts.
     """
+    with _model_notes_once():
+        return _run_multi_bench(config, sources, frames, source_fps, live_s, progress)
+
+
+def _run_multi_bench(
+    config: AgentConfig,
+    sources: int,
+    frames: int,
+    source_fps: float | None,
+    live_s: float,
+    progress: Progress,
+) -> dict[str, Any]:
     n = sources or len(config.source_list())
     progress(f"1/5 inference alone per frame, batches of 1..{n}")
     per_frame = _inference_per_frame(_raw(config, sources), max(frames // 5, 20))

@@ -439,19 +439,36 @@ def _progress(line: str) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from edge_agent.bench import format_multi_report, format_report, run_bench, run_multi_bench
+    from edge_agent.bench import format_multi_report, format_report, run_bench, run_multi_bench, with_model
 
     config = _load_config(args.config)
+    if args.manifest and not args.model:
+        return _fail("bench: --manifest goes with --model", EXIT_USAGE)
+    if args.model:
+        config = with_model(config, args.model, args.manifest or "")
     _setup_logging("warning")
     _latency_first_interpreter()
     progress = _progress if sys.stderr.isatty() and not args.json else lambda _line: None
-    if args.sources or len(config.source_list()) > 1:
+    # --source plays one file as one camera: it replaces the config's source(s).
+    if args.sources or (len(config.source_list()) > 1 and not args.source):
+        if args.source:
+            return _fail("bench: --source plays one file; --sources measures synthetic cameras", EXIT_USAGE)
+        if args.compare_bare:
+            return _fail("bench: --compare-bare measures one source; not with several", EXIT_USAGE)
         result = run_multi_bench(
             config, args.sources, args.frames, args.source_fps, args.live_seconds, progress
         )
         print(json.dumps(result, indent=2) if args.json else format_multi_report(result))
         return EXIT_OK
-    result = run_bench(config, args.frames, args.source_fps, args.live_seconds, progress)
+    result = run_bench(
+        config,
+        args.frames,
+        args.source_fps,
+        args.live_seconds,
+        progress,
+        source=args.source,
+        compare_bare=args.compare_bare,
+    )
     print(json.dumps(result, indent=2) if args.json else format_report(result))
     return EXIT_OK
 
@@ -602,10 +619,16 @@ def cmd_power(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from edge_agent.tune import TuneSettings, tune
+    from edge_agent.tune import FramesError, TuneSettings, image_files, no_choice, tune
 
     _setup_logging("warning")
     _latency_first_interpreter()
+    frames = os.path.abspath(args.frames) if args.frames else ""
+    if frames:
+        try:
+            image_files(frames)  # before any config or model is loaded
+        except FramesError as e:
+            return _fail(f"--frames: {e}", EXIT_USAGE)
     config = _load_config(args.config, args.device)
     settings = TuneSettings(
         budget_ms=args.budget_ms if args.budget_ms else config.deadline.budget_ms,
@@ -614,13 +637,30 @@ def cmd_tune(args: argparse.Namespace) -> int:
         quick=args.quick,
         models=tuple(os.path.abspath(m) for m in args.model or ()),  # tuned.yaml lives elsewhere
         source_fps=args.source_fps,
+        frames=frames,
     )
-    chosen, _grid, paths = tune(config, settings, Path(args.out))
+    said: set[str] = set()
+
+    def once(record: logging.LogRecord) -> bool:  # each candidate loads its model: say what it assumed once
+        first = record.getMessage() not in said
+        said.add(record.getMessage())
+        return first
+
+    runner_log = logging.getLogger("edge_agent.runner")
+    runner_log.addFilter(once)
+    try:
+        chosen, grid, paths = tune(config, settings, Path(args.out))
+    except FramesError as e:  # the config's own video file or image folder
+        return _fail(str(e))
+    finally:
+        runner_log.removeFilter(once)
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     if chosen is None:
-        return _fail(f"no candidate holds the {settings.budget_ms:g} ms budget (see {paths['report']})")
-    print(f"chosen: {chosen.name} (p99 {chosen.e2e['p99']:.2f} ms)")
+        why = no_choice(grid).replace("the budget", f"the {settings.budget_ms:g} ms budget", 1)
+        return _fail(f"{why[0].lower()}{why[1:]} (see {paths['report']})")
+    agree = f", agreement {chosen.agreement:.3f}" if chosen.agreement is not None else ""
+    print(f"chosen: {chosen.name} (p99 {chosen.e2e['p99']:.2f} ms{agree})")
     return EXIT_OK
 
 
@@ -711,7 +751,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--source-fps",
         type=float,
         default=None,
-        help="live phase camera rate (default: the config's, else 30)",
+        help="live phase camera rate (default: the config's synthetic camera's, a video's own, else 30)",
     )
     bench.add_argument("--live-seconds", type=float, default=10.0, help="length of the live phase (s)")
     bench.add_argument(
@@ -720,6 +760,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="N synthetic cameras on one model (0: the config's sources): throughput with and without "
         "batching, per-source latency (frames are per camera)",
+    )
+    bench.add_argument(
+        "--source",
+        help="frames to measure on: a video file or an image folder, decoded into memory first (up to "
+        "256 MiB), then played looped, live at --source-fps (default: the config's source; a live "
+        "camera is replaced by a synthetic one)",
+    )
+    bench.add_argument("--model", help="ONNX file to measure (default: the config's model)")
+    bench.add_argument("--manifest", help="manifest for --model (default: beside it, else from the ONNX)")
+    bench.add_argument(
+        "--compare-bare",
+        action="store_true",
+        help="also run a plain ONNX Runtime loop (letterbox, run, decode, NMS; one thread) on the same "
+        "frames and print the agent's overhead against it",
     )
     bench.add_argument(
         "--json", action="store_true", help="machine-readable result (schema in README), no progress lines"
@@ -787,6 +841,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--model", action="append", help="a model variant to try (repeatable), e.g. another input size"
     )
     tu.add_argument("--source-fps", type=float, default=0.0, help="camera rate; 0: the config's, else 30")
+    tu.add_argument(
+        "--frames",
+        metavar="DIR",
+        help="a folder of your images to measure candidates on (looping, at --source-fps) and to judge "
+        "their accuracy on: agreement with the first candidate's detections (default: the config's source)",
+    )
     tu.add_argument(
         "--out", default="edge-agent-tune", help="folder for tuned.yaml, the report and the chart"
     )

@@ -1,4 +1,5 @@
-"""Detection accuracy: VOC-style mAP@IoU on held-out synthetic scenes.
+"""Detection accuracy: VOC-style mAP@IoU on held-out synthetic scenes, and agreement with a
+reference model's detections on any frames (``agreement``: what ``edge-agent tune`` judges by).
 
 The held-out set is fixed (seeds 1_000_000..1_000_009, frames 0, 7, ..., 343 of each:
 500 frames); the bundled detector is trained on seeds below 1_000_000 only. Ground-truth
@@ -8,14 +9,18 @@ false positive, and they are not in the recall denominator.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edge_agent.config import BackendConfig, ModelConfig
-from edge_agent.pipelines.decode import box_iou
+from edge_agent.pipelines.decode import Decoded, box_iou
 from edge_agent.pipelines.preprocess import boxes_to_source
+
+if TYPE_CHECKING:
+    from edge_agent.runner import LoadedModel
 
 HELDOUT_SEED = 1_000_000
 HELDOUT_SEEDS = 10
@@ -140,3 +145,61 @@ def evaluate(model: ModelConfig, backend: BackendConfig, frames: int = 500) -> d
         "ap50_per_class": {name: round(ap, 4) for name, ap in zip(labels, per_class)},
         "mean_frame_ms": round(infer_ns / max(len(results), 1) / 1e6, 3),
     }
+
+
+# -- agreement with a reference model -----------------------------------------------------
+#
+# On a user's own frames there is no ground truth; a configuration change (another model
+# variant, TensorRT precision, a DLA core) is judged by how well its detections agree with
+# the reference configuration's on the same frames: the reference's detections, at its
+# operating thresholds, are the ground truth, and the candidate's mAP@0.5 against them is
+# its agreement (1.0: it finds the same objects, boxes and classes, ranked above anything
+# else it finds). Classes the reference never detects have no truth and do not count.
+
+#: The score threshold a judged model runs at: AP integrates over all scores, and a
+#: detection just under the operating threshold still counts for it.
+JUDGED_SCORE_THRESHOLD = 0.001
+JUDGED_MAX_DETECTIONS = 300
+
+
+def detect(loaded: LoadedModel, images: Iterable[np.ndarray]) -> list[Decoded]:
+    """Each image through the live path (``LoadedModel.run_one``: letterbox, infer,
+    decode), its boxes mapped to source pixels."""
+    from edge_agent.pipelines.preprocess import Letterbox
+
+    io = loaded.backend.allocate()
+    loaded.backend.warmup(io)
+    geo = Letterbox()
+    out: list[Decoded] = []
+    for image in images:
+        xyxy, scores, classes = loaded.run_one(image, io, geo)
+        out.append((boxes_to_source(xyxy.astype(np.float32), geo), scores.copy(), classes.copy()))
+    return out
+
+
+def agreement(
+    reference: list[Decoded], candidate: list[Decoded], num_classes: int, iou_threshold: float = 0.5
+) -> float | None:
+    """The candidate's mAP@``iou_threshold`` with the reference's detections (frame by
+    frame, the same frames) as ground truth; None when the reference detects nothing."""
+    if len(reference) != len(candidate):
+        raise ValueError(f"{len(candidate)} candidate frames for {len(reference)} reference frames")
+    results = []
+    for (ref_xyxy, _, ref_cls), (xyxy, scores, cls) in zip(reference, candidate):
+        gt = np.zeros((len(ref_cls), 6), np.float32)
+        gt[:, 0], gt[:, 1:5], gt[:, 5] = ref_cls, ref_xyxy, 1.0
+        results.append(FrameResult(np.asarray(xyxy, np.float32), scores, cls, gt))
+    if not any(len(r.gt) for r in results):
+        return None
+    m_ap, _ = mean_average_precision(results, num_classes, iou_threshold)
+    return m_ap
+
+
+def load_judged(model: ModelConfig, backend: BackendConfig, reference: bool) -> LoadedModel:
+    """The model loaded for an agreement check: the reference at its operating thresholds
+    (what it would publish), a candidate with nearly every detection kept."""
+    from edge_agent.runner import load_model
+
+    if not reference:
+        model = replace(model, score_threshold=JUDGED_SCORE_THRESHOLD, max_detections=JUDGED_MAX_DETECTIONS)
+    return load_model(model, backend)

@@ -133,3 +133,239 @@ def test_bench_runs_beside_an_agent_on_the_same_config(const_model, endpoint, tm
     finally:
         health.close()
     assert json.loads(proc.stdout)["live"]["counts"]["captured"] > 0
+
+
+# -- real work: the user's frames and model --------------------------------------------
+
+
+def _scene_frames(folder, frames: int = 8, num_objects: int = 2) -> list[int]:
+    """Synthetic-scene frames (few, large objects: another scene than the synthetic camera's
+    six) written as PNGs into ``folder``; returns each frame's count of mostly visible objects."""
+    import cv2
+    import numpy as np
+
+    from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
+
+    folder.mkdir()
+    scene = SyntheticScene(SceneSpec(seed=7, num_objects=num_objects, min_size_frac=0.15, max_size_frac=0.25))
+    img = np.empty((480, 640, 3), np.uint8)
+    gt = np.zeros((num_objects, 6), np.float32)
+    visible = []
+    for i in range(frames):
+        scene.render(i * 10, img, gt)
+        assert cv2.imwrite(str(folder / f"{i:03d}.png"), img)
+        visible.append(int((gt[:, 5] > 0.5).sum()))
+    return visible
+
+
+def _float_nchw_model(path, boxes: int = 3, size: int = 320) -> str:
+    """An Ultralytics-like float32 NCHW RGB model without a manifest (labels and size in its
+    ONNX metadata) whose input feeds one convolution, as the input adapter needs; it
+    reports ``boxes`` fixed boxes, whatever the image, after real convolution work."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edge_agent.models.testmodels import yolov8_output
+
+    anchors = (size // 8) ** 2 + (size // 16) ** 2
+    centres = [(60.0 + 80 * i, 100.0 + 40 * i, 40.0, 40.0) for i in range(boxes)]
+    const = yolov8_output(centres, [i % 4 for i in range(boxes)], [0.9] * boxes, 4, anchors)
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.1, (8, 3, 3, 3)).astype(np.float32), "w0"),
+        numpy_helper.from_array(const, "const"),
+        numpy_helper.from_array(np.array([0.0], np.float32), "zero"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["images", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+        helper.make_node("ReduceMean", ["c0"], ["m"], keepdims=0),
+        helper.make_node("Mul", ["m", "zero"], ["z"]),
+        helper.make_node("Add", ["const", "z"], ["output0"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "float-nchw",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, list(const.shape))],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    meta = {"names": "{0: 'circle', 1: 'square', 2: 'triangle', 3: 'cross'}", "imgsz": f"[{size}, {size}]"}
+    for k, v in meta.items():
+        model.metadata_props.append(onnx.StringStringEntryProto(key=k, value=v))
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def _bench_json(cfg, *args: str) -> dict:
+    proc = run_process(agent_command("bench", "-c", str(cfg), *args, "--json"), timeout_s=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_bench_on_an_image_folder_measures_its_frames_and_counts_detections(endpoint, tmp_path):
+    """The bundled detector on a folder of two-object scenes: every phase runs on those
+    frames (two detections a frame, not the synthetic camera's six), and the live phase
+    plays the folder, looped, as a camera at --source-fps."""
+    visible = _scene_frames(tmp_path / "frames")
+    cfg = tmp_path / "bench.yaml"
+    # A generous budget: on a loaded machine no frame is dropped as stale, and each one counts.
+    cfg.write_text(f"publish: {{endpoint: '{endpoint}'}}\ndeadline: {{budget_ms: 2000}}\n")
+    folder = str(tmp_path / "frames")
+    r = _bench_json(cfg, "--source", folder, "--source-fps", "40", "--live-seconds", "1", "--frames", "30")
+    # The folder's 8 frames, decoded once (640x480x3 bytes each), then played from memory.
+    mib = round(8 * 640 * 480 * 3 / (1 << 20), 1)
+    assert r["source"] == {
+        "type": "images",
+        "path": folder,
+        "config_source": "synthetic",
+        "frames": 8,
+        "mib": mib,
+    }
+    assert r["input_adapter"] == {"adapted": False, "original_inference_ms": None, "in_graph_ms": 0.0}
+    assert r["bare"] is None
+    c = r["live"]["counts"]
+    # 40 frames due over 1 s (8 files, looped), each published or dropped, none left over.
+    assert c["captured"] == 40 and c["in_flight"] == 0, c
+    assert c["captured"] == c["on_time"] + c["late"] + c["dropped"]
+    published = c["on_time"] + c["late"]
+    assert published > 0
+    live_det = r["live"]["detections_per_frame"]
+    assert live_det["frames"] == published, "one count per published frame"
+    seq_det = r["sequential"]["detections_per_frame"]
+    assert seq_det["frames"] == 30 and r["pipelined"]["detections_per_frame"]["frames"] == 30
+    expected = sorted(visible)[len(visible) // 2]
+    for det in (live_det, seq_det, r["pipelined"]["detections_per_frame"]):
+        assert det["p50"] == expected and 0 < det["mean"] <= det["max"], det
+    # The sequential phase reads the folder in order, looped: 30 frames = 3 passes + 6.
+    assert abs(seq_det["mean"] - (3 * sum(visible) + sum(visible[:6])) / 30) <= 0.5, seq_det
+    oh = r["live"]["overhead_with_adapter_ms"]
+    assert (oh["p50"], oh["p99"]) == (r["live"]["overhead_ms"]["p50"], r["live"]["overhead_ms"]["p99"])
+
+
+def test_bench_with_a_float_nchw_model_accounts_for_its_input_adapter(endpoint, tmp_path):
+    """--model: a float NCHW model without a manifest replaces the config's; it runs as an
+    input-adapted copy, so the original is timed beside it and the difference (the
+    preprocessing moved into the graph) is added to the overhead."""
+    model = _float_nchw_model(tmp_path / "float.onnx")
+    cfg = tmp_path / "bench.yaml"
+    cfg.write_text(
+        f"model: {{cache_dir: '{tmp_path / 'cache'}'}}\npublish: {{endpoint: '{endpoint}'}}\n"
+        "deadline: {budget_ms: 2000}\n"
+    )
+    r = _bench_json(cfg, "--model", model, "--frames", "40", "--source-fps", "50", "--live-seconds", "0.5")
+    assert r["model"] == model and r["model_input_hw"] == [320, 320]
+    assert r["source"]["type"] == "synthetic"
+    ad = r["input_adapter"]
+    assert ad["adapted"] is True, ad
+    pure, orig = r["pure_inference_ms"], ad["original_inference_ms"]
+    assert pure["count"] == orig["count"] == 100, "the same number of runs each"
+    assert 0 < orig["p50"] <= orig["p99"] <= orig["max"]
+    assert ad["in_graph_ms"] == round(pure["p50"] - orig["p50"], 3)
+    measured, reported = r["live"]["overhead_ms"], r["live"]["overhead_with_adapter_ms"]
+    for q in ("p50", "p99"):
+        assert reported[q] == round(measured[q] + ad["in_graph_ms"], 3), (q, measured, reported, ad)
+    # The model reports three boxes on any frame: three detections per published frame.
+    c = r["live"]["counts"]
+    det = r["live"]["detections_per_frame"]
+    assert det == {"frames": c["on_time"] + c["late"], "mean": 3.0, "p50": 3.0, "max": 3}, (det, c)
+    assert (tmp_path / "cache").is_dir() and any((tmp_path / "cache").iterdir()), "the adapted copy"
+
+
+def test_bench_compare_bare_on_a_video_reports_the_bare_loop_and_the_ratios(endpoint, tmp_path):
+    import cv2
+    import numpy as np
+
+    from edge_agent.bench import format_report
+    from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
+
+    video = tmp_path / "clip.avi"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 25.0, (640, 480))
+    scene, img = SyntheticScene(SceneSpec()), np.empty((480, 640, 3), np.uint8)
+    gt = np.zeros((6, 6), np.float32)
+    for i in range(12):
+        scene.render(i, img, gt)
+        writer.write(img)
+    writer.release()
+    model = _float_nchw_model(tmp_path / "float.onnx")
+    cfg = tmp_path / "bench.yaml"
+    cfg.write_text(
+        f"model: {{cache_dir: '{tmp_path / 'cache'}'}}\npublish: {{endpoint: '{endpoint}'}}\n"
+        "backend: {type: onnxruntime, intra_op_threads: 1}\ndeadline: {budget_ms: 2000}\n"
+    )
+    args = ("--source", str(video), "--model", model, "--compare-bare", "--frames", "30")
+    r = _bench_json(cfg, *args, "--live-seconds", "1")
+    assert r["source"]["type"] == "video"
+    # Without --source-fps a video plays at its own rate: 25 frames in 1 s.
+    assert r["live"]["source_fps"] == 25 and r["live"]["counts"]["captured"] == 25
+    bare = r["bare"]
+    assert bare["model"] == model and bare["frames"] == 30
+    assert bare["onnxruntime"]["intra_op_threads"] == 1, "the config's ONNX Runtime settings"
+    for stage in ("pre", "infer", "post", "pre_post", "total"):
+        h = bare[f"{stage}_ms"]
+        assert h["count"] == 30 and 0 < h["p50"] <= h["p99"] <= h["max"], (stage, h)
+    assert bare["detections_per_frame"] == {"frames": 30, "mean": 3.0, "p50": 3.0, "max": 3}
+    live = r["live"]
+    assert bare["agent_overhead_p50_ms"] == live["overhead_with_adapter_ms"]["p50"]
+    assert bare["agent_infer_p50_ms"] == live["stages"]["infer"]["p50_ms"]
+    assert bare["overhead_over_bare_pre_post_p50"] == round(
+        bare["agent_overhead_p50_ms"] / bare["pre_post_ms"]["p50"], 3
+    )
+    assert bare["infer_over_bare_infer_p50"] == round(bare["agent_infer_p50_ms"] / bare["infer_ms"]["p50"], 3)
+    text = format_report(r)
+    for phrase in (
+        f"video file {video}: 12 frames preloaded",
+        "overhead around model (total - capture - infer)",
+        "input adapter: p50 adapted",
+        "detections per published frame: mean 3.00",
+        "bare ONNX Runtime loop, one thread, 30 frames",
+        "agent overhead p50 / bare (pre + post) p50",
+        "agent infer p50 (live) / bare infer p50",
+    ):
+        assert phrase in text, (phrase, text)
+
+
+def test_bench_refuses_a_source_it_cannot_play(endpoint, tmp_path):
+    cfg = tmp_path / "bench.yaml"
+    cfg.write_text(f"publish: {{endpoint: '{endpoint}'}}\n")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("not a video\n")
+    cases = {
+        str(tmp_path / "missing"): "no such video file or image folder",
+        str(tmp_path / "empty"): "no images matching",
+        str(tmp_path / "notes.txt"): "cannot decode video file",
+    }
+    for path, why in cases.items():
+        proc = run_process(agent_command("bench", "-c", str(cfg), "--source", path), timeout_s=60)
+        assert proc.returncode == 1, (path, proc.returncode, proc.stderr)
+        assert path in proc.stderr and why in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and not proc.stdout
+    # Usage errors, before anything is measured.
+    usage = {
+        ("--sources", "2", "--source", str(tmp_path / "empty")): "--sources",
+        ("--manifest", "m.yaml"): "--model",
+    }
+    for extra, why in usage.items():
+        proc = run_process(agent_command("bench", "-c", str(cfg), *extra), timeout_s=60)
+        assert proc.returncode == 2 and why in proc.stderr, proc.stderr
+
+
+def test_bench_without_source_plays_the_configs_own_image_folder(endpoint, tmp_path):
+    """A config whose source is an image folder is benchmarked on that folder (looped past
+    its end), not on a synthetic camera."""
+    _scene_frames(tmp_path / "frames", frames=4)
+    cfg = tmp_path / "bench.yaml"
+    cfg.write_text(
+        f"source: {{type: images, path: '{tmp_path / 'frames'}'}}\npublish: {{endpoint: '{endpoint}'}}\n"
+        "deadline: {budget_ms: 2000}\n"
+    )
+    r = _bench_json(cfg, "--frames", "10", "--source-fps", "30", "--live-seconds", "0.3")
+    src = r["source"]
+    assert (src["type"], src["path"], src["config_source"]) == ("images", str(tmp_path / "frames"), "images")
+    assert r["sequential"]["detections_per_frame"]["frames"] == 10
+    assert r["live"]["counts"]["captured"] == 9
+    for phase in ("sequential", "pipelined", "live"):
+        assert r[phase]["detections_per_frame"]["p50"] == 2, r[phase]

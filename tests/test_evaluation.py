@@ -10,6 +10,7 @@ import pytest
 from edge_agent.evaluation import (
     HELDOUT_SEED,
     FrameResult,
+    agreement,
     average_precision,
     heldout_frames,
     mean_average_precision,
@@ -220,3 +221,39 @@ def test_heldout_frames_is_a_prefix_stable_set():
     """The first frames of a smaller evaluation come from the same fixed set (deterministic)."""
     assert list(heldout_frames(500)) == list(heldout_frames(500))
     assert set(heldout_frames(100)) <= set(heldout_frames(1_000))
+
+
+# -- agreement with a reference's detections -------------------------------------------------
+
+
+def dets(*items: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(class, box, score) items as a decoder's (xyxy, scores, class ids)."""
+    xyxy = np.array([i[1] for i in items], np.float32).reshape(-1, 4)
+    return xyxy, np.array([i[2] for i in items], np.float32), np.array([i[0] for i in items], np.int64)
+
+
+REFERENCE = [dets((0, A, 0.9), (1, B, 0.8)), dets((0, C, 0.7)), dets()]
+
+
+def test_agreement_of_the_same_detections_is_one():
+    assert agreement(REFERENCE, REFERENCE, 2) == pytest.approx(1.0)
+    # Scores may differ, boxes move a little, and extra detections ranked last cost nothing.
+    moved = [dets((0, shifted(A, 2), 0.5), (1, B, 0.99), (1, NOWHERE, 0.01)), dets((0, C, 0.3)), dets()]
+    assert agreement(REFERENCE, moved, 2) == pytest.approx(1.0)
+
+
+def test_agreement_falls_with_what_the_candidate_misses_or_confuses():
+    missed = [dets((0, A, 0.9), (1, B, 0.8)), dets(), dets()]  # C not found: class 0 AP 0.5
+    assert agreement(REFERENCE, missed, 2) == pytest.approx(0.75)
+    swapped = [dets((1, A, 0.9), (0, B, 0.8)), dets((1, C, 0.7)), dets()]  # every class wrong
+    assert agreement(REFERENCE, swapped, 2) == 0.0
+    # A confident false positive on an empty frame ranks above both true ones of its class:
+    # precision 1/2, 2/3 at recall 1/2, 1 (interpolated: 2/3 throughout), class 1 untouched.
+    invented = [*REFERENCE[:2], dets((0, NOWHERE, 0.99))]
+    assert agreement(REFERENCE, invented, 2) == pytest.approx((2 / 3 + 1) / 2)
+
+
+def test_agreement_needs_reference_detections_and_the_same_frames():
+    assert agreement([dets(), dets()], [dets((0, A, 0.9)), dets()], 2) is None
+    with pytest.raises(ValueError, match="2 candidate frames for 3 reference frames"):
+        agreement(REFERENCE, REFERENCE[:2], 2)

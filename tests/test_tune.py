@@ -2,18 +2,41 @@
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import cv2
+import numpy as np
+import onnx
 import pytest
 from conftest import agent_command, run_process
 from jetson_tree import make_tree
+from onnx import helper, numpy_helper
 
-from edge_agent.config import AgentConfig, ModelConfig, PowerConfig, SyntheticSourceConfig
+from edge_agent.config import (
+    AgentConfig,
+    ImageFolderSourceConfig,
+    ModelConfig,
+    OnnxRuntimeConfig,
+    PowerConfig,
+    SyntheticSourceConfig,
+    VideoSourceConfig,
+)
+from edge_agent.models.manifest import resolve_model
 from edge_agent.models.testmodels import write_load_model
+from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
 from edge_agent.power import sysfs
-from edge_agent.tune import TuneSettings, tune
+from edge_agent.tune import (
+    Candidate,
+    FramesError,
+    TuneSettings,
+    check_accuracy,
+    judged_frames,
+    make_reference,
+    measured_config,
+    tune,
+)
 
 
 @pytest.fixture(scope="module")
@@ -131,3 +154,130 @@ def test_a_config_with_several_sources_is_tuned_on_all_of_them(tmp_path, const_m
     # Three cameras at 30 fps: the measured rate is all of them together, more than any one
     # camera gives (how near 90 it comes is the machine's).
     assert chosen.fps > 30, chosen.fps
+
+
+# -- real frames and the agreement guard ------------------------------------------------------
+
+
+def write_frames(folder: Path, count: int, seed: int = 4242) -> Path:
+    """``count`` PNG frames of a synthetic scene (objects the bundled detector finds)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    scene = SyntheticScene(SceneSpec(seed=seed))
+    image = np.empty((480, 640, 3), np.uint8)
+    gt = np.zeros((6, 6), np.float32)
+    for i in range(count):
+        scene.render(5 * i, image, gt)
+        assert cv2.imwrite(str(folder / f"frame{i:03d}.png"), image)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def frames_dir(tmp_path_factory) -> Path:
+    return write_frames(tmp_path_factory.mktemp("frames"), 12)
+
+
+def bundled_copy(folder: Path, rotate_classes: bool = False) -> Path:
+    """The bundled detector (model and manifest) copied into ``folder``. ``rotate_classes``:
+    a Gather on the output's class rows reports class k's scores as class k - 1's."""
+    bundled = resolve_model("")
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(bundled.manifest_path, folder / "manifest.yaml")
+    model = onnx.load(bundled.path)
+    if rotate_classes:
+        # output0 is [batch, 4 + 4 classes, anchors]: box rows stay, class rows rotate.
+        (last,) = [n for n in model.graph.node if "output0" in n.output]
+        last.output[list(last.output).index("output0")] = "raw"
+        perm = numpy_helper.from_array(np.array([0, 1, 2, 3, 5, 6, 7, 4], np.int64), "class_perm")
+        model.graph.initializer.append(perm)
+        model.graph.node.append(helper.make_node("Gather", ["raw", "class_perm"], ["output0"], axis=1))
+        onnx.checker.check_model(model)
+    onnx.save(model, str(folder / "model.onnx"))
+    return folder / "model.onnx"
+
+
+def test_tune_on_a_frames_folder_rejects_a_model_that_disagrees(tmp_path, frames_dir):
+    same = bundled_copy(tmp_path / "same")
+    rotated = bundled_copy(tmp_path / "rotated", rotate_classes=True)
+    cfg = AgentConfig(source=SyntheticSourceConfig(fps=30))  # the bundled detector
+    s = settings(budget_ms=1000.0, frames=str(frames_dir), models=(str(same), str(rotated)))
+    chosen, grid, paths = tune(cfg, s, tmp_path / "out")
+    current, copy, shuffled = grid
+    # Every candidate ran on the folder's images, looping at the camera rate.
+    for c in grid:
+        assert c.sources and c.sources[0]["type"] == "ImageFolderSource", c.sources
+        assert c.sources[0]["files"] == 12 and c.fps > 0, (c.name, c.sources, c.fps)
+    assert current.agreement == 1.0 and current.judged == "the reference"
+    assert copy.status in ("feasible", "chosen"), (copy.status, copy.reason)
+    assert copy.agreement == pytest.approx(1.0) and copy.judged == ""  # another file: scored
+    assert shuffled.status == "rejected" and shuffled.agreement < 0.1, (shuffled.status, shuffled.agreement)
+    assert f"agreement {shuffled.agreement:.3f}" in shuffled.reason and "< 0.98" in shuffled.reason
+    assert chosen is not shuffled
+    report = paths["report"].read_text()
+    assert f"Measured on the images in {frames_dir}, looping at 30 fps" in report
+    assert f"on 12 frames, the 12 images in {frames_dir}" in report
+    assert "| agreement |" in report and f"| {shuffled.agreement:.3f} |" in report
+
+
+def test_only_a_different_arithmetic_is_scored_again(tmp_path, frames_dir):
+    base = AgentConfig(source=SyntheticSourceConfig(fps=30), backend=OnnxRuntimeConfig())
+    s = settings(frames=str(frames_dir))
+    ref = make_reference(base, s)
+    ref.build(base)
+    assert len(ref.detections) == 12 and ref.objects() > 12, "the detector finds the frames' objects"
+    threads = replace(base, backend=OnnxRuntimeConfig(intra_op_threads=1, allow_spinning=False))
+    level = replace(base, backend=OnnxRuntimeConfig(graph_optimization="basic"))
+    level_threads = replace(level, backend=replace(level.backend, intra_op_threads=2))
+    rotated = replace(base, model=ModelConfig(path=str(bundled_copy(tmp_path / "r", rotate_classes=True))))
+    judged = {}
+    cases = {"threads": threads, "level": level, "level+threads": level_threads, "r": rotated}
+    for name, cfg in cases.items():
+        judged[name] = c = Candidate(name, cfg, status="feasible")
+        check_accuracy(c, ref, s)
+    assert judged["threads"].agreement == 1.0 and "not re-scored" in judged["threads"].judged
+    assert judged["level"].agreement == pytest.approx(1.0) and judged["level"].judged == ""
+    assert "scored once" in judged["level+threads"].judged
+    assert judged["r"].status == "rejected" and judged["r"].agreement < 0.1
+    assert len(ref.scores) == 2, "the optimisation level and the rotated model, once each"
+    # A candidate already over budget is scored for the report, and keeps its status.
+    late = Candidate("r late", rotated, status="over budget", reason="p99 too high")
+    check_accuracy(late, ref, s)
+    assert late.status == "over budget" and late.agreement == judged["r"].agreement
+    assert late.judged.startswith("also agreement") and late.reason == "p99 too high"
+
+
+def test_a_file_source_is_measured_and_judged_on_itself(tmp_path, frames_dir):
+    video = tmp_path / "clip.avi"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 12.0, (640, 480))
+    for f in sorted(frames_dir.glob("*.png")) * 10:
+        writer.write(cv2.imread(str(f)))
+    writer.release()
+    s = settings()
+    cfg = AgentConfig(source=VideoSourceConfig(name="door", path=str(video), priority=3))
+    measured = measured_config(cfg, s, 12.0).source
+    assert isinstance(measured, VideoSourceConfig) and measured.loop and measured.max_fps == 12.0
+    assert measured.name == "door" and measured.priority == 3 and not measured.realtime
+    frames = judged_frames(cfg, s)  # 60 of its 120 frames, one in 2
+    assert len(list(frames)) == s.eval_frames and "one in 2" in frames.what
+    folder = AgentConfig(source=ImageFolderSourceConfig(path=str(frames_dir)))
+    measured = measured_config(folder, s, 30.0).source
+    assert isinstance(measured, ImageFolderSourceConfig) and measured.loop and measured.max_fps == 30.0
+    assert len(list(judged_frames(folder, s))) == 12
+    # --frames wins over the config's source, whatever it is.
+    measured = measured_config(cfg, replace(s, frames=str(frames_dir)), 30.0).source
+    assert isinstance(measured, ImageFolderSourceConfig) and measured.path == str(frames_dir)
+    with pytest.raises(FramesError, match=str(tmp_path / "gone.avi")):
+        judged_frames(AgentConfig(source=VideoSourceConfig(path=str(tmp_path / "gone.avi"))), s)
+
+
+@pytest.mark.parametrize("problem", ["missing", "empty", "unreadable"])
+def test_a_bad_frames_folder_is_a_clear_error(tmp_path, problem):
+    folder = tmp_path / "frames"
+    if problem != "missing":
+        folder.mkdir()
+    if problem == "unreadable":
+        (folder / "a.png").write_bytes(b"not a png")
+    command = agent_command("tune", "--frames", str(folder), "--quick", "--out", str(tmp_path / "out"))
+    out = run_process(command, timeout_s=60)
+    assert out.returncode == 2, (out.returncode, out.stderr)
+    assert f"--frames: frames folder {folder}" in out.stderr, out.stderr
+    assert not (tmp_path / "out").exists(), "nothing was measured"
