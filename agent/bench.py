@@ -1,7 +1,8 @@
 """``edge-agent bench``: where every millisecond goes, measured in one run.
 
-Four phases on the real pipeline code, the config's model (or ``--model``) and frames of
-the config's source, or of a video file or image folder (``--source``):
+Four phases on the real pipeline code, the model the source runs (the config's, the
+source's own, or ``--model``) and frames of the config's source, or of a video file or
+image folder (``--source``):
 
 1. **pure inference**: the backend alone on one fixed, preprocessed input;
 2. **sequential**: capture → preprocess → infer → postprocess → publish one frame after
@@ -14,23 +15,28 @@ the config's source, or of a video file or image folder (``--source``):
 
 ``overhead`` is each frame's end-to-end time minus its capture and inference stages:
 preprocessing, hand-offs, postprocessing and publishing (JSON + socket send included).
-When the main model runs as an input-adapted copy (``model.input_adapter``: the
-normalisation moved into the graph), that work is inside the inference stage: the bench
-times the adapted and the original model alone (in alternating blocks) and adds the
-difference of their p50s to the overhead it reports.
+When the model runs as an input-adapted copy (``model.input_adapter``: the normalisation
+moved into the graph), that work is inside the inference stage: the bench times what the
+adapter put in front of the model (a Transpose and a Cast) alone, in a session of its own
+with the same settings (``adapter_prefix``), and adds it to the overhead it reports (its
+p50 to the p50; its p99 to the p99, an upper bound). The whole adapted and original
+models are timed too, in alternating blocks, for information: their difference is within
+the noise of two p50s of the model.
 
 Frames: a synthetic camera for a synthetic or live-camera source (a camera may be held by
 the agent the bench runs beside); from a video file or an image folder (the config's own
 single file source, or ``--source``) the frames are decoded into memory first and played
-from there, looped (``MemorySource``): unpaced in the inference, sequential and saturated
-phases, as a camera at the live rate in the live phase. Decoding a file (a PNG costs
-milliseconds) is thus no part of any figure, as a camera's frames arrive decoded, and it
-never competes with inference for the cores. Each phase counts the detections of every
-published frame, so the figures describe the model on these scenes.
+from there, looped (``sources.MemorySource``): unpaced in the inference, sequential and
+saturated phases, as a camera at the live rate in the live phase. Decoding a file (a PNG
+costs milliseconds) is thus no part of any figure, as a camera's frames arrive decoded,
+and it never competes with inference for the cores. Each phase counts the detections of
+every published frame, so the figures describe the model on these scenes.
 
 ``compare_bare`` (``--compare-bare``) adds a fifth phase: a plain ONNX Runtime loop on one
 thread (letterbox, ``session.run``, decode and NMS) on the same frames, with the config's
-ONNX Runtime settings, for the agent's overhead and inference against it (``bare_loop``).
+ONNX Runtime settings (``bare_loop``), compared with the sequential phase (the same frames,
+one at a time): overhead against the loop's pre + post, and inference less the adapter's
+in-graph work against the loop's ``session.run``.
 
 ``--sources N`` benchmarks several cameras on one accelerator instead (``run_multi_bench``):
 saturated throughput of one source, of N sources without batching and of N sources
@@ -40,21 +46,21 @@ batched; then N paced sources live, with each source's latency and the batch siz
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
+import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-import cv2
 import numpy as np
 
 from edge_agent.config import (
+    SCHEDULING_FIELDS,
     AgentConfig,
-    AutoBackendConfig,
     ImageFolderSourceConfig,
     LadderStep,
+    ModelConfig,
     OnnxRuntimeConfig,
     SourceConfig,
     SyntheticSourceConfig,
@@ -62,19 +68,28 @@ from edge_agent.config import (
     VideoSourceConfig,
 )
 from edge_agent.latency import LatencyHistogram
+from edge_agent.models.manifest import InputSpec
 from edge_agent.pipelines.handoff import STAGES
 from edge_agent.pipelines.pipeline import PipelineStats
 from edge_agent.pipelines.preprocess import Letterbox, Preprocessor, boxes_to_source
 from edge_agent.pipelines.sources import (
-    BufferPolicy,
-    EndOfStream,
+    FileSourceConfig,
+    MemorySource,
     Source,
     SourceError,
-    SourceFrame,
     create_source,
-    open_video,
+    preload,
+    source_rate,
 )
-from edge_agent.runner import Agent, LoadedModel, check_io, load_model
+from edge_agent.runner import (
+    Agent,
+    LoadedModel,
+    check_io,
+    load_model,
+    model_at,
+    model_notes_once,
+    onnxruntime_of,
+)
 
 BENCH_SCHEMA = 1
 
@@ -87,22 +102,27 @@ def _hist_ms(h: LatencyHistogram) -> dict[str, float]:
     return h.summary_ms()
 
 
+def lane_settings(src: SourceConfig) -> dict[str, Any]:
+    """What a source keeps when it is played from other frames: its name and its lane's
+    settings."""
+    return {"name": src.name, **{k: getattr(src, k) for k in SCHEDULING_FIELDS}}
+
+
 def _as_synthetic(src: Any, fps: float | None) -> SyntheticSourceConfig:
     """``src`` as a synthetic camera at ``fps`` (None: a synthetic source's own rate, else
     30), keeping its name and scheduling settings."""
     if isinstance(src, SyntheticSourceConfig):
         return replace(src, fps=src.fps if fps is None else fps)
-    keep = ("name", "priority", "budget_ms", "max_fps", "model", "manifest")
-    return SyntheticSourceConfig(fps=30.0 if fps is None else fps, **{k: getattr(src, k) for k in keep})
+    return SyntheticSourceConfig(fps=30.0 if fps is None else fps, **lane_settings(src))
 
 
 PRIVATE_ENDPOINT = "tcp://127.0.0.1:*"  # a free loopback port, chosen at bind
 
 
-def _private(config: AgentConfig) -> AgentConfig:
-    # Its own agents run beside the real one (a service on the same config): no metrics
-    # endpoint, and results on a private loopback port (any free one), never the configured
-    # endpoint; they wait for no subscriber: nobody listens to a measurement.
+def private_config(config: AgentConfig) -> AgentConfig:
+    """``config`` for an agent that runs beside the real one (a service on the same config):
+    no metrics endpoint, and results on a private loopback port (any free one), never the
+    configured endpoint; it waits for no subscriber: nobody listens to a measurement."""
     metrics = replace(config.metrics, enabled=False)
     publish = replace(config.publish, endpoint=PRIVATE_ENDPOINT, wait_for_subscribers=0)
     return replace(config, metrics=metrics, publish=publish)
@@ -118,11 +138,8 @@ def synthetic_config(config: AgentConfig, fps: float | None, sources: int = 0) -
     else:
         made = tuple(_as_synthetic(src, fps) for src in template)
     if len(made) == 1:
-        return _private(replace(config, source=made[0], sources=()))
-    return _private(replace(config, source=SyntheticSourceConfig(), sources=made))
-
-
-FileSourceConfig = VideoSourceConfig | ImageFolderSourceConfig
+        return private_config(replace(config, source=made[0], sources=()))
+    return private_config(replace(config, source=SyntheticSourceConfig(), sources=made))
 
 
 def with_model(config: AgentConfig, path: str, manifest: str = "") -> AgentConfig:
@@ -137,69 +154,21 @@ def with_model(config: AgentConfig, path: str, manifest: str = "") -> AgentConfi
 
 def bench_source(config: AgentConfig, path: str | None = None) -> FileSourceConfig | None:
     """The file the bench plays (see ``preload``): ``path`` (a video file or an image
-    folder), else the config's own source when it is a single video file or image folder;
-    None: a synthetic camera (live cameras are never opened: the agent may hold them).
-    Raises SourceError naming a ``path`` that is neither."""
+    folder, with the name and lane settings of the config's first source), else the
+    config's own source when it is a single video file or image folder; None: a synthetic
+    camera (live cameras are never opened: the agent may hold them). Raises SourceError
+    naming a ``path`` that is neither."""
     if path:
+        kept = lane_settings(config.source_list()[0])
         if os.path.isdir(path):
-            made: FileSourceConfig = ImageFolderSourceConfig(path=path)
-        elif os.path.isfile(path):
-            made = VideoSourceConfig(path=path)
-        else:
-            raise SourceError(f"--source {path}: no such video file or image folder")
-        keep = ("name", "priority", "budget_ms", "max_fps", "model", "manifest")
-        return replace(made, **{k: getattr(config.source_list()[0], k) for k in keep})
+            return ImageFolderSourceConfig(path=path, **kept)
+        if os.path.isfile(path):
+            return VideoSourceConfig(path=path, **kept)
+        raise SourceError(f"--source {path}: no such video file or image folder")
     own = config.source_list()
     if len(own) != 1 or not isinstance(own[0], (VideoSourceConfig, ImageFolderSourceConfig)):
         return None
     return own[0]
-
-
-#: Most memory the frames of a file take once decoded; a longer file plays its first ones.
-PRELOAD_MIB = 256
-
-
-def video_fps(src: FileSourceConfig) -> float:
-    """A video's own frame rate (0 when unknown, and for an image folder)."""
-    if not isinstance(src, VideoSourceConfig):
-        return 0.0
-    cap = open_video(src.path)
-    try:
-        fps = cap.get(cv2.CAP_PROP_FPS) if cap.isOpened() else 0.0
-    finally:
-        cap.release()
-    return float(fps) if fps and fps > 0 else 0.0
-
-
-def preload(src: FileSourceConfig, wanted: int, max_mib: float = PRELOAD_MIB) -> list[np.ndarray]:
-    """The first ``wanted`` frames of ``src``, decoded (one pass at most: a shorter file is
-    looped when played; and at most ``max_mib`` of them). Raises SourceError, naming the
-    file, for one that cannot be opened or gives no frame."""
-    if isinstance(src, VideoSourceConfig):
-        once: FileSourceConfig = replace(src, loop=False, realtime=False)  # as fast as it decodes
-    else:
-        once = replace(src, loop=False)
-    source = create_source(once)
-    source.open()
-    images: list[np.ndarray] = []
-    size = 0
-    try:
-        while len(images) < wanted:
-            try:
-                frame = source.read(1.0)
-            except EndOfStream:
-                break
-            if frame is None:
-                break
-            if images and size + frame.image.nbytes > max_mib * (1 << 20):
-                break
-            images.append(frame.image.copy())  # a video decodes into one reused buffer
-            size += frame.image.nbytes
-    finally:
-        source.close()
-    if not images:
-        raise SourceError(f"no frame read from {src.path}")
-    return images
 
 
 def bench_config(
@@ -210,7 +179,7 @@ def bench_config(
     ``synthetic_config``)."""
     if file_source is None:
         return synthetic_config(config, fps, sources)
-    return _private(replace(config, source=file_source, sources=()))
+    return private_config(replace(config, source=file_source, sources=()))
 
 
 def _raw(config: AgentConfig, sources: int = 0, file_source: FileSourceConfig | None = None) -> AgentConfig:
@@ -223,82 +192,31 @@ def _raw(config: AgentConfig, sources: int = 0, file_source: FileSourceConfig | 
     return replace(bench_config(config, 0.0, sources, file_source), deadline=deadline)
 
 
-class MemorySource(Source):
-    """Preloaded frames played from memory, looped; nothing is decoded while it plays.
-
-    Unpaced (``fps`` 0) it hands over the next frame whenever the pipeline asks, each one
-    processed, as a file source does. Paced, it is a live camera, as ``SyntheticSource``
-    paced: frame k is due at t0 + k/fps whether or not the pipeline asks for it, a busy
-    pipeline gets the newest frame and those in between are skipped, and a frame's
-    capture time is when it was due. (The file source configs have no rate that makes
-    them a camera: a video's ``realtime`` plays at the file's own rate, and a source's
-    ``max_fps`` only spaces the reads of a source that still hands over every frame.)
-    """
-
-    def __init__(self, name: str, images: list[np.ndarray], fps: float = 0.0) -> None:
-        super().__init__(name)
-        self.images = images
-        self.fps = fps
-        self.policy = BufferPolicy.NEWEST if fps > 0 else BufferPolicy.WAIT
-        self._period_ns = int(1e9 / fps) if fps > 0 else 0
-        self._frame = SourceFrame()
-        self._next = 0
-        self._t0 = 0
-
-    def open(self) -> None:
-        self._next, self._t0 = 0, 0
-
-    def read(self, timeout_s: float) -> SourceFrame | None:
-        if self._period_ns:
-            now = time.monotonic_ns()
-            if self._t0 == 0:
-                self._t0 = now
-            due = self._t0 + self._next * self._period_ns
-            if due > now:
-                wait = (due - now) / 1e9
-                if wait > timeout_s:
-                    time.sleep(timeout_s)
-                    return None
-                time.sleep(wait)
-                index = self._next
-            else:
-                index = (now - self._t0) // self._period_ns
-                self.skipped += index - self._next
-            capture_ns = self._t0 + index * self._period_ns
-        else:
-            index = self._next
-            capture_ns = time.monotonic_ns()
-        f = self._frame
-        f.image = self.images[index % len(self.images)]
-        f.frame_id = index
-        f.capture_ns = capture_ns
-        self._next = index + 1
-        return f
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "frames": len(self.images), "fps": self.fps}
+#: Preloaded frames by source name (``sources.preload``).
+Played = dict[str, list[np.ndarray]]
 
 
 class BenchAgent(Agent):
     """An agent that counts the detections of every frame it decodes (each one is then
-    published), and plays ``images`` (a file's, preloaded) in place of its file source, as
-    a camera at ``pace_fps`` or unpaced (0)."""
+    published), and plays the frames in ``played`` (a file's, preloaded) in place of the
+    file source of that name, as a camera at ``pace_fps`` or unpaced (0)."""
 
     def __init__(
         self,
         config: AgentConfig,
         max_frames: int = 0,
-        images: list[np.ndarray] | None = None,
+        played: Played | None = None,
         pace_fps: float = 0.0,
     ) -> None:
         super().__init__(config, max_frames)
-        self.images = images
+        self.played = played or {}
         self.pace_fps = pace_fps
         self.detections: list[int] = []  # per decoded frame, in order (one writer: post)
 
     def _source(self, cfg: AgentConfig, src: SourceConfig) -> Any:  # type: ignore[override]
-        if self.images and isinstance(src, (VideoSourceConfig, ImageFolderSourceConfig)):
-            return MemorySource(src.name, self.images, self.pace_fps)
+        images = self.played.get(src.name)
+        if images and isinstance(src, (VideoSourceConfig, ImageFolderSourceConfig)):
+            return MemorySource(src.name, images, self.pace_fps)
         return super()._source(cfg, src)
 
     def build(self) -> None:
@@ -316,9 +234,25 @@ class BenchAgent(Agent):
 
         return counted
 
-    def close_models(self) -> None:
-        for m in self.models.values():
-            m.backend.close()
+
+@contextlib.contextmanager
+def started(agent: Agent) -> Iterator[Agent]:
+    """``agent`` (built) started for the block and stopped after it, on every path. After
+    the block: BenchError when its pipeline failed, or a stage thread did not end (its
+    models then stay loaded: never closed under a stage)."""
+    assert agent.pipeline is not None
+    try:
+        agent.start()
+        yield agent
+    except BaseException:
+        agent.stop()
+        raise
+    clean = agent.stop()
+    failure = agent.pipeline.failure()
+    if failure:
+        raise BenchError(f"the pipeline failed during the measurement: {failure}")
+    if not clean:
+        raise BenchError(f"a stage thread did not end when the measurement stopped: {agent.pipeline.alive()}")
 
 
 def detections_summary(counts: list[int]) -> dict[str, Any]:
@@ -360,19 +294,15 @@ def _slowest_thread_ms(stats: PipelineStats) -> float:
 
 
 def _run_agent(
-    config: AgentConfig, frames: int, images: list[np.ndarray] | None = None, pace_fps: float = 0.0
+    config: AgentConfig, frames: int, played: Played | None = None, pace_fps: float = 0.0
 ) -> tuple[BenchAgent, float]:
-    agent = BenchAgent(config, frames, images, pace_fps)
+    agent = BenchAgent(config, frames, played, pace_fps)
     agent.build()
     assert agent.pipeline is not None
-    agent.start()
-    t0 = time.monotonic()
-    agent.pipeline.finished.wait()
-    elapsed = time.monotonic() - t0
-    agent.stop()
-    failure = agent.pipeline.failure()
-    if failure:
-        raise BenchError(f"the pipeline failed during the measurement: {failure}")
+    with started(agent):
+        t0 = time.monotonic()
+        agent.pipeline.finished.wait()
+        elapsed = time.monotonic() - t0
     return agent, elapsed
 
 
@@ -429,23 +359,80 @@ def pure_inference(agent: Agent, runs: int) -> LatencyHistogram:
     return inference_alone(agent, runs)[0]
 
 
+def adapter_prefix(settings: OnnxRuntimeConfig, spec: InputSpec, runs: int) -> LatencyHistogram:
+    """The input adapter's in-graph work, timed alone: a graph of only what
+    ``models.adapter.rewrite`` puts in front of the model (the uint8 NHWC frame
+    [1, H, W, 3] → Transpose to NCHW → Cast to the model's float type), in an ONNX Runtime
+    session with the model's ``settings``, warmed up with two runs, then run ``runs``
+    times. The rest of the adapted graph costs what the original's does: the folded
+    weights are constants of the same size, the convolution the same."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from edge_agent.pipelines.backends.onnxruntime import OnnxRuntimeBackend
+
+    elem = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}[spec.dtype]
+    h, w = spec.height, spec.width
+    graph = helper.make_graph(
+        [
+            helper.make_node("Transpose", ["frame"], ["nchw_u8"], perm=[0, 3, 1, 2]),
+            helper.make_node("Cast", ["nchw_u8"], ["nchw"], to=elem),
+        ],
+        "adapter-prefix",
+        [helper.make_tensor_value_info("frame", TensorProto.UINT8, [1, h, w, 3])],
+        [helper.make_tensor_value_info("nchw", elem, [1, 3, h, w])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    backend = OnnxRuntimeBackend(settings)
+    try:
+        with tempfile.TemporaryDirectory(prefix="edge-agent-bench-") as tmp:
+            path = os.path.join(tmp, "adapter-prefix.onnx")
+            onnx.save(model, path)
+            backend.load(path)
+        io = backend.allocate()
+        io.inputs["frame"][:] = np.random.default_rng(0).integers(0, 256, (1, h, w, 3), np.uint8)
+        backend.warmup(io, runs=2)
+        hist = LatencyHistogram()
+        for _ in range(runs):
+            t = time.perf_counter_ns()
+            backend.infer(io)
+            hist.record(time.perf_counter_ns() - t)
+    finally:
+        backend.close()
+    return hist
+
+
+@dataclass
+class SequentialRun:
+    """The sequential phase: each frame's time through every stage, the seconds it took,
+    the pipeline's accounting (stages, overhead) and each frame's detections, in order."""
+
+    per_frame: LatencyHistogram
+    seconds: float
+    stats: PipelineStats
+    detections: list[int]
+
+
 def sequential(
     config: AgentConfig,
     frames: int,
     file_source: FileSourceConfig | None = None,
-    images: list[np.ndarray] | None = None,
-) -> tuple[LatencyHistogram, float, list[int]]:
-    """Each frame through every stage on this thread, none overlapping; returns the times
-    per frame, the seconds it took and the detections of each frame."""
-    agent = BenchAgent(_raw(config, file_source=file_source), images=images)
+    played: Played | None = None,
+) -> SequentialRun:
+    """Each frame through every stage on this thread, none overlapping."""
+    agent = BenchAgent(_raw(config, file_source=file_source), played=played)
     agent.build()
-    assert agent.pipeline is not None and agent.publisher is not None
-    p = agent.pipeline
-    agent.publisher.open()
-    p.source.open()
-    hist = LatencyHistogram()
-    t0 = time.monotonic()
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(agent.close_models)
+        assert agent.pipeline is not None and agent.publisher is not None
+        p = agent.pipeline
+        agent.publisher.open()
+        stack.callback(agent.publisher.close)
+        p.source.open()
+        stack.callback(p.source.close)
+        hist = LatencyHistogram()
+        t0 = time.monotonic()
         for _ in range(frames):
             t = time.perf_counter_ns()
             frame = p.read_frame()
@@ -453,38 +440,44 @@ def sequential(
             if slot is not None and p.infer_one(slot):
                 p.publish_one(slot)
             hist.record(time.perf_counter_ns() - t)
-    finally:
         elapsed = time.monotonic() - t0
-        p.source.close()
-        agent.publisher.close()
-        agent.close_models()
-    return hist, elapsed, agent.detections
+    return SequentialRun(hist, elapsed, p.stats, agent.detections)
 
 
 def onnxruntime_settings(config: AgentConfig, running: str = "") -> OnnxRuntimeConfig:
     """The ONNX Runtime settings the config's backend runs the model with (``running``: the
     backend the model was loaded on, which ``auto`` chose). Raises BenchError for another
     backend: the plain loop to compare with is an ONNX Runtime one."""
-    backend = config.backend
-    if isinstance(backend, OnnxRuntimeConfig):
-        return backend
-    if isinstance(backend, AutoBackendConfig) and running in ("", "onnxruntime"):
-        return backend.onnxruntime
-    raise BenchError(
-        "--compare-bare compares with a plain ONNX Runtime loop: it needs an ONNX Runtime backend, "
-        f"and this config runs the model on {running or backend.type} (set backend: {{type: onnxruntime}})"
-    )
+    settings = onnxruntime_of(config.backend, running)
+    if settings is None:
+        raise BenchError(
+            "--compare-bare compares with a plain ONNX Runtime loop: it needs an ONNX Runtime backend, "
+            f"and this config runs the model on {running or config.backend.type}"
+            " (set backend: {type: onnxruntime})"
+        )
+    return settings
+
+
+@dataclass
+class BareRun:
+    """The plain loop's result (``summary``, as the JSON has it) and each frame's
+    detections, in order."""
+
+    summary: dict[str, Any]
+    detections: list[int]
 
 
 def bare_loop(
     config: AgentConfig,
+    model: ModelConfig,
     settings: OnnxRuntimeConfig,
     frames: int,
     params: Any,
     images: list[np.ndarray] | None = None,
-) -> dict[str, Any]:
-    """A plain ONNX Runtime loop on one thread, on the frames the sequential phase had
-    (``images``: a file's, preloaded; None: the synthetic camera's).
+) -> BareRun:
+    """A plain ONNX Runtime loop on one thread, running ``model`` on the frames the
+    sequential phase had (``images``: a file's, preloaded; None: the config's synthetic
+    camera's).
 
     Per frame: the letterbox (the manifest's pad value, 114 by default) and normalisation
     of the original model's input by the project's own ``Preprocessor`` (numpy and OpenCV;
@@ -498,11 +491,14 @@ def bare_loop(
     from edge_agent.pipelines.backends.onnxruntime import OnnxRuntimeBackend
     from edge_agent.pipelines.decode import DECODERS
 
-    resolved = resolve_model(config.model.path, config.model.manifest)
+    resolved = resolve_model(model.path, model.manifest)
     m = resolved.manifest
     backend = OnnxRuntimeBackend(settings)
-    backend.load(resolved.path)  # no input format given: the graph as exported
+    names = ("pre", "infer", "post", "pre_post", "total")
+    hists = {k: LatencyHistogram() for k in names}
+    detections: list[int] = []
     try:
+        backend.load(resolved.path)  # no input format given: the graph as exported
         input_name, out_index = check_io(m, resolved.path, backend.inputs, backend.outputs)
         session = backend.session
         assert session is not None
@@ -514,13 +510,7 @@ def bare_loop(
         preprocess = Preprocessor(fmt)
         decode = DECODERS[m.output.decoder]
         geo = Letterbox()
-        if images:
-            source: Source = MemorySource("bare", images)
-        else:
-            source = create_source(_raw(config).source)
-        names = ("pre", "infer", "post", "pre_post", "total")
-        hists = {k: LatencyHistogram() for k in names}
-        detections: list[int] = []
+        source: Source = MemorySource("bare", images) if images else create_source(_raw(config).source)
         source.open()
         try:
             first = source.read(1.0)
@@ -556,7 +546,7 @@ def bare_loop(
     finally:
         backend.close()
     total_s = hists["total"].total_ns / 1e9
-    return {
+    summary = {
         "model": resolved.path,
         "preprocessing": f"letterbox (pad {fmt.pad_value}) + numpy normalisation into the model's own "
         f"{fmt.layout} {fmt.dtype} input (edge_agent Preprocessor, no input adapter)",
@@ -572,36 +562,10 @@ def bare_loop(
         "throughput_fps": round(frames / total_s, 2) if total_s else 0.0,
         "detections_per_frame": detections_summary(detections),
     }
+    return BareRun(summary, detections)
 
 
 Progress = Callable[[str], None]
-
-
-class _Once(logging.Filter):
-    """Each distinct message once: every phase loads the model again, and what loading
-    says about it (e.g. the assumptions for a model without a manifest) would repeat."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: set[tuple[int, str]] = set()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        key = (record.levelno, record.getMessage())
-        if key in self.seen:
-            return False
-        self.seen.add(key)
-        return True
-
-
-@contextlib.contextmanager
-def _model_notes_once() -> Iterator[None]:
-    logger = logging.getLogger("edge_agent.runner")
-    once = _Once()
-    logger.addFilter(once)
-    try:
-        yield
-    finally:
-        logger.removeFilter(once)
 
 
 def _quiet(_line: str) -> None:
@@ -630,6 +594,18 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
 
 
+def _p(h: LatencyHistogram | None, q: float) -> float:
+    """A percentile as reported (rounded to the µs; 0 without a histogram), so that the
+    figures printed add up."""
+    return round(h.percentile_ms(q), 3) if h is not None else 0.0
+
+
+def _with_prefix(overhead: LatencyHistogram, prefix: LatencyHistogram | None) -> dict[str, float]:
+    """The overhead with the adapter's in-graph work added: p50 to p50, p99 to p99 (an
+    upper bound: the two tails need not coincide)."""
+    return {q: round(_p(overhead, n) + _p(prefix, n), 3) for q, n in (("p50", 50), ("p99", 99))}
+
+
 def run_bench(
     config: AgentConfig,
     frames: int = 1000,
@@ -643,12 +619,13 @@ def run_bench(
     README (schema 1).
 
     ``frames`` sizes the inference, sequential, saturated and bare phases; the live phase
-    lasts ``live_s`` seconds of source time at ``source_fps`` (None: the config's synthetic
-    camera's rate, a video's own, else 30). ``source``: a video file or an image folder to
+    lasts ``live_s`` seconds of source time at ``source_fps`` (None: the rate of the source
+    played, ``sources.source_rate``). ``source``: a video file or an image folder to
     measure on (None: the config's source, see ``bench_source``). ``progress`` is told the
-    name of each phase as it begins.
+    name of each phase as it begins. The model measured throughout is the one the source
+    runs: its own when it has one, else the config's.
     """
-    with _model_notes_once():
+    with model_notes_once():
         return _run_bench(config, frames, source_fps, live_s, progress, source, compare_bare)
 
 
@@ -666,33 +643,33 @@ def _run_bench(
     if compare_bare and isinstance(config.backend, TensorRTConfig):
         onnxruntime_settings(config)  # raises: before minutes of measuring
     file_src = bench_source(config, source)
-    live_fps = source_fps
-    if live_fps is None:
-        src = config.source_list()[0]
-        if file_src is not None:
-            live_fps = video_fps(file_src) or 30.0
-        else:
-            live_fps = src.fps if isinstance(src, SyntheticSourceConfig) and src.fps > 0 else 30.0
+    live_fps = source_fps or source_rate(file_src or config.source_list()[0])
     live_frames = max(1, round(live_fps * live_s))
     images = None
+    played: Played | None = None
     if file_src is not None:
         progress(f"decoding {file_src.path}")
         images = preload(file_src, max(frames, live_frames))
+        played = {file_src.name: images}
     steps = 5 if compare_bare else 4
     saturated_cfg = _raw(config, file_source=file_src)
+    measured = saturated_cfg.source_list()[0]
+    model_cfg = model_at(config, measured.model, measured.manifest)  # what the source runs
     progress("loading the model")
-    probe = BenchAgent(saturated_cfg, images=images)
-    probe.build()
+    probe = BenchAgent(saturated_cfg, played=played)
     original: LoadedModel | None = None
+    runs = max(frames // 2, 100)
     try:
-        model = probe.model
-        assert model is not None
+        probe.build()
+        assert probe.pipeline is not None
+        model = probe.pipeline.primary.model  # the source's own model, else the main one
         settings = onnxruntime_settings(config, model.backend.name) if compare_bare else None
-        adapted_from = str(getattr(model, "adapted_from", "") or "")
+        adapted_from = model.adapted_from
+        ort = onnxruntime_of(config.backend, model.backend.name)
         if adapted_from:
-            # Same backend settings, same input: only the adapter differs.
-            original = load_model(replace(config.model, input_adapter="off"), config.backend)
-        runs = max(frames // 2, 100)
+            assert ort is not None, "the input adapter runs on ONNX Runtime only"
+            # Same settings, same input: only the adapter differs.
+            original = load_model(replace(model_cfg, input_adapter="off"), ort)
         both = ", the adapted and the original model in alternating blocks" if original else ""
         progress(f"1/{steps} inference alone ({runs} runs{both})")
         pure, original_hist = inference_alone(probe, runs, original)
@@ -700,47 +677,56 @@ def _run_bench(
         probe.close_models()
         if original is not None:
             original.backend.close()
+    prefix = None
+    if adapted_from and ort is not None:
+        progress(f"1/{steps} the input adapter's Transpose + Cast alone ({runs} runs)")
+        prefix = adapter_prefix(ort, model.manifest.input, runs)
 
     progress(f"2/{steps} sequential, one frame at a time ({frames} frames)")
-    seq, seq_s, seq_det = sequential(config, frames, file_src, images)
+    seq = sequential(config, frames, file_src, played)
     # The backend was warmed up when its slots were allocated: every frame counts.
     progress(f"3/{steps} pipelined at full speed ({frames} frames)")
-    sat, sat_s = _run_agent(saturated_cfg, frames, images)
+    sat, sat_s = _run_agent(saturated_cfg, frames, played)
     sat_stats = sat.pipeline.stats  # type: ignore[union-attr]
 
     progress(
         f"4/{steps} live camera at {live_fps:g} fps ({live_frames} frames, ~{live_frames / live_fps:.0f} s)"
     )
     live_cfg = bench_config(config, live_fps, 0, file_src)
-    live, live_elapsed = _run_agent(live_cfg, live_frames, images, live_fps)
+    live, live_elapsed = _run_agent(live_cfg, live_frames, played, live_fps)
     live_stats = live.pipeline.stats  # type: ignore[union-attr]
     monitor = live.pipeline.monitor  # type: ignore[union-attr]
 
     pure_p50 = pure.percentile_ms(50)
     slowest = _slowest_thread_ms(sat_stats)
     sat_fps = sat_stats.published / sat_s if sat_s else 0.0
-    seq_fps = frames / seq_s if seq_s else 0.0
-    overhead = live_stats.overhead
+    seq_fps = frames / seq.seconds if seq.seconds else 0.0
     pre_inf_post = sum(live_stats.stages[s].percentile_ms(50) for s in ("preprocess", "infer", "postprocess"))
-    # Work the adapter moved into the graph is inside the inference stage: counted back.
-    # (From the p50s as reported, so that the figures printed add up.)
-    in_graph = 0.0
-    if original_hist is not None:
-        in_graph = round(round(pure_p50, 3) - round(original_hist.percentile_ms(50), 3), 3)
-    overhead_p50 = round(round(overhead.percentile_ms(50), 3) + in_graph, 3)
-    overhead_p99 = round(round(overhead.percentile_ms(99), 3) + in_graph, 3)
+    in_graph = _p(prefix, 50)
+    live_overhead = _with_prefix(live_stats.overhead, prefix)
+    seq_overhead = _with_prefix(seq.stats.overhead, prefix)
 
     bare = None
     if settings is not None:
         progress(f"5/{steps} plain ONNX Runtime loop, one thread ({frames} frames)")
-        bare = bare_loop(config, settings, frames, model.params, images)
-        live_infer_p50 = round(live_stats.stages["infer"].percentile_ms(50), 3)
+        run = bare_loop(config, model_cfg, settings, frames, model.params, images)
+        bare = run.summary
+        # The same frames one at a time: the sequential phase. The adapter's in-graph work
+        # is the agent's preprocessing: counted in its overhead, taken out of its inference.
+        seq_infer = round(_p(seq.stats.stages["infer"], 50) - in_graph, 3)
         bare.update(
             {
-                "agent_overhead_p50_ms": overhead_p50,
-                "agent_infer_p50_ms": live_infer_p50,
-                "overhead_over_bare_pre_post_p50": _ratio(overhead_p50, bare["pre_post_ms"]["p50"]),
-                "infer_over_bare_infer_p50": _ratio(live_infer_p50, bare["infer_ms"]["p50"]),
+                "agent_phase": "sequential",
+                "agent_overhead_p50_ms": seq_overhead["p50"],
+                "agent_infer_p50_ms": seq_infer,
+                "overhead_over_bare_pre_post_p50": _ratio(seq_overhead["p50"], bare["pre_post_ms"]["p50"]),
+                "infer_over_bare_infer_p50": _ratio(seq_infer, bare["infer_ms"]["p50"]),
+                "live_overhead_p50_ms": live_overhead["p50"],
+                "live_infer_p50_ms": round(_p(live_stats.stages["infer"], 50) - in_graph, 3),
+                "detections_match_sequential": {
+                    "frames": min(len(run.detections), len(seq.detections)),
+                    "same_count": sum(a == b for a, b in zip(run.detections, seq.detections)),
+                },
             }
         )
     return {
@@ -754,12 +740,16 @@ def _run_bench(
         "input_adapter": {
             "adapted": bool(adapted_from),
             "original_inference_ms": _hist_ms(original_hist) if original_hist is not None else None,
+            "prefix_ms": _hist_ms(prefix) if prefix is not None else None,
             "in_graph_ms": in_graph,
         },
         "sequential": {
-            "per_frame_ms": _hist_ms(seq),
+            "per_frame_ms": _hist_ms(seq.per_frame),
             "throughput_fps": round(seq_fps, 2),
-            "detections_per_frame": detections_summary(seq_det),
+            "stages": _stage_table(seq.stats),
+            "overhead_ms": _hist_ms(seq.stats.overhead),
+            "overhead_with_adapter_ms": seq_overhead,
+            "detections_per_frame": detections_summary(seq.detections),
         },
         "pipelined": {
             "throughput_fps": round(sat_fps, 2),
@@ -776,8 +766,8 @@ def _run_bench(
             "throughput_fps": round(live_stats.published / live_elapsed, 2) if live_elapsed else 0.0,
             "end_to_end_ms": _hist_ms(live_stats.total),
             "end_to_end_ms_by_profile": {k: _hist_ms(h) for k, h in live_stats.by_profile.items()},
-            "overhead_ms": _hist_ms(overhead),
-            "overhead_with_adapter_ms": {"p50": overhead_p50, "p99": overhead_p99},
+            "overhead_ms": _hist_ms(live_stats.overhead),
+            "overhead_with_adapter_ms": live_overhead,
             "overhead_minus_pure_p50_ms": round(live_stats.total.percentile_ms(50) - pure_p50, 3),
             "p99_over_pre_infer_post_p50": round(live_stats.total.percentile_ms(99) / pre_inf_post, 3)
             if pre_inf_post
@@ -818,18 +808,22 @@ def format_report(r: dict[str, Any]) -> str:
     else:
         frames_from = "synthetic camera"
     adapter = r["input_adapter"]
+    adapted = adapter["adapted"]
     oh = live["overhead_with_adapter_ms"]
     lines = [
         f"model {r['model']} ({w}x{h}), {backend.get('backend')} {backend.get('providers', '')}",
         f"source: {frames_from}",
         f"pure inference            {_pq(pure)}",
     ]
-    if adapter["adapted"]:
-        orig = adapter["original_inference_ms"]
+    if adapted:
+        prefix, orig = adapter["prefix_ms"], adapter["original_inference_ms"]
         lines += [
-            f"  input adapter: p50 adapted {pure['p50']:.3f} ms, original {orig['p50']:.3f} ms"
-            f" (alternating): {adapter['in_graph_ms']:+.3f} ms of preprocessing moved into the graph",
+            f"  input adapter in the graph (Transpose + Cast, timed alone): {_pq(prefix)}",
+            f"    whole model, alternating blocks (information only: the difference of two p50s is"
+            f" noise): adapted p50 {pure['p50']:.3f} ms, original p50 {orig['p50']:.3f} ms",
         ]
+    what = "total - capture - infer, + in-graph adapter prefix" if adapted else "total - capture - infer"
+    p99_note = " (an upper bound: the two p99s added)" if adapted else ""
     lines += [
         f"sequential, per frame     {_pq(seq['per_frame_ms'])}   {seq['throughput_fps']:.1f} fps",
         f"pipelined, saturated      {pipe['throughput_fps']:.1f} fps"
@@ -837,14 +831,13 @@ def format_report(r: dict[str, Any]) -> str:
         f" thread {pipe['slowest_thread_ms']:.3f} ms/frame, {pipe['efficiency']:.0%} of its bound",
         f"  end to end (queueing)   {_pq(pipe['end_to_end_ms'])}",
         f"live at {live['source_fps']:g} fps, end to end {_pq(live['end_to_end_ms'])}",
-        f"  overhead around model (total - capture - infer)"
-        f"   p50 {oh['p50']:8.3f} ms   p99 {oh['p99']:8.3f} ms",
+        f"  overhead around model ({what})   p50 {oh['p50']:8.3f} ms   p99 {oh['p99']:8.3f} ms{p99_note}",
     ]
-    if adapter["adapted"]:
-        measured = live["overhead_ms"]
+    if adapted:
+        measured, prefix = live["overhead_ms"], adapter["prefix_ms"]
         lines.append(
             f"    = measured p50 {measured['p50']:.3f} / p99 {measured['p99']:.3f} ms"
-            f" {adapter['in_graph_ms']:+.3f} ms the input adapter moved into inference"
+            f" + the prefix's p50 {prefix['p50']:.3f} / p99 {prefix['p99']:.3f} ms"
         )
     lines += [
         f"  detections per published frame: {_det(live['detections_per_frame'])}",
@@ -863,6 +856,8 @@ def format_report(r: dict[str, Any]) -> str:
         lines.append(f"ladder: {change['from']} -> {change['to']} ({change['reason']})")
     bare = r.get("bare")
     if bare:
+        match = bare["detections_match_sequential"]
+        less = " less the in-graph prefix" if adapted else ""
         lines += [
             "",
             f"bare ONNX Runtime loop, one thread, {bare['frames']} frames ({bare['preprocessing']}):"
@@ -872,11 +867,16 @@ def format_report(r: dict[str, Any]) -> str:
             label = {"pre_post": "pre + post"}.get(name, name)
             lines.append(f"  {label:<12}{_pq(bare[f'{name}_ms'])}")
         lines += [
-            f"  detections per frame: {_det(bare['detections_per_frame'])}",
-            f"  agent overhead p50 / bare (pre + post) p50 = {bare['agent_overhead_p50_ms']:.3f} /"
-            f" {bare['pre_post_ms']['p50']:.3f} = {bare['overhead_over_bare_pre_post_p50']}",
-            f"  agent infer p50 (live) / bare infer p50 = {bare['agent_infer_p50_ms']:.3f} /"
+            f"  detections per frame: bare {_det(bare['detections_per_frame'])}",
+            f"                        sequential (the same frames) {_det(seq['detections_per_frame'])};"
+            f" the same count on {match['same_count']} of {match['frames']} frames",
+            f"  agent (sequential) overhead p50 / bare (pre + post) p50 ="
+            f" {bare['agent_overhead_p50_ms']:.3f} / {bare['pre_post_ms']['p50']:.3f}"
+            f" = {bare['overhead_over_bare_pre_post_p50']}",
+            f"  agent (sequential) infer p50{less} / bare infer p50 = {bare['agent_infer_p50_ms']:.3f} /"
             f" {bare['infer_ms']['p50']:.3f} = {bare['infer_over_bare_infer_p50']}",
+            f"  for information, live at {live['source_fps']:g} fps: overhead p50"
+            f" {bare['live_overhead_p50_ms']:.3f} ms, infer p50{less} {bare['live_infer_p50_ms']:.3f} ms",
         ]
     return "\n".join(lines)
 
@@ -905,7 +905,7 @@ def run_multi_bench(
     ``source_fps`` (None: each its own rate) for ``live_s`` seconds, each with its own
     latency and counts.
     """
-    with _model_notes_once():
+    with model_notes_once():
         return _run_multi_bench(config, sources, frames, source_fps, live_s, progress)
 
 
@@ -934,10 +934,9 @@ def _run_multi_bench(
     progress(f"5/5 {n} live cameras for {live_s:g} s")
     live = Agent(live_cfg)
     live.build()
-    live.start()
-    t0 = time.monotonic()
-    time.sleep(live_s)
-    live.stop()
+    with started(live):
+        t0 = time.monotonic()
+        time.sleep(live_s)
     live_elapsed = time.monotonic() - t0
     assert live.pipeline is not None and batched.pipeline is not None and live.model is not None
     single_fps = _published_fps(single, single_s)
@@ -988,19 +987,20 @@ def _inference_per_frame(config: AgentConfig, runs: int) -> dict[str, float]:
     batching saves on this accelerator, before the rest of the pipeline shares it)."""
     agent = Agent(config)
     agent.build()
-    assert agent.pipeline is not None
-    profile = agent.pipeline.primary
-    sets = {1: next(iter(profile.pools.values())).slots[0].io, **profile.batches}
-    out = {}
-    for size, io in sets.items():
-        hist = LatencyHistogram()
-        for _ in range(runs):
-            t = time.perf_counter_ns()
-            profile.model.backend.infer(io)
-            hist.record(time.perf_counter_ns() - t)
-        out[str(size)] = round(hist.percentile_ms(50) / size, 3)
-    for m in agent.models.values():
-        m.backend.close()
+    try:
+        assert agent.pipeline is not None
+        profile = agent.pipeline.primary
+        sets = {1: next(iter(profile.pools.values())).slots[0].io, **profile.batches}
+        out = {}
+        for size, io in sets.items():
+            hist = LatencyHistogram()
+            for _ in range(runs):
+                t = time.perf_counter_ns()
+                profile.model.backend.infer(io)
+                hist.record(time.perf_counter_ns() - t)
+            out[str(size)] = round(hist.percentile_ms(50) / size, 3)
+    finally:
+        agent.close_models()
     return out
 
 

@@ -639,25 +639,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
         source_fps=args.source_fps,
         frames=frames,
     )
-    said: set[str] = set()
-
-    def once(record: logging.LogRecord) -> bool:  # each candidate loads its model: say what it assumed once
-        first = record.getMessage() not in said
-        said.add(record.getMessage())
-        return first
-
-    runner_log = logging.getLogger("edge_agent.runner")
-    runner_log.addFilter(once)
     try:
         chosen, grid, paths = tune(config, settings, Path(args.out))
     except FramesError as e:  # the config's own video file or image folder
         return _fail(str(e))
-    finally:
-        runner_log.removeFilter(once)
     for kind, path in paths.items():
         print(f"{kind}: {path}")
     if chosen is None:
-        why = no_choice(grid).replace("the budget", f"the {settings.budget_ms:g} ms budget", 1)
+        why = no_choice(grid, settings.budget_ms)
         return _fail(f"{why[0].lower()}{why[1:]} (see {paths['report']})")
     agree = f", agreement {chosen.agreement:.3f}" if chosen.agreement is not None else ""
     print(f"chosen: {chosen.name} (p99 {chosen.e2e['p99']:.2f} ms{agree})")
@@ -751,7 +740,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--source-fps",
         type=float,
         default=None,
-        help="live phase camera rate (default: the config's synthetic camera's, a video's own, else 30)",
+        help="live phase camera rate (default: the fps of the config's synthetic or V4L2 camera, a video's "
+        "own rate, else 30)",
     )
     bench.add_argument("--live-seconds", type=float, default=10.0, help="length of the live phase (s)")
     bench.add_argument(
@@ -840,11 +830,17 @@ def build_parser() -> argparse.ArgumentParser:
     tu.add_argument(
         "--model", action="append", help="a model variant to try (repeatable), e.g. another input size"
     )
-    tu.add_argument("--source-fps", type=float, default=0.0, help="camera rate; 0: the config's, else 30")
+    tu.add_argument(
+        "--source-fps",
+        type=float,
+        default=0.0,
+        help="camera rate; 0: the fps of the config's synthetic or V4L2 camera, a video's own rate, else 30",
+    )
     tu.add_argument(
         "--frames",
         metavar="DIR",
-        help="a folder of your images to measure candidates on (looping, at --source-fps) and to judge "
+        help="a folder of your images to measure candidates on (decoded into memory, played looped as a "
+        "camera at --source-fps) and to judge "
         "their accuracy on: agreement with the first candidate's detections (default: the config's source)",
     )
     tu.add_argument(

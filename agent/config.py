@@ -38,6 +38,12 @@ class _SourceBase:
         check(bool(self.model) or not self.manifest, "manifest", "a manifest needs a model")
 
 
+#: A source's settings that are its lane's, not its capture's (scheduling, and its own
+#: model): what a source keeps when it is played from other frames, and what changes
+#: without reopening it.
+SCHEDULING_FIELDS: tuple[str, ...] = ("priority", "budget_ms", "max_fps", "model", "manifest")
+
+
 @dataclass(frozen=True)
 class SyntheticSourceConfig(_SourceBase):
     """Generated scene with ground truth; paced like a camera unless ``fps`` is 0."""

@@ -9,6 +9,7 @@ false positive, and they are not in the recall denominator.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -16,8 +17,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edge_agent.config import BackendConfig, ModelConfig
+from edge_agent.latency import LatencyHistogram
 from edge_agent.pipelines.decode import Decoded, box_iou
-from edge_agent.pipelines.preprocess import boxes_to_source
+from edge_agent.pipelines.preprocess import Letterbox, boxes_to_source
+from edge_agent.pipelines.synthetic import CLASSES, SceneSpec, SyntheticScene
 
 if TYPE_CHECKING:
     from edge_agent.runner import LoadedModel
@@ -105,45 +108,48 @@ def mean_average_precision(
     return (float(np.mean(valid)) if valid else 0.0), aps
 
 
-def evaluate(model: ModelConfig, backend: BackendConfig, frames: int = 500) -> dict:
-    """Score a model on ``frames`` held-out synthetic frames; returns mAP@0.5 and details."""
-    import time
-
-    from edge_agent.pipelines.preprocess import Letterbox
-    from edge_agent.pipelines.synthetic import CLASSES, SceneSpec, SyntheticScene
-    from edge_agent.runner import load_model
-
-    # AP integrates over all scores, so keep nearly every candidate.
-    loaded = load_model(replace(model, score_threshold=0.001, max_detections=300), backend)
-    labels = loaded.manifest.labels
-    if tuple(labels) != CLASSES:
-        loaded.backend.close()
-        raise ValueError(f"model labels {labels} are not the synthetic scene's classes {CLASSES}")
-    io = loaded.backend.allocate()
-    loaded.backend.warmup(io)
-    spec = SceneSpec()
+def heldout_images(
+    frames: int = 500, spec: SceneSpec | None = None
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The held-out set rendered: (image, ground truth) per frame, both valid until the
+    next. ``spec``: the scene's size, objects and noise (its seed is the set's)."""
+    spec = spec or SceneSpec()
     image = np.empty((spec.height, spec.width, 3), np.uint8)
     gt = np.zeros((spec.num_objects, 6), np.float32)
-    geo = Letterbox()
     scenes: dict[int, SyntheticScene] = {}
-    results: list[FrameResult] = []
-    infer_ns = 0
     for seed, index in heldout_frames(frames):
         scene = scenes.get(seed) or scenes.setdefault(seed, SyntheticScene(replace(spec, seed=seed)))
         scene.render(index, image, gt)
-        t = time.perf_counter_ns()
-        xyxy, scores, classes = loaded.run_one(image, io, geo)
-        infer_ns += time.perf_counter_ns() - t
-        xyxy = boxes_to_source(xyxy.copy(), geo)
-        results.append(FrameResult(xyxy, scores, classes, gt.copy()))
+        yield image, gt
+
+
+def evaluate(model: ModelConfig, backend: BackendConfig, frames: int = 500) -> dict:
+    """Score a model on ``frames`` held-out synthetic frames; returns mAP@0.5 and details."""
+    # AP integrates over all scores: nearly every candidate is kept (as for a judged model).
+    loaded, _ = load_judged(model, backend, reference=False)
+    truths: list[np.ndarray] = []
+    times = LatencyHistogram()
+    try:
+        labels = loaded.manifest.labels
+        if tuple(labels) != CLASSES:
+            raise ValueError(f"model labels {labels} are not the synthetic scene's classes {CLASSES}")
+
+        def images() -> Iterator[np.ndarray]:
+            for image, gt in heldout_images(frames):
+                truths.append(gt.copy())
+                yield image
+
+        found = detect(loaded, images(), times)
+    finally:
+        loaded.backend.close()
+    results = [FrameResult(xyxy, scores, cls, gt) for (xyxy, scores, cls), gt in zip(found, truths)]
     m_ap, per_class = mean_average_precision(results, len(labels))
-    loaded.backend.close()
     return {
         "model": loaded.resolved.path,
         "frames": len(results),
         "map50": round(m_ap, 4),
         "ap50_per_class": {name: round(ap, 4) for name, ap in zip(labels, per_class)},
-        "mean_frame_ms": round(infer_ns / max(len(results), 1) / 1e6, 3),
+        "mean_frame_ms": round(times.mean_ms(), 3),
     }
 
 
@@ -154,7 +160,9 @@ def evaluate(model: ModelConfig, backend: BackendConfig, frames: int = 500) -> d
 # the reference configuration's on the same frames: the reference's detections, at its
 # operating thresholds, are the ground truth, and the candidate's mAP@0.5 against them is
 # its agreement (1.0: it finds the same objects, boxes and classes, ranked above anything
-# else it finds). Classes the reference never detects have no truth and do not count.
+# else it finds). A class the reference never detects has no truth: it counts (AP 0) only
+# when the candidate reports it at its own operating threshold, so that confident boxes of
+# a class the reference never sees lower the agreement.
 
 #: The score threshold a judged model runs at: AP integrates over all scores, and a
 #: detection just under the operating threshold still counts for it.
@@ -162,26 +170,37 @@ JUDGED_SCORE_THRESHOLD = 0.001
 JUDGED_MAX_DETECTIONS = 300
 
 
-def detect(loaded: LoadedModel, images: Iterable[np.ndarray]) -> list[Decoded]:
+def detect(
+    loaded: LoadedModel, images: Iterable[np.ndarray], times: LatencyHistogram | None = None
+) -> list[Decoded]:
     """Each image through the live path (``LoadedModel.run_one``: letterbox, infer,
-    decode), its boxes mapped to source pixels."""
-    from edge_agent.pipelines.preprocess import Letterbox
-
+    decode), its boxes mapped to source pixels. ``times``: each frame's preprocessing,
+    inference and decoding recorded there."""
     io = loaded.backend.allocate()
     loaded.backend.warmup(io)
     geo = Letterbox()
     out: list[Decoded] = []
     for image in images:
+        t = time.perf_counter_ns()
         xyxy, scores, classes = loaded.run_one(image, io, geo)
+        if times is not None:
+            times.record(time.perf_counter_ns() - t)
         out.append((boxes_to_source(xyxy.astype(np.float32), geo), scores.copy(), classes.copy()))
     return out
 
 
 def agreement(
-    reference: list[Decoded], candidate: list[Decoded], num_classes: int, iou_threshold: float = 0.5
+    reference: list[Decoded],
+    candidate: list[Decoded],
+    num_classes: int,
+    iou_threshold: float = 0.5,
+    operating_threshold: float = 0.0,
 ) -> float | None:
     """The candidate's mAP@``iou_threshold`` with the reference's detections (frame by
-    frame, the same frames) as ground truth; None when the reference detects nothing."""
+    frame, the same frames) as ground truth; None when the reference detects nothing.
+
+    The mean is over the classes the reference detects and those it never detects where
+    the candidate reports a box scored ``operating_threshold`` (its own) or more: AP 0."""
     if len(reference) != len(candidate):
         raise ValueError(f"{len(candidate)} candidate frames for {len(reference)} reference frames")
     results = []
@@ -191,15 +210,24 @@ def agreement(
         results.append(FrameResult(np.asarray(xyxy, np.float32), scores, cls, gt))
     if not any(len(r.gt) for r in results):
         return None
-    m_ap, _ = mean_average_precision(results, num_classes, iou_threshold)
-    return m_ap
+    _, aps = mean_average_precision(results, num_classes, iou_threshold)
+    reported = {int(c) for r in results for c in r.class_ids[r.scores >= operating_threshold]}
+    counted = [
+        ap if not np.isnan(ap) else 0.0 for c, ap in enumerate(aps) if not np.isnan(ap) or c in reported
+    ]
+    return float(np.mean(counted))
 
 
-def load_judged(model: ModelConfig, backend: BackendConfig, reference: bool) -> LoadedModel:
-    """The model loaded for an agreement check: the reference at its operating thresholds
-    (what it would publish), a candidate with nearly every detection kept."""
+def load_judged(model: ModelConfig, backend: BackendConfig, reference: bool) -> tuple[LoadedModel, float]:
+    """The model loaded for an agreement check, and its operating score threshold: the
+    reference at its operating thresholds (what it would publish), a candidate with
+    nearly every detection kept."""
     from edge_agent.runner import load_model
 
+    loaded = load_model(model, backend)
+    operating = loaded.params.score_threshold
     if not reference:
-        model = replace(model, score_threshold=JUDGED_SCORE_THRESHOLD, max_detections=JUDGED_MAX_DETECTIONS)
-    return load_model(model, backend)
+        loaded.params = replace(
+            loaded.params, score_threshold=JUDGED_SCORE_THRESHOLD, max_detections=JUDGED_MAX_DETECTIONS
+        )
+    return loaded, operating

@@ -6,16 +6,19 @@ failure to build names the file, device or key at fault before anything is start
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
 
 from edge_agent.config import (
+    SCHEDULING_FIELDS,
     AgentConfig,
     AutoBackendConfig,
     BackendConfig,
@@ -114,7 +117,24 @@ def check_io(
 
 def _capture_part(src: SourceConfig) -> SourceConfig:
     """A source's config without its scheduling settings: what needs a reopen to change."""
-    return replace(src, priority=0, budget_ms=0.0, max_fps=0.0, model="", manifest="")
+    return replace(src, **{f.name: f.default for f in fields(src) if f.name in SCHEDULING_FIELDS})
+
+
+def model_at(cfg: AgentConfig, path: str, manifest: str = "") -> ModelConfig:
+    """The settings of the model at ``path`` (a ladder step's or a source's own, with the
+    config's thresholds); the main model for an empty ``path``."""
+    return replace(cfg.model, path=path, manifest=manifest) if path else cfg.model
+
+
+def onnxruntime_of(backend: BackendConfig, running: str = "") -> OnnxRuntimeConfig | None:
+    """The ONNX Runtime settings a backend config runs a model with: its own, or an
+    ``auto`` backend's ONNX Runtime part (unless ``running``, the backend ``auto`` chose
+    when the model was loaded, is another); None for TensorRT."""
+    if isinstance(backend, OnnxRuntimeConfig):
+        return backend
+    if isinstance(backend, AutoBackendConfig) and running in ("", "onnxruntime"):
+        return backend.onnxruntime
+    return None
 
 
 def source_models(cfg: AgentConfig) -> list[tuple[SourceConfig, tuple[str, ...]]]:
@@ -177,6 +197,34 @@ def load_model(model: ModelConfig, backend_config: BackendConfig) -> LoadedModel
     )
 
 
+class _Once(logging.Filter):
+    """Each distinct message once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[tuple[int, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.levelno, record.getMessage())
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+@contextlib.contextmanager
+def model_notes_once() -> Iterator[None]:
+    """What loading says about a model (e.g. the assumptions for one without a manifest),
+    said once in the block: bench's phases and tune's candidates load the model again and
+    again."""
+    once = _Once()
+    log.addFilter(once)
+    try:
+        yield
+    finally:
+        log.removeFilter(once)
+
+
 def _publisher(pub: PublishConfig) -> ZmqPublisher:
     return ZmqPublisher(
         pub.endpoint, pub.send_hwm, pub.encoding, pub.curve_server_key, pub.curve_clients_dir, pub.topic
@@ -224,7 +272,7 @@ class Agent:
             for what, tag, path, manifest, same_labels in wanted:
                 if not path or path in profiles:
                     continue
-                alt_cfg = replace(cfg.model, path=path, manifest=manifest)
+                alt_cfg = model_at(cfg, path, manifest)
                 backend = with_batch(cfg.backend, batches[path])
                 alt = models[path] = self._faulty(load_model(alt_cfg, backend), cfg)
                 if same_labels and alt.manifest.labels != main.manifest.labels:
@@ -304,13 +352,17 @@ class Agent:
     def build(self) -> None:
         cfg = self.config
         self.profiles, self.models = self._load_profiles(cfg)
-        self.sources = {src.name: self._source(cfg, src) for src in cfg.source_list()}
-        self.power = PowerManager(cfg.power)
-        self.publisher = _publisher(cfg.publish)
-        self.pipeline = self._pipeline(cfg, self.sources, self.profiles)
-        self.health = HealthReporter(
-            self.pipeline, self.publisher, cfg.device_id, cfg.publish.health_interval_s, self.power
-        )
+        try:
+            self.sources = {src.name: self._source(cfg, src) for src in cfg.source_list()}
+            self.power = PowerManager(cfg.power)
+            self.publisher = _publisher(cfg.publish)
+            self.pipeline = self._pipeline(cfg, self.sources, self.profiles)
+            self.health = HealthReporter(
+                self.pipeline, self.publisher, cfg.device_id, cfg.publish.health_interval_s, self.power
+            )
+        except BaseException:
+            self.close_models()  # nothing started: the sessions go back
+            raise
 
     def recover(self) -> str:
         """The inference breaker opened: reload the backend, then fall back to ONNX Runtime
@@ -566,10 +618,23 @@ class Agent:
             log.error("a pipeline replaced by a reload still has a stuck stage: %s", stuck)
             clean = False
         if clean:
-            # Never pull a session from under a stage thread that is still inside it.
-            for model in self.models.values():
-                model.backend.close()
+            self.close_models()
         return clean
+
+    def close_models(self) -> bool:
+        """Give every model's session back (an agent built and never started, or stopped);
+        False, and nothing closed, while a stage thread is still running: a session is
+        never pulled from under a stage that may be inside it."""
+        running = [
+            *(self.pipeline.alive() if self.pipeline is not None else ()),
+            *(name for p in self._undrained for name in p.alive()),
+        ]
+        if running:
+            log.warning("models left open: stage thread(s) %s still running", running)
+            return False
+        for model in self.models.values():
+            model.backend.close()
+        return True
 
     def describe(self) -> dict[str, Any]:
         assert self.model is not None and self.pipeline is not None

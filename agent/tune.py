@@ -6,33 +6,38 @@ and thread spinning everywhere; model variants (input size profiles) given with
 ``--model``; on a Jetson also TensorRT precision and DLA core, and GPU clock locks and
 power modes through the power manager (restored after every candidate, and on any
 interruption). Each candidate runs the real pipeline on real work: the user's frames
-(``--frames DIR``, looping at the camera rate), else the config's own video file or image
-folder replayed the same way, else (a synthetic or a live camera) the synthetic camera.
+(``--frames DIR``), else the config's own video file or image folder, decoded into memory
+once and played, looped, as a camera at the camera rate (the same ``MemorySource`` bench
+plays: no decoding during a measurement); else (a synthetic or a live camera) the
+synthetic camera.
 
 The search is cheap first: a candidate whose model alone (pure inference p50) cannot fit
 the budget is pruned without a pipeline run; a pipeline run stops early once its running
 median is past the budget. Accuracy is judged by agreement, so it works for any model:
-the reference (the first candidate, the config as given) runs a fixed set of frames (the
-same frames, or held-out synthetic ones for a synthetic or live camera) through the live
-path, and its detections are the ground truth; each measured candidate (not the pruned
-ones) runs the same frames and scores mAP@0.5 against them, its agreement, and a feasible
-one below ``1 - map_tolerance`` is rejected.
-Candidates whose detections cannot differ from the reference's (the same model with only
-ONNX Runtime's thread settings, or the power state, changed) are not re-scored, and each
-distinct model and arithmetic is scored once.
+the reference (the first candidate, the config as given) runs a fixed set of frames
+(spread evenly over the same folder or video, or held-out synthetic ones for a synthetic
+or live camera) through the live path, whatever its own measurement gave, and its
+detections are the ground truth; each candidate that could be chosen (feasible: within
+the budget) runs the same frames and scores mAP@0.5 against them, its agreement, and one
+below ``1 - map_tolerance`` is rejected. Nothing is scored when the reference detects
+nothing. Candidates whose detections cannot differ from the reference's (the same model
+with only ONNX Runtime's thread settings, or the power state, changed) are not re-scored,
+and each distinct model and arithmetic is scored once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
-import glob
+import itertools
 import logging
+import math
 import os
 import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -40,6 +45,7 @@ import cv2
 import numpy as np
 import yaml
 
+from edge_agent.bench import BenchAgent, lane_settings, private_config, pure_inference, started
 from edge_agent.config import (
     AgentConfig,
     AutoBackendConfig,
@@ -54,6 +60,18 @@ from edge_agent.configload import to_plain
 from edge_agent.latency import LatencyHistogram
 from edge_agent.pipelines.decode import Decoded
 from edge_agent.pipelines.handoff import STAGES
+from edge_agent.pipelines.sources import (
+    IMAGE_PATTERNS,
+    PRELOAD_MIB,
+    FileSourceConfig,
+    SourceError,
+    file_frames,
+    frame_count,
+    list_images,
+    preload,
+    source_rate,
+)
+from edge_agent.runner import model_notes_once, onnxruntime_of
 
 log = logging.getLogger(__name__)
 
@@ -114,14 +132,6 @@ class Candidate:
 # -- the candidates ------------------------------------------------------------------
 
 
-def _ort_of(backend: Any) -> OnnxRuntimeConfig | None:
-    if isinstance(backend, OnnxRuntimeConfig):
-        return backend
-    if isinstance(backend, AutoBackendConfig):
-        return backend.onnxruntime
-    return None
-
-
 def _with_ort(base: AgentConfig, ort: OnnxRuntimeConfig) -> AgentConfig:
     if isinstance(base.backend, AutoBackendConfig):
         return replace(base, backend=replace(base.backend, onnxruntime=ort))
@@ -145,7 +155,7 @@ def candidates(
             for core in (-1, 0, 1):
                 cfg = replace(base, backend=replace(trt, precision=p, dla_core=core))
                 out.append(Candidate(f"trt {p} {'GPU' if core < 0 else f'DLA{core}'}", cfg))
-    ort = _ort_of(base.backend) or OnnxRuntimeConfig()
+    ort = onnxruntime_of(base.backend) or OnnxRuntimeConfig()
     threads = ((1, 2) if s.quick else (1, 2, 4)) if s.runtime_axes else ()
     levels = ("basic", "all") if s.quick else ("basic", "extended", "all")
     for t in threads:
@@ -192,11 +202,6 @@ class FramesError(ValueError):
     """Frames to tune on that cannot be read; the message names the path."""
 
 
-IMAGE_PATTERNS: tuple[str, ...] = next(
-    f.default for f in fields(ImageFolderSourceConfig) if f.name == "patterns"
-)
-
-
 def image_files(
     folder: str, patterns: tuple[str, ...] = IMAGE_PATTERNS, what: str = "frames folder"
 ) -> list[str]:
@@ -206,7 +211,7 @@ def image_files(
         raise FramesError(
             f"{what} {folder} {'is not a folder' if os.path.exists(folder) else 'does not exist'}"
         )
-    files = sorted({f for p in patterns for f in glob.glob(os.path.join(glob.escape(folder), p))})
+    files = list_images(folder, patterns)
     if not files:
         raise FramesError(f"{what} {folder} holds no images (looked for {' '.join(patterns)})")
     if not any(cv2.imread(f, cv2.IMREAD_COLOR) is not None for f in files):
@@ -216,14 +221,33 @@ def image_files(
 
 @dataclass
 class FrameSet:
-    """The fixed frames every candidate's detections are compared on, read again for each
-    candidate (none is held in memory; a yielded image is valid until the next one)."""
+    """The fixed frames every candidate's detections are compared on: up to ``wanted`` of
+    the ``total`` (0: unknown) ``where``, read again for each candidate (none is held in
+    memory; a yielded image is valid until the next one). ``count``: how many the last
+    full pass gave."""
 
-    what: str
+    where: str  # e.g. "images in DIR", "frames of VIDEO"
+    total: int
+    wanted: int
     read: Callable[[], Iterator[np.ndarray]]
+    count: int | None = None
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        return self.read()
+        n = 0
+        for image in self.read():
+            n += 1
+            yield image
+        self.count = n
+
+    @property
+    def what(self) -> str:
+        """The frames in words: the count a pass gave, once one did (else the count asked)."""
+        n = self.count if self.count is not None else min(self.wanted, self.total or self.wanted)
+        if not self.total:
+            return f"the first {n} {self.where}"
+        if n == self.total:
+            return f"the {n} {self.where}"
+        return f"{n} of the {self.total} {self.where}, spread evenly"
 
 
 def _spread(total: int, n: int) -> list[int]:
@@ -233,53 +257,25 @@ def _spread(total: int, n: int) -> list[int]:
     return sorted({int(i) for i in np.linspace(0, total - 1, n).round()})
 
 
-def _image_frames(files: list[str], n: int, folder: str) -> FrameSet:
-    picked = [files[i] for i in _spread(len(files), n)]
+def _file_frames(src: FileSourceConfig, n: int, where: str) -> FrameSet:
+    """``n`` frames spread evenly over a video file or an image folder (a video that
+    declares no frame count: its first ``n``). FramesError when it cannot be read."""
+    try:
+        total = frame_count(src)
+    except SourceError as e:
+        raise FramesError(f"{e} (the config's source)") from None
+    picks = _spread(total, n) if total else None
 
     def read() -> Iterator[np.ndarray]:
-        for f in picked:
-            img = cv2.imread(f, cv2.IMREAD_COLOR)
-            if img is not None:  # unreadable files are skipped, as the source skips them
-                yield img
+        with contextlib.closing(file_frames(src, picks)) as frames:
+            yield from itertools.islice(frames, n)
 
-    of = f"{len(picked)} of the {len(files)}" if len(picked) < len(files) else f"the {len(files)}"
-    return FrameSet(f"{of} images in {folder}", read)
-
-
-def _video_frames(path: str, n: int) -> FrameSet:
-    if not os.path.isfile(path):
-        raise FramesError(f"video file {path} (the config's source) does not exist")
-    cap = cv2.VideoCapture(path)
-    opened, count = cap.isOpened(), int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
-    cap.release()
-    if not opened:
-        raise FramesError(f"cannot decode video file {path} (the config's source)")
-    stride = max(1, count // n) if count > 0 else 1
-
-    def read() -> Iterator[np.ndarray]:
-        cap = cv2.VideoCapture(path)
-        try:
-            index = taken = 0
-            while taken < n:
-                if index % stride:
-                    if not cap.grab():
-                        return
-                else:
-                    ok, img = cap.read()
-                    if not ok:
-                        return
-                    taken += 1
-                    yield img
-                index += 1
-        finally:
-            cap.release()
-
-    return FrameSet(f"{n} frames of {path}" + (f", one in {stride}" if stride > 1 else ""), read)
+    return FrameSet(where, total, n, read)
 
 
 def _synthetic_frames(src: SyntheticSourceConfig | None, n: int) -> FrameSet:
-    from edge_agent.evaluation import heldout_frames
-    from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
+    from edge_agent.evaluation import heldout_images
+    from edge_agent.pipelines.synthetic import SceneSpec
 
     spec = SceneSpec()
     if src is not None:
@@ -288,15 +284,10 @@ def _synthetic_frames(src: SyntheticSourceConfig | None, n: int) -> FrameSet:
         )
 
     def read() -> Iterator[np.ndarray]:
-        image = np.empty((spec.height, spec.width, 3), np.uint8)
-        gt = np.zeros((spec.num_objects, 6), np.float32)
-        scenes: dict[int, SyntheticScene] = {}
-        for seed, index in heldout_frames(n):
-            scene = scenes.get(seed) or scenes.setdefault(seed, SyntheticScene(replace(spec, seed=seed)))
-            scene.render(index, image, gt)
+        for image, _ in heldout_images(n, spec):
             yield image
 
-    return FrameSet(f"{n} held-out synthetic frames", read)
+    return FrameSet("held-out synthetic frames", n, n, read)
 
 
 def judged_frames(base: AgentConfig, s: TuneSettings) -> FrameSet:
@@ -304,66 +295,76 @@ def judged_frames(base: AgentConfig, s: TuneSettings) -> FrameSet:
     it is a file, else held-out synthetic scenes. Raises FramesError for a missing file."""
     n = s.eval_frames
     if s.frames:
-        return _image_frames(image_files(s.frames), n, s.frames)
+        image_files(s.frames)
+        return _file_frames(ImageFolderSourceConfig(path=s.frames), n, f"images in {s.frames}")
     src = base.source_list()[0]
     if isinstance(src, ImageFolderSourceConfig):
-        return _image_frames(image_files(src.path, src.patterns, "image folder"), n, src.path)
+        image_files(src.path, src.patterns, "image folder")
+        return _file_frames(src, n, f"images in {src.path}")
     if isinstance(src, VideoSourceConfig):
-        return _video_frames(src.path, n)
+        return _file_frames(src, n, f"frames of {src.path}")
     return _synthetic_frames(src if isinstance(src, SyntheticSourceConfig) else None, n)
 
 
-def source_rate(src: SourceConfig) -> float:
-    """The rate the config's source is played at: a synthetic camera's fps, else a source's
-    frame-rate cap, else a video file's own rate; 30 otherwise."""
-    if isinstance(src, SyntheticSourceConfig):
-        return src.fps or 30.0
-    if src.max_fps:
-        return src.max_fps
-    if isinstance(src, VideoSourceConfig) and os.path.isfile(src.path):
-        cap = cv2.VideoCapture(src.path)
-        fps = cap.get(cv2.CAP_PROP_FPS) or 0.0
-        cap.release()
-        if 0 < fps <= 1000:
-            return float(fps)
-    return 30.0
-
-
-_KEEP = ("name", "priority", "budget_ms", "model", "manifest")
-
-
 def measured_source(src: SourceConfig, fps: float, frames: str) -> SourceConfig:
-    """What a source is measured on, at ``fps`` (0: unpaced): the ``frames`` folder, else a
-    file source itself, looping, else the synthetic camera (a live camera is in use by the
-    agent, and its scene is not repeatable)."""
-    keep = {k: getattr(src, k) for k in _KEEP}
+    """What a source is measured on, with its name and lane settings: the ``frames``
+    folder, else a file source itself (both played from memory, see ``Workload``), else
+    the synthetic camera at ``fps`` (a live camera is in use by the agent, and its scene is
+    not repeatable)."""
     if frames:
-        return ImageFolderSourceConfig(path=frames, loop=True, max_fps=fps, **keep)
+        return ImageFolderSourceConfig(path=frames, **lane_settings(src))
     if isinstance(src, SyntheticSourceConfig):
         return replace(src, fps=fps)
-    if isinstance(src, ImageFolderSourceConfig):
-        return replace(src, loop=True, max_fps=fps)
-    if isinstance(src, VideoSourceConfig):
-        return replace(src, loop=True, realtime=False, max_fps=fps)
-    return SyntheticSourceConfig(fps=fps, max_fps=src.max_fps, **keep)
+    if isinstance(src, (ImageFolderSourceConfig, VideoSourceConfig)):
+        return src
+    return SyntheticSourceConfig(fps=fps, **lane_settings(src))
 
 
-def measured_on(base: AgentConfig, s: TuneSettings, fps: float) -> str:
-    """The measurement's frames, in words, for the report."""
-    sources = base.source_list()
-    first = sources[0]
-    src = measured_source(first, fps, s.frames)
-    each = f"{len(sources)} sources, each on " if len(sources) > 1 else ""
-    if isinstance(src, ImageFolderSourceConfig):
-        return f"{each}the images in {src.path}, looping at {fps:g} fps"
-    if isinstance(src, VideoSourceConfig):
-        return f"{each}the video {src.path}, looping at {fps:g} fps"
-    live = (
-        ""
-        if isinstance(first, SyntheticSourceConfig)
-        else f" (the config's {first.type} camera: give --frames)"
-    )
-    return f"{each}the synthetic camera at {fps:g} fps{live}"
+@dataclass
+class Workload:
+    """What every candidate runs on: the camera rate, and the frames of each file source
+    (by source name) decoded into memory once and played, looped, as a camera at that rate
+    (``sources.MemorySource``, as bench plays them: nothing is decoded during a
+    measurement, and a frame's capture time is when it was due). ``what``: in words."""
+
+    fps: float
+    played: dict[str, list[np.ndarray]]
+    what: str
+
+
+def make_workload(base: AgentConfig, s: TuneSettings) -> Workload:
+    """Decode the frames the candidates are measured on (enough for a warm-up and a window
+    at the camera rate, within ``PRELOAD_MIB`` in all); FramesError naming a file that
+    cannot be read."""
+    first = base.source_list()[0]
+    fps = s.source_fps or source_rate(first)
+    made = [measured_source(src, fps, s.frames) for src in base.source_list()]
+    files = [src for src in made if isinstance(src, (ImageFolderSourceConfig, VideoSourceConfig))]
+    wanted = math.ceil(fps * (s.warmup_s + s.window_s)) + 1
+    budget_mib = PRELOAD_MIB / max(len({src.path for src in files}), 1)
+    by_path: dict[str, list[np.ndarray]] = {}
+    try:
+        for src in files:
+            if src.path not in by_path:
+                by_path[src.path] = preload(src, wanted, budget_mib)
+    except SourceError as e:
+        raise FramesError(str(e)) from None
+    played = {src.name: by_path[src.path] for src in files}
+    each = f"{len(made)} sources, each on " if len(made) > 1 else ""
+    src = made[0]
+    if isinstance(src, (ImageFolderSourceConfig, VideoSourceConfig)):
+        kind = "images in" if isinstance(src, ImageFolderSourceConfig) else "frames of"
+        n, total = len(by_path[src.path]), frame_count(src)
+        frames = f"the {n} {kind}" if n == total else f"the first {n} {kind}"
+        what = f"{each}{frames} {src.path}, decoded into memory and played looped as a camera at {fps:g} fps"
+    else:
+        live = (
+            ""
+            if isinstance(first, SyntheticSourceConfig)
+            else f" (the config's {first.type} camera: give --frames)"
+        )
+        what = f"{each}the synthetic camera at {fps:g} fps{live}"
+    return Workload(fps, played, what)
 
 
 # -- measuring ---------------------------------------------------------------------------
@@ -372,18 +373,12 @@ def measured_on(base: AgentConfig, s: TuneSettings, fps: float) -> str:
 def measured_config(cfg: AgentConfig, s: TuneSettings, fps: float) -> AgentConfig:
     """The candidate's config as measured: each source as ``measured_source`` makes it, its
     results on a private loopback port and no metrics endpoint (it runs beside the agent
-    on the same config; see ``bench.synthetic_config``), power read-only."""
-    from edge_agent.bench import PRIVATE_ENDPOINT
-
+    on the same config; see ``bench.private_config``), power read-only."""
     made = tuple(measured_source(src, fps, s.frames) for src in cfg.source_list())
-    kw: dict[str, Any] = {
-        "metrics": replace(cfg.metrics, enabled=False),
-        "publish": replace(cfg.publish, endpoint=PRIVATE_ENDPOINT, wait_for_subscribers=0),
-        "power": replace(cfg.power, manage=False),
-    }
+    power = replace(cfg.power, manage=False)
     if len(made) == 1:
-        return replace(cfg, source=made[0], sources=(), **kw)
-    return replace(cfg, source=SyntheticSourceConfig(), sources=made, **kw)
+        return private_config(replace(cfg, source=made[0], sources=(), power=power))
+    return private_config(replace(cfg, source=SyntheticSourceConfig(), sources=made, power=power))
 
 
 def _combined(hists: list[LatencyHistogram]) -> LatencyHistogram:
@@ -394,35 +389,30 @@ def _combined(hists: list[LatencyHistogram]) -> LatencyHistogram:
     return out
 
 
-def _pure_p50_ms(cfg: AgentConfig, runs: int) -> float:
-    from edge_agent.bench import pure_inference
-    from edge_agent.runner import Agent
-
-    agent = Agent(cfg)
+def _pure_p50_ms(cfg: AgentConfig, runs: int, played: dict[str, list[np.ndarray]]) -> float:
+    agent = BenchAgent(cfg, played=played)
     agent.build()
     try:
         return pure_inference(agent, runs).percentile_ms(50)
     finally:
-        for m in agent.models.values():
-            m.backend.close()
+        agent.close_models()
 
 
-def measure(c: Candidate, s: TuneSettings, fps: float, best_p99: float | None) -> None:
+def measure(c: Candidate, s: TuneSettings, work: Workload, best_p99: float | None) -> None:
     """Run the candidate's pipeline: warm-up, then a measured window (or an early stop)."""
-    from edge_agent.runner import Agent
-
-    cfg = measured_config(c.config, s, fps)
-    c.pure_p50_ms = _pure_p50_ms(measured_config(c.config, s, 0.0), 30 if s.quick else 100)
+    cfg = measured_config(c.config, s, work.fps)
+    unpaced = measured_config(c.config, s, 0.0)
+    c.pure_p50_ms = _pure_p50_ms(unpaced, 30 if s.quick else 100, work.played)
     limit = s.budget_ms * (1 - s.margin)
     if c.pure_p50_ms > limit:
         c.status, c.reason = "pruned", f"inference alone takes {c.pure_p50_ms:.1f} ms > {limit:.1f} ms"
         return
-    agent = Agent(cfg)
+    agent = BenchAgent(cfg, played=work.played, pace_fps=work.fps)
     agent.build()
-    agent.start()
-    try:
+    with started(agent):
         time.sleep(s.warmup_s)
         pipeline = agent.pipeline
+        assert pipeline is not None
         lanes = pipeline.lanes
         c.sources = [lane.source.describe() for lane in lanes]
         t0, start_published = time.monotonic(), pipeline.published()
@@ -458,10 +448,6 @@ def measure(c: Candidate, s: TuneSettings, fps: float, best_p99: float | None) -
         c.samples_ms = _quantiles(window)
         if agent.power is not None and agent.power.latest is not None and agent.power.latest.total_mw:
             c.power_mw = agent.power.latest.total_mw
-    finally:
-        agent.stop()
-        for m in agent.models.values():
-            m.backend.close()
     if c.status == "pending":
         c.status = "over budget" if c.e2e["p99"] > limit else "feasible"
         if c.status == "over budget":
@@ -475,7 +461,7 @@ def _quantiles(h: LatencyHistogram) -> list[float]:
 def _arithmetic(cfg: AgentConfig) -> tuple[Any, Any]:
     """What decides a configuration's detections: its model and backend, less ONNX
     Runtime's thread settings (threads, spinning, execution mode change the speed only)."""
-    ort = _ort_of(cfg.backend)
+    ort = onnxruntime_of(cfg.backend)
     if ort is None:
         return cfg.model, cfg.backend
     same = replace(
@@ -500,7 +486,7 @@ class Reference:
         """Run the reference (at its operating thresholds) over the frames."""
         from edge_agent.evaluation import detect, load_judged
 
-        loaded = load_judged(cfg.model, cfg.backend, reference=True)
+        loaded, _ = load_judged(cfg.model, cfg.backend, reference=True)
         try:
             self.labels = tuple(loaded.manifest.labels)
             self.detections = detect(loaded, self.frames)
@@ -525,9 +511,11 @@ class Reference:
         return (
             f"agreement with the reference's detections (the first candidate, the config as given: "
             f"{self.objects()} objects on {n} frames, {self.frames.what}) as ground truth, mAP@0.5; "
-            f"below {s.min_agreement:.2f} (1 - map_tolerance) is rejected. Candidates that run the "
-            "same model with only ONNX Runtime's thread settings or the power state changed are not "
-            "re-scored (their detections are the reference's)"
+            f"below {s.min_agreement:.2f} (1 - map_tolerance) is rejected. A class the reference never "
+            "detects counts (AP 0) where a candidate reports it at its operating threshold. Only "
+            "candidates that could be chosen are scored; those that run the same model with only "
+            "ONNX Runtime's thread settings or the power state changed are not re-scored (their "
+            "detections are the reference's)"
         )
 
 
@@ -539,46 +527,52 @@ def make_reference(base: AgentConfig, s: TuneSettings) -> Reference:
 
 def _agreement_of(cfg: AgentConfig, ref: Reference) -> float | None:
     """The candidate's detections on the reference's frames, scored against the reference's
-    (by label name, where its labels differ)."""
+    (by label name, where its labels differ: a label the reference's model lacks is a class
+    of its own, which the reference never detects)."""
     from edge_agent.evaluation import agreement, detect, load_judged
 
     assert ref.detections is not None
-    loaded = load_judged(cfg.model, cfg.backend, reference=False)
+    loaded, operating = load_judged(cfg.model, cfg.backend, reference=False)
     try:
         labels = tuple(loaded.manifest.labels)
         dets = detect(loaded, ref.frames)
     finally:
         loaded.backend.close()
+    names = list(ref.labels)
     if labels != ref.labels:
-        index = {name: i for i, name in enumerate(ref.labels)}
-        remap = np.array([index.get(name, -1) for name in labels], np.int64)  # -1 matches nothing
+        names += [name for name in labels if name not in ref.labels]
+        index = {name: i for i, name in enumerate(names)}
+        remap = np.array([index[name] for name in labels], np.int64)
         dets = [(xyxy, scores, remap[cls]) for xyxy, scores, cls in dets]
-    return agreement(ref.detections, dets, len(ref.labels))
+    return agreement(ref.detections, dets, len(names), operating_threshold=operating)
 
 
-def check_accuracy(c: Candidate, ref: Reference, s: TuneSettings, score: bool = True) -> None:
-    """Score the candidate's agreement with the reference; a feasible one below the minimum
-    is rejected. ``score`` false (a pruned or failed candidate, whose inference alone is too
-    slow to spend on it): only what is known without running it."""
+def check_accuracy(c: Candidate, ref: Reference, s: TuneSettings) -> None:
+    """Judge the candidate's agreement with the reference; a feasible one below the minimum
+    is rejected. Only a feasible candidate is scored (the others cannot be chosen: their
+    agreement is reported only when it is known already), and none when the reference
+    detects nothing."""
     key = _arithmetic(c.config)
     if key == ref.key:
         c.agreement = 1.0 if ref.objects() else None
         c.judged = "same model and arithmetic as the reference: not re-scored"
         return
-    if not score or (ref.detections is None and c.status != "feasible"):
-        c.agreement = ref.scores.get(key)
-        return
     if ref.detections is None:
-        c.status, c.reason = "rejected", f"no reference detections to judge it against ({ref.error})"
+        if c.status == "feasible":
+            c.status, c.reason = "rejected", f"no reference detections to judge it against ({ref.error})"
         return
-    if key not in ref.scores:
+    if not ref.objects():
+        c.judged = "not judged: the reference detects nothing on these frames"
+        return
+    if key in ref.scores:
+        c.judged = "scored once for its model and arithmetic"
+    elif c.status == "feasible":
         ref.scores[key] = _agreement_of(c.config, ref)
     else:
-        c.judged = "scored once for its model and arithmetic"
+        c.judged = "not scored: it cannot be chosen"
+        return
     c.agreement = ref.scores[key]
-    if c.agreement is None:
-        c.judged = "not judged: the reference detects nothing on these frames"
-    elif c.agreement < s.min_agreement:
+    if c.agreement is not None and c.agreement < s.min_agreement:
         why = (
             f"agreement {c.agreement:.3f} with the reference's detections < {s.min_agreement:.2f} "
             f"(mAP@0.5 on {len(ref.detections)} frames)"
@@ -604,17 +598,24 @@ def _score(c: Candidate, objective: str) -> tuple[float, float]:
 def tune(
     base: AgentConfig, s: TuneSettings, out_dir: Path, progress: TextIO | None = None
 ) -> tuple[Candidate | None, list[Candidate], dict[str, Path]]:
-    """Sweep, choose, and write the overlay, the report and the chart into ``out_dir``."""
+    """Sweep, choose, and write the overlay, the report and the chart into ``out_dir``.
+    Raises FramesError, before anything is measured, for frames that cannot be read."""
+    with model_notes_once():  # each candidate loads its model: what it assumed, said once
+        return _tune(base, s, out_dir, progress or sys.stderr)
+
+
+def _tune(
+    base: AgentConfig, s: TuneSettings, out_dir: Path, progress: TextIO
+) -> tuple[Candidate | None, list[Candidate], dict[str, Path]]:
     from edge_agent.pipelines.backends.registry import tensorrt_unavailable
     from edge_agent.power.manager import PowerManager
 
-    progress = progress or sys.stderr
     t_start = time.monotonic()
-    fps = s.source_fps or source_rate(base.source_list()[0])
     ref = make_reference(base, s)  # FramesError before anything runs
+    work = make_workload(base, s)
     tensorrt = not tensorrt_unavailable()
     grid = candidates(base, s, tensorrt, jetson_power_axes(base.power, s.quick))
-    print(f"measuring on {measured_on(base, s, fps)}; judging on {ref.frames.what}", file=progress)
+    print(f"measuring on {work.what}; judging on {ref.frames.what}", file=progress)
     for i, c in enumerate(grid, 1):
         print(
             f"[{i}/{len(grid)} {time.monotonic() - t_start:5.1f}s] {c.name} ...",
@@ -624,18 +625,17 @@ def tune(
         )
         power = PowerManager(c.power) if c.power is not None else None
         try:
-            if power is not None:
-                power.start()  # saves the state first; restored in finally, whatever happens
             best = min((x.e2e["p99"] for x in grid[: i - 1] if x.status == "feasible"), default=None)
-            measure(c, s, fps, best)
+            try:
+                if power is not None:
+                    power.start()  # saves the state first; restored in finally, whatever happens
+                measure(c, s, work, best)
+            except Exception as e:  # one broken candidate must not end the sweep
+                c.status, c.reason = "failed", f"{type(e).__name__}: {e}"
             if i == 1:
-                _judge_reference(c, ref)
-            else:  # every measured candidate is scored (only a feasible one can be rejected)
-                check_accuracy(c, ref, s, score=c.status in ("feasible", "over budget", "early stop"))
-        except Exception as e:  # one broken candidate must not end the sweep
-            c.status, c.reason = "failed", f"{type(e).__name__}: {e}"
-            if i == 1 and not ref.error:
-                ref.error = f"the reference failed: {c.reason}"
+                _judge_reference(c, ref)  # whatever its measurement gave
+            else:
+                _judge(c, ref, s)
         finally:
             if power is not None:
                 power.close()
@@ -657,20 +657,41 @@ def tune(
             chosen = current
     if chosen is not None:
         chosen.status = "chosen"
-    notes = {"measured": measured_on(base, s, fps), "judged": ref.describe(s)}
+    notes = {"measured": work.what, "judged": ref.describe(s)}
     paths = write_outputs(base, s, grid, chosen, out_dir, time.monotonic() - t_start, notes)
     return chosen, grid, paths
 
 
-def no_choice(grid: list[Candidate]) -> str:
-    """Why nothing was chosen, in words."""
-    rejected = [c.name for c in grid if c.status == "rejected"]
-    if not rejected:
-        return "No candidate holds the budget"
-    return (
-        f"No candidate holds the budget with the reference's accuracy: {len(rejected)} held it but "
-        f"disagreed with the reference's detections ({', '.join(rejected)})"
-    )
+def _judge(c: Candidate, ref: Reference, s: TuneSettings) -> None:
+    """``check_accuracy``; a candidate whose own detections fail cannot be chosen."""
+    try:
+        check_accuracy(c, ref, s)
+    except Exception as e:
+        why = f"its detections failed: {type(e).__name__}: {e}"
+        if c.status == "feasible":
+            c.status, c.reason = "failed", why
+        else:
+            c.judged = why
+
+
+def no_choice(grid: list[Candidate], budget_ms: float | None = None) -> str:
+    """Why nothing was chosen, in words (``budget_ms``: named when given)."""
+    budget = f"the {budget_ms:g} ms budget" if budget_ms else "the budget"
+    disagreed = [c.name for c in grid if c.status == "rejected" and c.agreement is not None]
+    unjudged = [c.name for c in grid if c.status == "rejected" and c.agreement is None]
+    if not disagreed and not unjudged:
+        return f"No candidate holds {budget}"
+    why = []
+    if disagreed:
+        why.append(
+            f"{len(disagreed)} held it but disagreed with the reference's detections ({', '.join(disagreed)})"
+        )
+    if unjudged:
+        why.append(
+            f"{len(unjudged)} held it but could not be judged: the reference's detections failed "
+            f"({', '.join(unjudged)})"
+        )
+    return f"No candidate holds {budget} with the reference's accuracy: {'; '.join(why)}"
 
 
 def _judge_reference(c: Candidate, ref: Reference) -> None:
@@ -766,7 +787,7 @@ def report_markdown(
     if notes.get("judged"):
         lines += [f"Accuracy: {notes['judged']}.", ""]
     lines += [
-        f"**Chosen: {chosen.name}**" if chosen else f"**{no_choice(grid)}.**",
+        f"**Chosen: {chosen.name}**" if chosen else f"**{no_choice(grid, s.budget_ms)}.**",
         "",
         "| candidate | result | inference p50 ms | e2e p50 ms | e2e p99 ms | max ms | fps | power mW "
         "| agreement | note |",

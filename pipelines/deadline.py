@@ -31,8 +31,10 @@ log = logging.getLogger(__name__)
 #: Why a frame was dropped. ``overrun``: a newer frame replaced it while it waited (live
 #: sources); ``stale``: too old to finish in time; ``source_gap``: the source skipped it;
 #: ``ladder``: the degradation ladder throttles the frame rate; ``error``: a stage raised;
-#: ``shutdown``: the agent stopped while it was in flight.
-DROP_REASONS = ("overrun", "stale", "source_gap", "ladder", "error", "shutdown")
+#: ``shutdown``: the agent stopped while it was in flight; ``not_fresh``: latency mode
+#: (``deadline.mode: latency``) passed it over, having waited too long for a busy
+#: inference, for its source's next frame, which then replaced it.
+DROP_REASONS = ("overrun", "stale", "source_gap", "ladder", "error", "shutdown", "not_fresh")
 
 _EWMA_ALPHA = 0.1
 _BUCKET_NS = 100_000_000  # the miss window is kept in 100 ms buckets
@@ -84,7 +86,8 @@ class MissWindow:
 
 
 class DeadlineMonitor:
-    """Shared by the stage threads; each method is called from one known thread."""
+    """Shared by the stage threads; each method is called by one stage at a time (the
+    publishing one is the post thread, or the inference thread while that is idle)."""
 
     def __init__(self, config: DeadlineConfig) -> None:
         self.config = config
@@ -156,7 +159,7 @@ class DeadlineMonitor:
         return False
 
     def published(self, stamps: np.ndarray, now_ns: int, profile: str = "") -> bool:
-        """Post thread, after publishing: update estimates; True if the frame was late."""
+        """After publishing (the post stage): update estimates; True if the frame was late."""
         durations = np.diff(stamps)
         # The first frame seeds the estimates, later ones move them by a fraction.
         est = self.estimates(profile)
@@ -173,7 +176,8 @@ class DeadlineMonitor:
         return late
 
     def dropped(self, reason: str, now_ns: int) -> None:
-        """A frame that will never be published. Stale drops count as misses."""
+        """A frame that will never be published. Stale drops count as misses (a frame
+        passed over as not fresh does not: like an overrun, a newer frame took its place)."""
         if reason in ("stale", "error"):
             with self._lock:
                 self._window.add(now_ns, True)

@@ -27,6 +27,10 @@ class DecodeParams:
     score_threshold: float = 0.25
     iou_threshold: float = 0.45
     max_detections: int = 100
+    # Decoders of normalised boxes (RT-DETR) scale them by the model's input size.
+    input_w: int = 0
+    input_h: int = 0
+    rtdetr_topk: bool = False  # an RT-DETR output of (K, 6): top-k already in the graph
 
 
 Decoded = tuple[np.ndarray, np.ndarray, np.ndarray]  # xyxy (K, 4) f32, scores (K,), class ids (K,)
@@ -145,7 +149,65 @@ def decode_yolov5(output: np.ndarray, p: DecodeParams) -> Decoded:
     return _finish(rows[ok, :4], scores[ok], class_ids[ok], p)
 
 
+def _ranked(xyxy: np.ndarray, scores: np.ndarray, class_ids: np.ndarray, p: DecodeParams) -> Decoded:
+    """Threshold and rank detections that need no NMS (it ran inside the model)."""
+    idx = np.flatnonzero(scores > p.score_threshold)
+    idx = idx[np.argsort(-scores[idx], kind="stable")][: p.max_detections]
+    return (
+        np.ascontiguousarray(xyxy[idx], np.float32),
+        scores[idx].astype(np.float32),
+        class_ids[idx].astype(np.int32),
+    )
+
+
+def decode_end2end(output: np.ndarray, p: DecodeParams) -> Decoded:
+    """Decode one image of an end-to-end export, ``(K, 6)`` or ``(1, K, 6)``: rows x1, y1,
+    x2, y2 (input pixels), score, class id. YOLO26's and YOLOv10's one-to-one heads and
+    Ultralytics' ``nms=True`` exports give it; NMS is in the model, so none runs here (an
+    end-to-end head may list one box under two classes, as Ultralytics shows it too).
+    Unused rows score 0."""
+    out = output[0] if output.ndim == 3 else output
+    return _ranked(out[:, :4], out[:, 4], out[:, 5], p)
+
+
+def decode_rtdetr(output: np.ndarray, p: DecodeParams) -> Decoded:
+    """Decode one image of an Ultralytics RT-DETR export: boxes cx, cy, w, h normalised
+    to 0..1, then either C class scores (after a sigmoid), ``(K, 4 + C)``, or the top-k
+    already taken in the graph, ``(K, 6)`` = box, score, class id (Ultralytics 8.4). No
+    NMS: the decoder's queries do not overlap by construction. ``p.input_w/h`` scale the
+    boxes to input pixels."""
+    out = output[0] if output.ndim == 3 else output
+    if p.rtdetr_topk:
+        scores, class_ids = out[:, 4], out[:, 5]
+    else:
+        class_ids = out[:, 4:].argmax(axis=1)
+        scores = out[np.arange(len(out)), 4 + class_ids]
+    keep = np.flatnonzero(scores > p.score_threshold)
+    box = out[keep, :4] * np.array([p.input_w, p.input_h, p.input_w, p.input_h], np.float32)
+    half = box[:, 2:] * 0.5
+    xyxy = np.empty_like(box)
+    xyxy[:, :2] = box[:, :2] - half
+    xyxy[:, 2:] = box[:, :2] + half
+    return _ranked(xyxy, scores[keep], class_ids[keep], p)
+
+
+def decode_efficient_nms(
+    num_dets: np.ndarray, boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, p: DecodeParams
+) -> Decoded:
+    """Decode one image of TensorRT's ``EfficientNMS_TRT`` outputs: ``num_dets`` (1,) or
+    (1, 1) int32, ``det_boxes`` (K, 4) xyxy input pixels, ``det_scores`` (K,), ``det_classes``
+    (K,) int32, each with or without its batch axis of 1. Rows past ``num_dets`` are padding."""
+    n = int(np.asarray(num_dets).reshape(-1)[0])
+    boxes = boxes[0] if boxes.ndim == 3 else boxes
+    scores = scores[0] if scores.ndim == 2 else scores
+    classes = classes[0] if classes.ndim == 2 else classes
+    n = max(0, min(n, len(scores)))
+    return _ranked(boxes[:n], scores[:n], classes[:n], p)
+
+
 DECODERS: dict[str, Callable[[np.ndarray, DecodeParams], Decoded]] = {
     "yolov8": decode_yolov8,
     "yolov5": decode_yolov5,
+    "end2end": decode_end2end,
+    "rtdetr": decode_rtdetr,
 }

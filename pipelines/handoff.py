@@ -105,13 +105,21 @@ class FrameQueue:
     """First in, first out, for the frames of a batch on their way to postprocessing.
 
     Unbounded by design: every frame in it holds a slot, so the slot pools bound it.
+
+    The producer may instead handle an item itself (``claim``) while the queue is empty
+    and the consumer is not working on an item it took: the consumer's wake-up is then
+    saved, and the order of the items is kept (nothing is queued or in the consumer's
+    hands that came before).
     """
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._items: deque[FrameSlot] = deque()
         self._closed = False
-        self._cond = threading.Condition()
+        self._busy = False  # the consumer works on an item it took (until it asks again)
+        self._claimed = False  # the producer handles an item itself
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
 
     def put(self, slot: FrameSlot) -> bool:
         """Hand ``slot`` on; False (not taken) once the queue was closed."""
@@ -123,17 +131,36 @@ class FrameQueue:
             return True
 
     def get(self, timeout_s: float) -> FrameSlot | None:
-        """The oldest slot, or None after ``timeout_s``. Raises Closed when drained."""
+        """The oldest slot, or None after ``timeout_s``. Raises Closed when drained.
+
+        Calling it again tells the queue the previous slot is done with."""
         with self._cond:
-            if not self._items:
-                if self._closed:
+            self._busy = False
+            if not self._items or self._claimed:
+                if self._closed and not self._items:
                     raise Closed(self.name)
                 self._cond.wait(timeout_s)
-                if not self._items:
-                    if self._closed:
+                if not self._items or self._claimed:
+                    if self._closed and not self._items:
                         raise Closed(self.name)
                     return None
+            self._busy = True
             return self._items.popleft()
+
+    def claim(self) -> bool:
+        """Producer: True if it may handle its next item itself (nothing queued, the
+        consumer idle): the consumer then gets nothing until ``unclaim``."""
+        with self._lock:
+            if self._items or self._busy or self._claimed or self._closed:
+                return False
+            self._claimed = True
+            return True
+
+    def unclaim(self) -> None:
+        with self._lock:
+            self._claimed = False
+            if self._items:
+                self._cond.notify()
 
     def close(self) -> None:
         with self._cond:

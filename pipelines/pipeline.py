@@ -6,6 +6,13 @@ publishing: each pair is sub-millisecond, and a thread hand-off costs tens of
 microseconds, so splitting them would add latency without adding throughput. OpenCV and
 ONNX Runtime release the GIL, so the stages do overlap on separate cores.
 
+The hand-offs are kept short where nothing is queued: while the post thread is idle and
+no frame waits for inference, the inference thread postprocesses and publishes its frame
+itself (the post thread would only have to be woken for it); and a capture thread that
+has a frame wakes an idle inference thread before preprocessing it, so that the wake-up
+(tens of microseconds from a long sleep, more on a virtual machine) overlaps the
+preprocessing instead of following it.
+
 Several sources share one accelerator: each source is a *lane* with its own capture
 thread, deadline monitor, counts, topic and sequence numbers, so a slow or dead camera
 only stalls its own lane. The lanes meet in the batch scheduler (``scheduler.py``),
@@ -30,6 +37,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,7 +175,9 @@ class PipelineStats:
 
     Counts change under one lock so that a snapshot (``counts``) is consistent while
     frames move: captured == on time + late + dropped + in flight, with in flight
-    bounded by the number of frame slots. Each histogram has a single writer thread.
+    bounded by the number of frame slots. Each histogram has one writer at a time (the
+    frame's histograms: the post thread, or the inference thread publishing while the
+    post thread is idle; the post queue's claim keeps them apart).
     """
 
     def __init__(self) -> None:
@@ -347,6 +357,8 @@ class Pipeline:
                     self._overrun,
                     lane.around_ns,
                     lane.current,
+                    lane.monitor.config.mode == "latency" and not lane.every_frame,
+                    self._not_fresh,
                 )
                 for lane in lanes
             ],
@@ -494,6 +506,9 @@ class Pipeline:
     def _overrun(self, slot: FrameSlot) -> None:
         self._drop(self.lanes[slot.lane], slot, "overrun")
 
+    def _not_fresh(self, slot: FrameSlot) -> None:
+        self._drop(self.lanes[slot.lane], slot, "not_fresh")
+
     # -- stages -------------------------------------------------------------------
 
     def _capture(self, lane: Lane) -> None:
@@ -524,6 +539,7 @@ class Pipeline:
                     break
                 if frame is None:
                     continue
+                self.scheduler.expect()  # the inference thread wakes while we preprocess
                 slot = self.prepare(frame, lane)
                 if slot is not None and not self.scheduler.put(lane.index, slot, self._abort):
                     self._drop(lane, slot, "shutdown")
@@ -562,9 +578,7 @@ class Pipeline:
                     batch = self.scheduler.next_batch(_POLL_S)
                     if batch is None:
                         continue
-                    for slot in self.infer_batch(batch):
-                        if not self._to_post.put(slot):  # stop() gave up on this thread meanwhile
-                            self._drop(self.lanes[slot.lane], slot, "shutdown")
+                    self.infer_batch(batch, self._hand_on)
                 except Closed:
                     break
                 except Exception as e:  # a bug: stop; frames still waiting are accounted
@@ -574,6 +588,23 @@ class Pipeline:
                     break
         finally:
             self._to_post.close()
+
+    def _hand_on(self, batch: list[FrameSlot]) -> None:
+        """Inferred frames on to postprocessing. While the post thread is idle and no frame
+        waits for inference, this thread postprocesses and publishes a frame itself: a
+        hand-off to a sleeping thread costs tens of microseconds (more on a virtual
+        machine) and this thread would only wait meanwhile. Otherwise the post queue
+        takes it, and inference goes on with the next batch."""
+        for slot in batch:
+            if self.scheduler.empty() and self._to_post.claim():
+                try:
+                    self.publish_one(slot)
+                except Exception as e:  # publish_one accounts frame errors; this is a bug
+                    self._fatal("post", e)
+                finally:
+                    self._to_post.unclaim()
+            elif not self._to_post.put(slot):  # stop() gave up on this thread meanwhile
+                self._drop(self.lanes[slot.lane], slot, "shutdown")
 
     def _post(self) -> None:
         try:
@@ -661,9 +692,15 @@ class Pipeline:
         """Admit and infer one frame; False if it was dropped (stale or error)."""
         return bool(self.infer_batch([slot]))
 
-    def infer_batch(self, batch: list[FrameSlot]) -> list[FrameSlot]:
+    def infer_batch(
+        self, batch: list[FrameSlot], hand_on: Callable[[list[FrameSlot]], None] | None = None
+    ) -> list[FrameSlot]:
         """Admit a batch's frames and infer those admitted; returns the frames that ran
-        (the others are accounted as dropped)."""
+        (the others are accounted as dropped).
+
+        ``hand_on``: called with the frames that ran as soon as they are stamped, before
+        the bookkeeping of the run (they are then no longer this caller's: the returned
+        list is for counting only)."""
         now = time.monotonic_ns()
         ran = []
         # Judged by what a batch of this size is expected to take (an estimate only once a
@@ -706,14 +743,17 @@ class Pipeline:
             return []
         if not self._took_back():
             return []
-        self._consecutive_errors = 0
         end = time.monotonic_ns()
-        self.scheduler.record(profile, len(batch), end - now)
-        self._slowest_ns = max(self._slowest_ns, end - now)
+        n = len(batch)
         for slot in batch:
             slot.stamps[INFER_START] = now
             slot.stamps[INFER_END] = end
-            slot.batch = len(batch)
+            slot.batch = n
+        if hand_on is not None:  # the frames first, the bookkeeping after
+            hand_on(batch)
+        self._consecutive_errors = 0
+        self.scheduler.record(profile, n, end - now)
+        self._slowest_ns = max(self._slowest_ns, end - now)
         return batch
 
     def _took_back(self) -> bool:

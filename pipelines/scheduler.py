@@ -20,6 +20,23 @@ source waits for the cell to empty. The inference thread asks for the next batch
   out of step under light load run one frame at a time; under load frames pile up
   during each inference and batches grow, up to one frame per source (or the model's
   batch); cameras in step meet in full batches at any load.
+- **Freshness** (``deadline.mode: latency``, live sources only): under overload a frame
+  that waited in its cell while inference was busy is *passed over* when it waited there
+  (or its age exceeds a frame's usual age at hand-over, the estimated capture and
+  preprocess time) by more than half its source's frame interval *and* more than
+  ``FRESH_SHARE`` of its expected processing time (capture, preprocess, inference, post
+  stages, as estimated): the inference then waits for the source's next frame instead of
+  starting on a stale one. Within the share, the frame keeps to the latency goal anyway;
+  within half an interval, waiting would gain nothing (the next frame would be ready no
+  sooner than this one is late). So a published frame is at most that much older than
+  one handed over at once, at the price of inference idling for part of an interval:
+  end to end stays within the processing time plus the larger of a quarter of it and
+  half an interval, under 1.5 x the processing time at any overload. The passed-over
+  frame stays in its cell until the next one replaces it (then it is accounted
+  ``not_fresh``); if that one is overdue by half an interval (a stall), or the source
+  ended, the stale frame runs after all (counted in ``fresh_fallbacks``). A frame that
+  arrived while the inference was idle is always fresh, and one that waited less than
+  half an interval too: at normal load every frame is inferred, as in throughput mode.
 
 Inference time per batch size comes from an estimate per model profile, seeded at
 warm-up and moved by every batch that runs; unmeasured sizes are extrapolated linearly
@@ -30,7 +47,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +57,12 @@ from edge_agent.pipelines.handoff import CAPTURED, Closed, FrameSlot
 
 _EWMA_ALPHA = 0.2
 _INF = 1 << 62
+#: Latency mode: the share of a frame's expected processing time (capture, preprocess,
+#: inference, postprocess, publish) it may have waited for a busy inference and still be
+#: fresh (or half its source's frame interval, if more). At an overload of two frame
+#: intervals or more, end to end stays within 1.25 x that time plus the estimates' error,
+#: under the goal of 1.5 x; nearer to one interval, half an interval decides.
+FRESH_SHARE = 0.25
 
 
 @dataclass
@@ -56,10 +79,25 @@ class LaneSpec:
     around_ns: Callable[[], tuple[float, float]]
     # The model profile its next frame will use (None: none, an alert-only ladder step).
     profile: Callable[[], Any] = lambda: None
+    # Latency mode (live sources only): inference takes its frame only while it is fresh,
+    # else waits for the source's next one (see "Freshness" above).
+    fresh_only: bool = False
+    # Accounts a frame that was passed over as not fresh and then replaced (a drop).
+    on_pass: Callable[[FrameSlot], None] | None = None
 
 
 class _Cell:
-    __slots__ = ("closed", "interval_ns", "last_put_ns", "put_ns", "since_ns", "slot")
+    __slots__ = (
+        "closed",
+        "fallback",
+        "gap_ns",
+        "interval_ns",
+        "last_put_ns",
+        "passed",
+        "put_ns",
+        "since_ns",
+        "slot",
+    )
 
     def __init__(self) -> None:
         self.slot: FrameSlot | None = None
@@ -68,6 +106,9 @@ class _Cell:
         self.put_ns = 0  # when the waiting frame was put
         self.last_put_ns = 0
         self.interval_ns = 0.0  # mean time between puts (0: not known yet)
+        self.gap_ns = 0  # the last time between puts
+        self.passed = False  # the waiting frame was passed over as not fresh (latency mode)
+        self.fallback = False  # ... and is to run after all: its source's next one is overdue
 
 
 class BatchScheduler:
@@ -88,6 +129,11 @@ class BatchScheduler:
         self.margin_ns = int(margin_ms * 1e6)
         self._limit = batch_limit
         self._cond = threading.Condition()
+        self._waiting = 0  # frames in the cells
+        self._idle = False  # the inference thread sleeps: no frame waits (or only stale ones)
+        # Latency mode, by lane: a file (every frame processed) is never passed over.
+        self._judge_fresh = [lane.fresh_only and lane.newest_wins for lane in lanes]
+        self._fresh_only = any(self._judge_fresh)
         self._drained = False
         # Estimated inference ns per profile, indexed by batch size (0: not measured), from
         # the batches that ran, and from warm-up.
@@ -95,17 +141,20 @@ class BatchScheduler:
         self._seeds: dict[int, np.ndarray] = {}
         self.sizes = np.zeros(self.max_batch + 1, np.int64)  # batches run, by size
         self.frames = 0  # frames in those batches
+        # Latency mode: frames run although not fresh, their source's next one overdue
+        # (or never to come: the source ended).
+        self.fresh_fallbacks = 0
 
     # -- capture threads ----------------------------------------------------------
 
     def put(self, lane: int, slot: FrameSlot, stop: threading.Event) -> bool:
         """Hand a preprocessed frame over; False (not taken) if ``stop`` was set meanwhile."""
-        cell, replaced = self._cells[lane], None
+        cell, spec, replaced, passed = self._cells[lane], self.lanes[lane], None, False
         with self._cond:
             if self._drained:
                 return False
-            if cell.slot is not None and self.lanes[lane].newest_wins:
-                replaced = cell.slot
+            if cell.slot is not None and spec.newest_wins:
+                replaced, passed = cell.slot, cell.passed
             else:
                 while cell.slot is not None:
                     if stop.is_set():
@@ -114,16 +163,30 @@ class BatchScheduler:
                 if self._drained:
                     return False
             now = time.monotonic_ns()
-            if cell.last_put_ns:
-                gap = now - cell.last_put_ns
-                cell.interval_ns += (gap - cell.interval_ns) * (_EWMA_ALPHA if cell.interval_ns else 1.0)
-            if cell.slot is None:
+            if replaced is None:
                 cell.since_ns = int(slot.stamps[CAPTURED])
-            cell.slot, cell.put_ns, cell.last_put_ns = slot, now, now
+                self._waiting += 1
+            cell.slot, cell.put_ns, cell.passed = slot, now, False
+            # The wake-up first: the inference thread takes a while to get going (it
+            # needs this lock, and this thread's GIL, only once this returns anyway).
             self._cond.notify_all()
+            if cell.last_put_ns:
+                gap = cell.gap_ns = now - cell.last_put_ns
+                cell.interval_ns += (gap - cell.interval_ns) * (_EWMA_ALPHA if cell.interval_ns else 1.0)
+            cell.last_put_ns = now
         if replaced is not None:
-            self.lanes[lane].on_replace(replaced)
+            (spec.on_pass if passed and spec.on_pass else spec.on_replace)(replaced)
         return True
+
+    def expect(self) -> None:
+        """A capture thread has a frame and starts preprocessing it: wake the inference
+        thread now if it sleeps with nothing to do, so that it is awake when the frame
+        comes. From a long sleep a thread takes tens of microseconds to wake (more on a
+        virtual machine: its CPU was halted); that much of the hand-off then overlaps the
+        preprocessing, and the put finds a thread that has just gone back to sleep."""
+        if self._idle:  # a glance without the lock: a wake-up missed or spared is harmless
+            with self._cond:
+                self._cond.notify_all()
 
     def wait_room(self, lane: int, timeout_s: float) -> bool:
         """Wait until the lane's cell is empty; False on timeout."""
@@ -144,7 +207,8 @@ class BatchScheduler:
 
         Raises Closed once every lane is closed and nothing waits.
         """
-        end = time.monotonic_ns() + int(timeout_s * 1e9)
+        entered = time.monotonic_ns()  # frames put from now on did not wait for inference
+        end = entered + int(timeout_s * 1e9)
         cells = self._cells
         with self._cond:
             while True:
@@ -155,21 +219,86 @@ class BatchScheduler:
                         raise Closed("scheduler")
                     if now >= end:
                         return None
+                    self._idle = True
                     self._cond.wait((end - now) / 1e9)
+                    self._idle = False
                     continue
-                ready.sort(
-                    key=lambda i: (-self.lanes[i].priority, cells[i].since_ns + self.lanes[i].budget_ns)
-                )
-                batch, wait_ns = self._plan(ready, now)
+                passed: list[int] = []
+                if self._fresh_only:
+                    ready, passed, until = self._fresh(ready, now, entered)
+                    if not ready:  # wait for a source's next frame (a put wakes us sooner)
+                        if now >= end:
+                            return None
+                        self._idle = True
+                        self._cond.wait((min(until, end) - now) / 1e9)
+                        self._idle = False
+                        continue
+                if len(ready) > 1:
+                    ready.sort(
+                        key=lambda i: (-self.lanes[i].priority, cells[i].since_ns + self.lanes[i].budget_ns)
+                    )
+                if self.max_batch == 1:  # one frame at a time (one source): nothing to plan
+                    batch = ready[:1]
+                    break
+                batch, wait_ns = self._plan(ready, now, passed)
                 if wait_ns <= 0:
                     break
                 self._cond.wait(wait_ns / 1e9)
             slots = []
             for i in batch:
-                slots.append(cells[i].slot)
-                cells[i].slot = None
+                c = cells[i]
+                slots.append(c.slot)
+                if c.fallback:
+                    self.fresh_fallbacks += 1
+                c.slot, c.passed, c.fallback = None, False, False
+            self._waiting -= len(batch)
             self._cond.notify_all()
         return slots  # type: ignore[return-value]
+
+    def _fresh(self, ready: list[int], now: int, entered: int) -> tuple[list[int], list[int], int]:
+        """Latency mode: split ``ready`` into the frames to serve and those passed over as
+        not fresh; with the time (ns) at which the first of the latter is taken after all."""
+        cells, lanes = self._cells, self.lanes
+        fresh, passed, until = [], [], _INF
+        for i in ready:
+            c, lane = cells[i], lanes[i]
+            # Only a frame that waited for a busy inference can be stale: one that came
+            # while the inference waited is as fresh as the source can make it.
+            if not self._judge_fresh[i] or not c.gap_ns or c.put_ns >= entered:
+                c.passed = c.fallback = False
+                fresh.append(i)
+                continue
+            # How much older it is than a frame handed over at once: its wait here, or
+            # more if its capture and preprocessing took longer than usual. (Not less if
+            # they took less: the usual time is an estimate, inflated by a loaded
+            # machine's outliers; the wait here is exact.)
+            before, after = lane.around_ns()
+            captured = int(c.slot.stamps[CAPTURED])  # type: ignore[union-attr]
+            excess = now - min(c.put_ns, captured + int(before))
+            # Stale only beyond a share of its expected processing time (within it, the
+            # latency goal holds anyway) and beyond half an interval: its source's next
+            # frame is captured one interval after it and ready as long after that as
+            # usual, so only then is that one ready sooner than this one is late. The
+            # interval: the mean, unless the last was shorter (the mean takes a while to
+            # forget a stall, or a slow start, and would judge too leniently).
+            interval = min(c.interval_ns, c.gap_ns)
+            work = before + self.estimate_ns(c.slot.profile, 1) + after  # type: ignore[union-attr]
+            tolerance = max(interval / 2, FRESH_SHARE * work)
+            # Once that next frame is overdue by half an interval (a stall), or will never
+            # come (the source ended), this one runs after all.
+            give_up = captured + int(before + interval * 1.5)
+            if excess <= tolerance or now >= give_up or c.closed:
+                c.passed, c.fallback = False, excess > tolerance
+                fresh.append(i)
+            else:
+                c.passed, c.fallback = True, False
+                passed.append(i)
+                until = min(until, give_up)
+        return fresh, passed, until
+
+    def empty(self) -> bool:
+        """No frame waits (a glance without the lock: it may change at once)."""
+        return not self._waiting
 
     def drain(self) -> list[FrameSlot]:
         """Take every waiting frame (the inference thread is stopping on an error); later
@@ -179,6 +308,7 @@ class BatchScheduler:
             slots = [c.slot for c in self._cells if c.slot is not None]
             for c in self._cells:
                 c.slot = None
+            self._waiting = 0
             self._cond.notify_all()
         return slots  # type: ignore[return-value]
 
@@ -242,9 +372,11 @@ class BatchScheduler:
         assert slot is not None
         return int(slot.stamps[CAPTURED]) + self.lanes[lane].budget_ns
 
-    def _plan(self, ready: list[int], now: int) -> tuple[list[int], int]:
+    def _plan(self, ready: list[int], now: int, passed: Sequence[int] = ()) -> tuple[list[int], int]:
         """The batch to run now from ``ready`` (in serving order), and how long to wait
-        for more frames first (<= 0: run it now)."""
+        for more frames first (<= 0: run it now). ``passed``: sources whose waiting frame
+        was passed over (latency mode): their next frame is waited for like an idle
+        source's."""
         lanes, cells, margin = self.lanes, self._cells, self.margin_ns
         first = ready[0]
         profile = cells[first].slot.profile  # type: ignore[union-attr]
@@ -280,7 +412,7 @@ class BatchScheduler:
         idle = [
             i
             for i, c in enumerate(cells)
-            if c.slot is None
+            if (c.slot is None or i in passed)
             and not c.closed
             and c.interval_ns
             and lanes[i].profile() is profile

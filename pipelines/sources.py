@@ -10,6 +10,7 @@ until the next ``read`` call, which is all the capture stage needs to preprocess
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import glob
 import logging
@@ -17,7 +18,8 @@ import os
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import fields, replace
 from typing import Any
 
 import cv2
@@ -27,6 +29,7 @@ from edge_agent.config import (
     ImageFolderSourceConfig,
     SourceConfig,
     SyntheticSourceConfig,
+    V4L2SourceConfig,
     VideoSourceConfig,
 )
 from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
@@ -122,12 +125,52 @@ class Source(ABC):
         return {"name": self.name, "type": type(self).__name__, "policy": self.policy.value}
 
 
+class Pacer:
+    """A camera's clock at ``fps``: frame k is due at t0 + k/fps (t0: the first call),
+    whether or not anyone asks for it. A caller that comes late gets the newest frame due
+    and those in between are skipped; a frame's capture time is when it was due, as a
+    camera's would be. Unpaced (``fps`` 0) each call is the next frame, captured now."""
+
+    def __init__(self, fps: float) -> None:
+        self.fps = fps
+        self.period_ns = int(1e9 / fps) if fps > 0 else 0
+        self.next_index = 0
+        self._t0 = 0
+
+    def reset(self) -> None:
+        self.next_index, self._t0 = 0, 0
+
+    def tick(self, timeout_s: float) -> tuple[int, int, int] | None:
+        """(frame index, capture time in ``time.monotonic_ns``, frames skipped before it);
+        None when the next frame is not due within ``timeout_s`` (waited for)."""
+        if not self.period_ns:
+            index, capture_ns = self.next_index, time.monotonic_ns()
+        else:
+            now = time.monotonic_ns()
+            if self._t0 == 0:
+                self._t0 = now
+            due = self._t0 + self.next_index * self.period_ns
+            if due > now:
+                wait = (due - now) / 1e9
+                if wait > timeout_s:
+                    time.sleep(timeout_s)
+                    return None
+                time.sleep(wait)
+                index = self.next_index
+            else:
+                index = (now - self._t0) // self.period_ns
+            capture_ns = self._t0 + index * self.period_ns
+        skipped = index - self.next_index
+        self.next_index = index + 1
+        return index, capture_ns, skipped
+
+
 class SyntheticSource(Source):
     """The synthetic scene, paced like a camera at ``fps`` (or unpaced when fps is 0).
 
-    Paced, it behaves like a live camera: frame k exists at t0 + k/fps whether or not the
-    pipeline asks for it, so a busy pipeline gets the newest frame and the ones in
-    between are skipped. Its capture time is when frame k was due, as a camera's would be.
+    Paced, it behaves like a live camera (``Pacer``): frame k exists at t0 + k/fps whether
+    or not the pipeline asks for it, so a busy pipeline gets the newest frame and the ones
+    in between are skipped. Its capture time is when frame k was due.
     """
 
     def __init__(self, config: SyntheticSourceConfig) -> None:
@@ -136,9 +179,12 @@ class SyntheticSource(Source):
         self.policy = BufferPolicy.NEWEST if config.fps > 0 else BufferPolicy.WAIT
         self.scene: SyntheticScene | None = None
         self._frame = SourceFrame()
-        self._next = 0
-        self._t0 = 0
-        self._period_ns = int(1e9 / config.fps) if config.fps > 0 else 0
+        self._pacer = Pacer(config.fps)
+
+    @property
+    def _next(self) -> int:
+        """The next frame's index."""
+        return self._pacer.next_index
 
     def open(self) -> None:
         c = self.config
@@ -153,41 +199,67 @@ class SyntheticSource(Source):
         )
         self._frame.image = np.empty((c.height, c.width, 3), np.uint8)
         self._frame.gt = np.zeros((c.num_objects, 6), np.float32)
-        self._next = 0
-        self._t0 = 0
+        self._pacer.reset()
 
     def read(self, timeout_s: float) -> SourceFrame | None:
         if self.scene is None:
             raise SourceError(f"source {self.name!r} read before open")
-        if self._period_ns:
-            now = time.monotonic_ns()
-            if self._t0 == 0:
-                self._t0 = now
-            due = self._t0 + self._next * self._period_ns
-            if due > now:
-                wait = (due - now) / 1e9
-                if wait > timeout_s:
-                    time.sleep(timeout_s)
-                    return None
-                time.sleep(wait)
-                index = self._next
-            else:
-                index = (now - self._t0) // self._period_ns
-                self.skipped += index - self._next
-            capture_ns = self._t0 + index * self._period_ns
-        else:
-            index = self._next
-            capture_ns = time.monotonic_ns()
+        tick = self._pacer.tick(timeout_s)
+        if tick is None:
+            return None
+        index, capture_ns, skipped = tick
+        self.skipped += skipped
         f = self._frame
         self.scene.render(index, f.image, f.gt)
         f.frame_id = index
         f.capture_ns = capture_ns
-        self._next = index + 1
         return f
 
     def describe(self) -> dict[str, Any]:
         c = self.config
         return {**super().describe(), "size_wh": [c.width, c.height], "fps": c.fps, "seed": c.seed}
+
+
+class MemorySource(Source):
+    """Frames decoded beforehand (``preload``), played from memory, looped; nothing is
+    decoded while it plays.
+
+    Unpaced (``fps`` 0) it hands over the next frame whenever the pipeline asks, each one
+    processed, as a file source does. Paced, it is a live camera (``Pacer``, as the
+    synthetic camera): a busy pipeline gets the newest frame, those in between are
+    skipped, and a frame's capture time is when it was due. (The file sources are no
+    camera: a video's ``realtime`` decodes on the capture thread and stamps a frame after
+    decoding it, and ``max_fps`` only spaces the reads of a source that still hands over
+    every frame.)
+    """
+
+    def __init__(self, name: str, images: list[np.ndarray], fps: float = 0.0) -> None:
+        super().__init__(name)
+        if not images:
+            raise SourceError(f"source {name!r}: no frames to play")
+        self.images = images
+        self.fps = fps
+        self.policy = BufferPolicy.NEWEST if fps > 0 else BufferPolicy.WAIT
+        self._pacer = Pacer(fps)
+        self._frame = SourceFrame()
+
+    def open(self) -> None:
+        self._pacer.reset()
+
+    def read(self, timeout_s: float) -> SourceFrame | None:
+        tick = self._pacer.tick(timeout_s)
+        if tick is None:
+            return None
+        index, capture_ns, skipped = tick
+        self.skipped += skipped
+        f = self._frame
+        f.image = self.images[index % len(self.images)]
+        f.frame_id = index
+        f.capture_ns = capture_ns
+        return f
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "frames": len(self.images), "fps": self.fps}
 
 
 #: Containers whose frame count comes from an index (OpenCV reads the stream's nb_frames).
@@ -454,6 +526,31 @@ class VideoFileSource(Source):
             self._cap = None
 
 
+#: What an image folder is searched for unless its config says otherwise.
+IMAGE_PATTERNS: tuple[str, ...] = next(
+    f.default for f in fields(ImageFolderSourceConfig) if f.name == "patterns"
+)
+
+
+def list_images(folder: str, patterns: tuple[str, ...] = IMAGE_PATTERNS) -> list[str]:
+    """The files of ``folder`` matching ``patterns``, in name order. The folder's name is
+    taken as it is: glob characters in it (``cam[1]``) match themselves."""
+    base = glob.escape(folder)
+    return sorted({f for p in patterns for f in glob.glob(os.path.join(base, p))})
+
+
+def folder_images(src: ImageFolderSourceConfig) -> list[str]:
+    """The images an image-folder source plays; SourceError naming the folder when it is
+    missing or holds none."""
+    folder = src.path
+    if not os.path.isdir(folder):
+        raise SourceError(f"image folder not found: {folder}")
+    files = list_images(folder, src.patterns)
+    if not files:
+        raise SourceError(f"no images matching {list(src.patterns)} in {folder}")
+    return files
+
+
 class ImageFolderSource(Source):
     """Every image of a folder, in name order; unreadable files are skipped and logged."""
 
@@ -466,13 +563,7 @@ class ImageFolderSource(Source):
         self.unreadable = 0
 
     def open(self) -> None:
-        folder = self.config.path
-        if not os.path.isdir(folder):
-            raise SourceError(f"image folder not found: {folder}")
-        files = {f for p in self.config.patterns for f in glob.glob(os.path.join(folder, p))}
-        self._files = sorted(files)
-        if not self._files:
-            raise SourceError(f"no images matching {list(self.config.patterns)} in {folder}")
+        self._files = folder_images(self.config)
         self._pos = 0
 
     def read(self, timeout_s: float) -> SourceFrame | None:
@@ -484,10 +575,9 @@ class ImageFolderSource(Source):
             path = self._files[self._pos]
             index = self._pos
             self._pos += 1
-            img = cv2.imread(path, cv2.IMREAD_COLOR)
+            img = _read_image(path, self.name)
             if img is None:
                 self.unreadable += 1
-                log.warning("source %s: skipping unreadable image %s", self.name, path)
                 continue
             f = self._frame
             f.image, f.frame_id, f.capture_ns = img, index, time.monotonic_ns()
@@ -496,6 +586,117 @@ class ImageFolderSource(Source):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "files": len(self._files)}
+
+
+def _read_image(path: str, source: str) -> np.ndarray | None:
+    img = cv2.imread(path, cv2.IMREAD_COLOR)
+    if img is None:
+        log.warning("source %s: skipping unreadable image %s", source, path)
+    return img
+
+
+# -- a file's frames, decoded beforehand --------------------------------------------------
+
+FileSourceConfig = VideoSourceConfig | ImageFolderSourceConfig
+
+#: Most memory a file's frames take once decoded (``preload``); a longer file plays its
+#: first ones.
+PRELOAD_MIB = 256
+
+
+def video_fps(path: str) -> float:
+    """A video file's own frame rate; 0 when it gives none (or an implausible one)."""
+    if not os.path.isfile(path):
+        return 0.0
+    cap = open_video(path)
+    try:
+        fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0) if cap.isOpened() else 0.0
+    finally:
+        cap.release()
+    return fps if 0 < fps <= 1000 else 0.0
+
+
+def source_rate(src: SourceConfig) -> float:
+    """The rate a source is played at as a camera (bench's live phase, tune's candidates):
+    a synthetic or V4L2 camera's configured fps, a video file's own frame rate, else 30.
+    A source's ``max_fps`` is no part of it: that is its lane's cap, applied there."""
+    if isinstance(src, (SyntheticSourceConfig, V4L2SourceConfig)) and src.fps > 0:
+        return src.fps
+    if isinstance(src, VideoSourceConfig):
+        return video_fps(src.path) or 30.0
+    return 30.0
+
+
+def frame_count(src: FileSourceConfig) -> int:
+    """The images of a folder, or the frames a video file declares (0: it declares none;
+    a damaged file may give fewer). Raises SourceError as the source's open would."""
+    if isinstance(src, ImageFolderSourceConfig):
+        return len(folder_images(src))
+    if not os.path.isfile(src.path):
+        raise SourceError(f"video file not found: {src.path}")
+    cap = open_video(src.path)
+    try:
+        if not cap.isOpened():
+            raise SourceError(f"cannot decode video file: {src.path}")
+        return max(int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0), 0)
+    finally:
+        cap.release()
+
+
+def file_frames(src: FileSourceConfig, picks: Collection[int] | None = None) -> Iterator[np.ndarray]:
+    """The frames of a video file or an image folder, one pass, decoded one at a time (each
+    valid until the next): all of them, or those at the indices ``picks`` (of the folder's
+    images; of the video's frames, each decoded in turn). Unreadable images are skipped, a
+    video is read past damage, as their sources do. Raises SourceError naming the file.
+    Close the iterator when leaving it early (``contextlib.closing``)."""
+    wanted = sorted(set(picks)) if picks is not None else None
+    if isinstance(src, ImageFolderSourceConfig) and wanted is not None:
+        files = folder_images(src)
+        for i in wanted:
+            if i < len(files) and (img := _read_image(files[i], src.name)) is not None:
+                yield img
+        return
+    once: FileSourceConfig = replace(src, loop=False)
+    if isinstance(once, VideoSourceConfig):
+        once = replace(once, realtime=False)  # as fast as it decodes
+    source = create_source(once)
+    source.open()
+    try:
+        keep = set(wanted) if wanted is not None else None
+        last = wanted[-1] if wanted else -1
+        index = 0
+        while keep is None or index <= last:
+            try:
+                frame = source.read(1.0)
+            except EndOfStream:
+                return
+            if frame is None:
+                return
+            if keep is None or index in keep:
+                yield frame.image
+            index += 1
+    finally:
+        source.close()
+
+
+def preload(src: FileSourceConfig, wanted: int, max_mib: float = PRELOAD_MIB) -> list[np.ndarray]:
+    """The first ``wanted`` frames of ``src``, decoded into memory for a ``MemorySource``
+    (one pass at most: a shorter file is looped when played; and at most ``max_mib`` of
+    them). Raises SourceError, naming the file, for one that cannot be opened or gives no
+    frame."""
+    images: list[np.ndarray] = []
+    size = 0
+    with contextlib.closing(file_frames(src)) as frames:
+        for image in frames:
+            if images and size + image.nbytes > max_mib * (1 << 20):
+                break
+            images.append(image.copy())  # a video decodes into one reused buffer
+            size += image.nbytes
+            if len(images) >= wanted:
+                break
+    if not images:
+        raise SourceError(f"no frame read from {src.path}")
+    return images
 
 
 _REGISTRY: dict[str, Callable[[Any], Source]] = {}

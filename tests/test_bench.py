@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 
+import pytest
 from conftest import agent_command, run_process
 
 from edge_agent.pipelines.handoff import STAGES
@@ -138,24 +140,42 @@ def test_bench_runs_beside_an_agent_on_the_same_config(const_model, endpoint, tm
 # -- real work: the user's frames and model --------------------------------------------
 
 
-def _scene_frames(folder, frames: int = 8, num_objects: int = 2) -> list[int]:
-    """Synthetic-scene frames (few, large objects: another scene than the synthetic camera's
-    six) written as PNGs into ``folder``; returns each frame's count of mostly visible objects."""
+#: Objects per frame of the folder the bench plays: distinct counts, so the order in which
+#: the frames are played shows in the detections of each frame.
+COUNTS = (1, 2, 3, 4, 4, 3, 2, 1)
+
+
+def _scene_frames(folder, counts=COUNTS) -> list[int]:
+    """Synthetic-scene frames (``counts[i]`` large objects in frame i, each fully visible)
+    written as PNGs into ``folder``; returns the bundled detector's detections on each
+    one, run through ``evaluation.detect`` (not the bench's path)."""
     import cv2
     import numpy as np
 
+    from edge_agent.config import ModelConfig, OnnxRuntimeConfig
+    from edge_agent.evaluation import detect
     from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
+    from edge_agent.runner import load_model
 
     folder.mkdir()
-    scene = SyntheticScene(SceneSpec(seed=7, num_objects=num_objects, min_size_frac=0.15, max_size_frac=0.25))
-    img = np.empty((480, 640, 3), np.uint8)
-    gt = np.zeros((num_objects, 6), np.float32)
-    visible = []
-    for i in range(frames):
-        scene.render(i * 10, img, gt)
+    images = []
+    for i, n in enumerate(counts):
+        img, gt = np.empty((480, 640, 3), np.uint8), np.zeros((n, 6), np.float32)
+        for seed in range(100 * i, 100 * i + 100):  # the first scene with every object in view
+            SyntheticScene(
+                SceneSpec(seed=seed, num_objects=n, min_size_frac=0.15, max_size_frac=0.25)
+            ).render(0, img, gt)
+            if (gt[:, 5] > 0.9).all():
+                break
         assert cv2.imwrite(str(folder / f"{i:03d}.png"), img)
-        visible.append(int((gt[:, 5] > 0.5).sum()))
-    return visible
+        images.append(img.copy())
+    loaded = load_model(ModelConfig(), OnnxRuntimeConfig())
+    try:
+        found = [len(scores) for _, scores, _ in detect(loaded, images)]
+    finally:
+        loaded.backend.close()
+    assert len(set(found)) >= 3, f"frames the order shows in: {found}"
+    return found
 
 
 def _float_nchw_model(path, boxes: int = 3, size: int = 320) -> str:
@@ -207,25 +227,32 @@ def _bench_json(cfg, *args: str) -> dict:
 
 
 def test_bench_on_an_image_folder_measures_its_frames_and_counts_detections(endpoint, tmp_path):
-    """The bundled detector on a folder of two-object scenes: every phase runs on those
-    frames (two detections a frame, not the synthetic camera's six), and the live phase
-    plays the folder, looped, as a camera at --source-fps."""
-    visible = _scene_frames(tmp_path / "frames")
+    """The bundled detector on a folder of scenes of 1 to 4 objects: every phase runs on
+    those frames, in order, looped, and the live phase plays the folder as a camera at
+    --source-fps. The folder's name has glob characters: it is taken as it is."""
+    folder = tmp_path / "cam[1]"
+    found = _scene_frames(folder)
     cfg = tmp_path / "bench.yaml"
     # A generous budget: on a loaded machine no frame is dropped as stale, and each one counts.
     cfg.write_text(f"publish: {{endpoint: '{endpoint}'}}\ndeadline: {{budget_ms: 2000}}\n")
-    folder = str(tmp_path / "frames")
-    r = _bench_json(cfg, "--source", folder, "--source-fps", "40", "--live-seconds", "1", "--frames", "30")
+    r = _bench_json(
+        cfg, "--source", str(folder), "--source-fps", "40", "--live-seconds", "1", "--frames", "30"
+    )
     # The folder's 8 frames, decoded once (640x480x3 bytes each), then played from memory.
     mib = round(8 * 640 * 480 * 3 / (1 << 20), 1)
     assert r["source"] == {
         "type": "images",
-        "path": folder,
+        "path": str(folder),
         "config_source": "synthetic",
         "frames": 8,
         "mib": mib,
     }
-    assert r["input_adapter"] == {"adapted": False, "original_inference_ms": None, "in_graph_ms": 0.0}
+    assert r["input_adapter"] == {
+        "adapted": False,
+        "original_inference_ms": None,
+        "prefix_ms": None,
+        "in_graph_ms": 0.0,
+    }
     assert r["bare"] is None
     c = r["live"]["counts"]
     # 40 frames due over 1 s (8 files, looped), each published or dropped, none left over.
@@ -235,21 +262,101 @@ def test_bench_on_an_image_folder_measures_its_frames_and_counts_detections(endp
     assert published > 0
     live_det = r["live"]["detections_per_frame"]
     assert live_det["frames"] == published, "one count per published frame"
-    seq_det = r["sequential"]["detections_per_frame"]
-    assert seq_det["frames"] == 30 and r["pipelined"]["detections_per_frame"]["frames"] == 30
-    expected = sorted(visible)[len(visible) // 2]
-    for det in (live_det, seq_det, r["pipelined"]["detections_per_frame"]):
-        assert det["p50"] == expected and 0 < det["mean"] <= det["max"], det
-    # The sequential phase reads the folder in order, looped: 30 frames = 3 passes + 6.
-    assert abs(seq_det["mean"] - (3 * sum(visible) + sum(visible[:6])) / 30) <= 0.5, seq_det
-    oh = r["live"]["overhead_with_adapter_ms"]
-    assert (oh["p50"], oh["p99"]) == (r["live"]["overhead_ms"]["p50"], r["live"]["overhead_ms"]["p99"])
+    assert 0 < live_det["max"] <= max(found)
+    # Sequential and saturated: the 30 frames in order, looped (3 passes + 6).
+    played = [found[i % 8] for i in range(30)]
+    for phase in ("sequential", "pipelined"):
+        assert r[phase]["detections_per_frame"] == {
+            "frames": 30,
+            "mean": round(sum(played) / 30, 3),
+            "p50": float(statistics.median(played)),
+            "max": max(played),
+        }, phase
+    seq = r["sequential"]
+    assert seq["overhead_ms"]["count"] == 30 and list(seq["stages"]) == list(STAGES)
+    for phase in ("sequential", "live"):  # no adapter: nothing added
+        oh = r[phase]["overhead_with_adapter_ms"]
+        assert (oh["p50"], oh["p99"]) == (r[phase]["overhead_ms"]["p50"], r[phase]["overhead_ms"]["p99"])
+
+
+def test_sequential_and_bare_loop_play_the_same_frames_in_order(tmp_path):
+    """Frame by frame: the sequential phase and the plain ONNX Runtime loop play the
+    preloaded folder from its first frame, looped, and (the same model, the same
+    thresholds) find the same number of objects in each frame as evaluation.detect."""
+    from edge_agent.bench import bare_loop, bench_source, onnxruntime_settings, sequential
+    from edge_agent.config import AgentConfig, OnnxRuntimeConfig
+    from edge_agent.pipelines.sources import preload
+    from edge_agent.runner import load_model
+
+    found = _scene_frames(tmp_path / "frames")
+    config = AgentConfig(backend=OnnxRuntimeConfig(intra_op_threads=1))
+    src = bench_source(config, str(tmp_path / "frames"))
+    images = preload(src, 20)
+    assert len(images) == 8
+    seq = sequential(config, 20, src, {src.name: images})
+    played = [found[i % 8] for i in range(20)]
+    assert seq.detections == played
+    assert seq.per_frame.count == 20 and seq.stats.counts()["on_time"] + seq.stats.counts()["late"] == 20
+    loaded = load_model(config.model, config.backend)
+    loaded.backend.close()
+    bare = bare_loop(config, config.model, onnxruntime_settings(config), 20, loaded.params, images)
+    assert bare.detections == played
+    assert bare.summary["infer_ms"]["count"] == 20
+
+
+def _float_nchw_model(path, boxes: int = 3, size: int = 320) -> str:
+    """An Ultralytics-like float32 NCHW RGB model without a manifest (labels and size in its
+    ONNX metadata) whose input feeds one convolution, as the input adapter needs; it
+    reports ``boxes`` fixed boxes, whatever the image, after real convolution work."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edge_agent.models.testmodels import yolov8_output
+
+    anchors = (size // 8) ** 2 + (size // 16) ** 2
+    centres = [(60.0 + 80 * i, 100.0 + 40 * i, 40.0, 40.0) for i in range(boxes)]
+    const = yolov8_output(centres, [i % 4 for i in range(boxes)], [0.9] * boxes, 4, anchors)
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.1, (8, 3, 3, 3)).astype(np.float32), "w0"),
+        numpy_helper.from_array(const, "const"),
+        numpy_helper.from_array(np.array([0.0], np.float32), "zero"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["images", "w0"], ["c0"], pads=[1, 1, 1, 1]),
+        helper.make_node("ReduceMean", ["c0"], ["m"], keepdims=0),
+        helper.make_node("Mul", ["m", "zero"], ["z"]),
+        helper.make_node("Add", ["const", "z"], ["output0"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "float-nchw",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, size, size])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, list(const.shape))],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    meta = {"names": "{0: 'circle', 1: 'square', 2: 'triangle', 3: 'cross'}", "imgsz": f"[{size}, {size}]"}
+    for k, v in meta.items():
+        model.metadata_props.append(onnx.StringStringEntryProto(key=k, value=v))
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return str(path)
+
+
+def _bench_json(cfg, *args: str) -> dict:
+    proc = run_process(agent_command("bench", "-c", str(cfg), *args, "--json"), timeout_s=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
 
 
 def test_bench_with_a_float_nchw_model_accounts_for_its_input_adapter(endpoint, tmp_path):
     """--model: a float NCHW model without a manifest replaces the config's; it runs as an
-    input-adapted copy, so the original is timed beside it and the difference (the
-    preprocessing moved into the graph) is added to the overhead."""
+    input-adapted copy, so the Transpose + Cast the adapter put in front of it is timed
+    alone and added to the overhead (p50 to p50, p99 to p99); the original is timed beside
+    the adapted model for information."""
     model = _float_nchw_model(tmp_path / "float.onnx")
     cfg = tmp_path / "bench.yaml"
     cfg.write_text(
@@ -261,13 +368,15 @@ def test_bench_with_a_float_nchw_model_accounts_for_its_input_adapter(endpoint, 
     assert r["source"]["type"] == "synthetic"
     ad = r["input_adapter"]
     assert ad["adapted"] is True, ad
-    pure, orig = r["pure_inference_ms"], ad["original_inference_ms"]
-    assert pure["count"] == orig["count"] == 100, "the same number of runs each"
+    pure, orig, prefix = r["pure_inference_ms"], ad["original_inference_ms"], ad["prefix_ms"]
+    assert pure["count"] == orig["count"] == prefix["count"] == 100, "the same number of runs each"
     assert 0 < orig["p50"] <= orig["p99"] <= orig["max"]
-    assert ad["in_graph_ms"] == round(pure["p50"] - orig["p50"], 3)
-    measured, reported = r["live"]["overhead_ms"], r["live"]["overhead_with_adapter_ms"]
-    for q in ("p50", "p99"):
-        assert reported[q] == round(measured[q] + ad["in_graph_ms"], 3), (q, measured, reported, ad)
+    assert 0 < prefix["p50"] <= prefix["p99"] <= prefix["max"]
+    assert ad["in_graph_ms"] == prefix["p50"], "the prefix timed alone, not a difference of two models"
+    for phase in ("live", "sequential"):
+        measured, reported = r[phase]["overhead_ms"], r[phase]["overhead_with_adapter_ms"]
+        assert reported["p50"] == round(measured["p50"] + prefix["p50"], 3), (phase, measured, reported)
+        assert reported["p99"] == round(measured["p99"] + prefix["p99"], 3), (phase, measured, reported)
     # The model reports three boxes on any frame: three detections per published frame.
     c = r["live"]["counts"]
     det = r["live"]["detections_per_frame"]
@@ -275,7 +384,33 @@ def test_bench_with_a_float_nchw_model_accounts_for_its_input_adapter(endpoint, 
     assert (tmp_path / "cache").is_dir() and any((tmp_path / "cache").iterdir()), "the adapted copy"
 
 
-def test_bench_compare_bare_on_a_video_reports_the_bare_loop_and_the_ratios(endpoint, tmp_path):
+def test_bench_measures_the_model_a_single_source_runs_of_its_own(const_model, endpoint, tmp_path):
+    """A single source with a model of its own (and no --model): that model is measured
+    throughout, not the config's (the constant two-box model)."""
+    (tmp_path / "own").mkdir()
+    model = _float_nchw_model(tmp_path / "own" / "float.onnx")
+    _scene_frames(tmp_path / "frames", counts=(1, 2, 3, 4))
+    cfg = tmp_path / "bench.yaml"
+    cfg.write_text(
+        f"model: {{path: '{const_model}', cache_dir: '{tmp_path / 'cache'}'}}\n"
+        f"source: {{type: images, path: '{tmp_path / 'frames'}', model: '{model}'}}\n"
+        f"publish: {{endpoint: '{endpoint}'}}\n"
+        "backend: {type: onnxruntime}\ndeadline: {budget_ms: 2000}\n"
+    )
+    r = _bench_json(cfg, "--frames", "12", "--source-fps", "30", "--live-seconds", "0.3", "--compare-bare")
+    assert r["model"] == model and r["model_input_hw"] == [320, 320]
+    assert (
+        r["input_adapter"]["adapted"] is True and r["input_adapter"]["original_inference_ms"]["count"] == 100
+    )
+    three = {"frames": 12, "mean": 3.0, "p50": 3.0, "max": 3}
+    assert r["sequential"]["detections_per_frame"] == r["pipelined"]["detections_per_frame"] == three
+    assert r["bare"]["model"] == model and r["bare"]["detections_per_frame"] == three
+
+
+def test_bench_compare_bare_on_a_video_compares_the_sequential_phase(endpoint, tmp_path):
+    """--compare-bare: the plain loop against the sequential phase (the same frames, one at
+    a time), the adapter's in-graph work counted as the agent's overhead and taken out of
+    its inference; the live figures are given apart, for information."""
     import cv2
     import numpy as np
 
@@ -307,23 +442,30 @@ def test_bench_compare_bare_on_a_video_reports_the_bare_loop_and_the_ratios(endp
     for stage in ("pre", "infer", "post", "pre_post", "total"):
         h = bare[f"{stage}_ms"]
         assert h["count"] == 30 and 0 < h["p50"] <= h["p99"] <= h["max"], (stage, h)
-    assert bare["detections_per_frame"] == {"frames": 30, "mean": 3.0, "p50": 3.0, "max": 3}
-    live = r["live"]
-    assert bare["agent_overhead_p50_ms"] == live["overhead_with_adapter_ms"]["p50"]
-    assert bare["agent_infer_p50_ms"] == live["stages"]["infer"]["p50_ms"]
-    assert bare["overhead_over_bare_pre_post_p50"] == round(
-        bare["agent_overhead_p50_ms"] / bare["pre_post_ms"]["p50"], 3
-    )
-    assert bare["infer_over_bare_infer_p50"] == round(bare["agent_infer_p50_ms"] / bare["infer_ms"]["p50"], 3)
+    assert bare["detections_per_frame"] == r["sequential"]["detections_per_frame"]
+    assert bare["detections_match_sequential"] == {"frames": 30, "same_count": 30}
+    assert bare["agent_phase"] == "sequential"
+    seq, live, in_graph = r["sequential"], r["live"], r["input_adapter"]["in_graph_ms"]
+    assert in_graph > 0
+    # Inference without the adapter's prefix (the bare loop's session.run has none), the
+    # prefix in the overhead instead.
+    assert bare["agent_infer_p50_ms"] == pytest.approx(seq["stages"]["infer"]["p50_ms"] - in_graph, abs=1e-3)
+    assert bare["agent_overhead_p50_ms"] == seq["overhead_with_adapter_ms"]["p50"]
+    assert bare["live_infer_p50_ms"] == pytest.approx(live["stages"]["infer"]["p50_ms"] - in_graph, abs=1e-3)
+    assert bare["live_overhead_p50_ms"] == live["overhead_with_adapter_ms"]["p50"]
     text = format_report(r)
     for phrase in (
         f"video file {video}: 12 frames preloaded",
-        "overhead around model (total - capture - infer)",
-        "input adapter: p50 adapted",
+        "overhead around model (total - capture - infer, + in-graph adapter prefix)",
+        "an upper bound",
+        "input adapter in the graph (Transpose + Cast, timed alone)",
         "detections per published frame: mean 3.00",
         "bare ONNX Runtime loop, one thread, 30 frames",
-        "agent overhead p50 / bare (pre + post) p50",
-        "agent infer p50 (live) / bare infer p50",
+        "sequential (the same frames) mean 3.00",
+        "the same count on 30 of 30 frames",
+        "agent (sequential) overhead p50 / bare (pre + post) p50",
+        "agent (sequential) infer p50 less the in-graph prefix / bare infer p50",
+        "for information, live at 25 fps",
     ):
         assert phrase in text, (phrase, text)
 
@@ -356,7 +498,7 @@ def test_bench_refuses_a_source_it_cannot_play(endpoint, tmp_path):
 def test_bench_without_source_plays_the_configs_own_image_folder(endpoint, tmp_path):
     """A config whose source is an image folder is benchmarked on that folder (looped past
     its end), not on a synthetic camera."""
-    _scene_frames(tmp_path / "frames", frames=4)
+    found = _scene_frames(tmp_path / "frames", counts=(1, 2, 3, 4))
     cfg = tmp_path / "bench.yaml"
     cfg.write_text(
         f"source: {{type: images, path: '{tmp_path / 'frames'}'}}\npublish: {{endpoint: '{endpoint}'}}\n"
@@ -365,7 +507,8 @@ def test_bench_without_source_plays_the_configs_own_image_folder(endpoint, tmp_p
     r = _bench_json(cfg, "--frames", "10", "--source-fps", "30", "--live-seconds", "0.3")
     src = r["source"]
     assert (src["type"], src["path"], src["config_source"]) == ("images", str(tmp_path / "frames"), "images")
-    assert r["sequential"]["detections_per_frame"]["frames"] == 10
     assert r["live"]["counts"]["captured"] == 9
-    for phase in ("sequential", "pipelined", "live"):
-        assert r[phase]["detections_per_frame"]["p50"] == 2, r[phase]
+    played = [found[i % 4] for i in range(10)]
+    for phase in ("sequential", "pipelined"):
+        det = r[phase]["detections_per_frame"]
+        assert (det["frames"], det["mean"], det["max"]) == (10, round(sum(played) / 10, 3), max(played)), det

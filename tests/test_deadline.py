@@ -9,7 +9,7 @@ import pytest
 
 from edge_agent.config import DeadlineConfig, LadderStep
 from edge_agent.configload import FieldError
-from edge_agent.pipelines.deadline import DeadlineMonitor, MissWindow
+from edge_agent.pipelines.deadline import DROP_REASONS, DeadlineMonitor, MissWindow
 from edge_agent.pipelines.handoff import CAPTURED, INFER_START, N_STAMPS, PUBLISH
 
 MS = 1_000_000
@@ -189,7 +189,14 @@ def test_stale_drops_count_as_misses():
         m.dropped("stale", 10 * S + i * MS)
     assert m.miss_rate(10 * S + 30 * MS) == (1.0, 20)
     m.dropped("overrun", 10 * S + 31 * MS)  # a newer frame replaced it: not a miss
+    # Latency mode passed it over for the next, fresher one: not a miss either.
+    m.dropped("not_fresh", 10 * S + 31 * MS)
     assert m.miss_rate(10 * S + 32 * MS) == (1.0, 20)
+
+
+def test_latency_mode_is_a_deadline_setting_and_not_fresh_a_drop_reason():
+    assert DeadlineConfig().mode == "throughput" and DeadlineConfig(mode="latency").mode == "latency"
+    assert "not_fresh" in DROP_REASONS and len(set(DROP_REASONS)) == len(DROP_REASONS)
 
 
 @pytest.mark.parametrize(

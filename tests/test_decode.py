@@ -12,6 +12,8 @@ from edge_agent.pipelines.decode import (
     DecodeParams,
     batched_nms,
     box_iou,
+    decode_end2end,
+    decode_rtdetr,
     decode_yolov5,
     decode_yolov8,
     nms,
@@ -369,7 +371,8 @@ def test_yolov5_accepts_unbatched_layout_and_applies_class_aware_nms():
 
 
 def test_decoders_registry():
-    assert {"yolov8": decode_yolov8, "yolov5": decode_yolov5} == DECODERS
+    assert {"yolov8": decode_yolov8, "yolov5": decode_yolov5, "end2end": decode_end2end,
+            "rtdetr": decode_rtdetr} == DECODERS
 
 
 @pytest.mark.parametrize("seed", range(20))

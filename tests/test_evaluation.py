@@ -257,3 +257,28 @@ def test_agreement_needs_reference_detections_and_the_same_frames():
     assert agreement([dets(), dets()], [dets((0, A, 0.9)), dets()], 2) is None
     with pytest.raises(ValueError, match="2 candidate frames for 3 reference frames"):
         agreement(REFERENCE, REFERENCE[:2], 2)
+
+
+def test_a_class_the_reference_never_detects_counts_when_the_candidate_reports_it():
+    # Confident boxes of class 2, which the reference never detects: that class counts,
+    # with AP 0, beside classes 0 and 1 (AP 1 each).
+    invents = [dets((0, A, 0.9), (1, B, 0.8), (2, NOWHERE, 0.9)), dets((0, C, 0.7)), dets()]
+    assert agreement(REFERENCE, invents, 3, operating_threshold=0.25) == pytest.approx(2 / 3)
+    # Below the candidate's operating threshold it would not report them: no class of its own.
+    faint = [dets((0, A, 0.9), (1, B, 0.8), (2, NOWHERE, 0.1)), dets((0, C, 0.7)), dets()]
+    assert agreement(REFERENCE, faint, 3, operating_threshold=0.25) == pytest.approx(1.0)
+    assert agreement(REFERENCE, REFERENCE, 3, operating_threshold=0.25) == pytest.approx(1.0)
+
+
+def test_heldout_images_render_the_heldout_set():
+    from edge_agent.evaluation import heldout_images
+    from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
+
+    spec = SceneSpec(width=64, height=48, num_objects=2)
+    got = [(image.copy(), gt.copy()) for image, gt in heldout_images(12, spec)]
+    assert len(got) == 12
+    for (image, gt), (seed, index) in zip(got, heldout_frames(12)):
+        scene = SyntheticScene(SceneSpec(width=64, height=48, num_objects=2, seed=seed))
+        want_image, want_gt = np.empty_like(image), np.zeros_like(gt)
+        scene.render(index, want_image, want_gt)
+        assert np.array_equal(image, want_image) and np.array_equal(gt, want_gt)

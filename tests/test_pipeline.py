@@ -19,7 +19,7 @@ from edge_agent.config import (
     SyntheticSourceConfig,
     VideoSourceConfig,
 )
-from edge_agent.pipelines.handoff import STAGES
+from edge_agent.pipelines.handoff import STAGES, Closed, FrameQueue
 from edge_agent.runner import Agent
 
 
@@ -221,3 +221,50 @@ def test_an_unexpected_source_error_stops_the_pipeline_with_the_error(const_mode
     c = agent.pipeline.stats.counts()
     assert c["captured"] == 10 and c["on_time"] + c["late"] == 10 and c["in_flight"] == 0, c
     assert pipeline_threads() == []
+
+
+def test_post_queue_lets_the_producer_publish_itself_only_when_nothing_is_ahead():
+    """The inference thread publishes a frame itself (``claim``) only while nothing is
+    queued and the post thread holds no frame: results never overtake one another, and
+    the two never publish at once."""
+    q = FrameQueue("post")
+    first, second = object(), object()
+    assert q.claim(), "empty and the consumer idle: the producer may"
+    assert q.get(0.01) is None, "the consumer gets nothing while the producer publishes"
+    q.unclaim()
+    q.put(first)  # type: ignore[arg-type]
+    assert not q.claim(), "a queued frame goes first"
+    assert q.get(0.01) is first
+    assert not q.claim(), "the consumer is still publishing it"
+    q.put(second)  # type: ignore[arg-type]
+    assert q.get(0.01) is second, "asking again: done with the first"
+    assert q.get(0.01) is None
+    assert q.claim()
+    q.unclaim()
+    q.close()
+    assert not q.claim()
+    with pytest.raises(Closed):
+        q.get(0.01)
+
+
+def test_at_light_load_the_inference_thread_publishes_itself(const_model, endpoint):
+    """Nothing queued: no hand-off to a sleeping post thread; the frame is published by
+    the thread that inferred it. (Under load the post thread takes over: the tests of
+    overload publish through it.)"""
+    agent = make_agent(const_model, endpoint, source=SyntheticSourceConfig(fps=20, seed=1))
+    publisher = agent.publisher
+    real_send = publisher.send
+    senders: list[str] = []
+
+    def send(topic: bytes, body: bytes) -> None:
+        if topic.startswith(b"det."):
+            senders.append(threading.current_thread().name)
+        real_send(topic, body)
+
+    publisher.send = send
+    with started(agent, clean=True):
+        wait_until(lambda: len(senders) >= 20, 30, message="20 results")
+    c = agent.pipeline.stats.counts()
+    assert c["in_flight"] == 0 and c["captured"] == c["on_time"] + c["late"] + c["dropped"], c
+    # A loaded machine may stretch an inference past the next frame now and then.
+    assert senders.count("infer") >= 0.8 * len(senders), senders

@@ -64,7 +64,11 @@ def make_scheduler(
     newest_wins: bool = True,
     limit: int = 64,
     replaced: list | None = None,
+    latency: bool = False,
+    passed: list | None = None,
 ) -> BatchScheduler:
+    """``latency``: every lane in latency mode; ``passed`` collects its frames passed over
+    as not fresh (``replaced`` the others that a newer frame replaced)."""
     specs = [
         LaneSpec(
             f"lane{i}",
@@ -74,6 +78,8 @@ def make_scheduler(
             (replaced if replaced is not None else []).append,
             lambda: (1 * MS, 1 * MS),
             lambda i=i: (models or {}).get(i, PROFILE),
+            latency,
+            (passed if passed is not None else []).append,
         )
         for i, (prio, budget) in enumerate(lanes)
     ]
@@ -290,3 +296,157 @@ def test_equal_sources_under_overload_take_turns(frozen):
     put_all(s, [make_slot(0, 0), make_slot(1, 0)])  # lane 1's older frame is replaced
     assert lanes_of(s.next_batch(0.1)) == [1]
     assert lanes_of(s.next_batch(0.1)) == [0]
+
+
+# -- latency mode: fresh frames only -----------------------------------------------------
+#
+# The lanes below deliver every 10 ms (on the frozen clock); a frame's expected work is
+# 1 ms before inference + 5 ms inference + 1 ms after = 7 ms, so a frame is fresh while it
+# waited at most max(10 / 2, 0.25 x 7) = 5 ms for a busy inference (and is at most that
+# much older than the 1 ms expected at hand-over). The scheduler waits for the
+# replacement with a real condition wait: a put from a timer ends it. The clock being
+# frozen, a scheduler that wrongly waits on would wait for ever: ``watchdog`` jumps the
+# clock after a few seconds, so that such a test fails instead.
+
+INTERVAL_MS = 10.0
+
+
+@pytest.fixture
+def watchdog(frozen):
+    timer = threading.Timer(5.0, lambda: setattr(frozen, "now_ns", frozen.now_ns + 10**12))
+    timer.start()
+    yield frozen
+    timer.cancel()
+
+
+def in_rhythm(s: BatchScheduler, clock: FrozenClock, lanes: int = 1) -> None:
+    """Each lane delivers twice, INTERVAL_MS apart, each frame taken at once; the clock
+    ends one more interval on (when every lane's next frame is due)."""
+    for _ in range(2):
+        put_all(s, [make_slot(i, 0) for i in range(lanes)])
+        while not s.empty():
+            s.next_batch(0.1)
+        clock.now_ns += int(INTERVAL_MS * MS)
+
+
+def put_later(s: BatchScheduler, delay_s: float, slots: list[FrameSlot]) -> threading.Timer:
+    timer = threading.Timer(delay_s, put_all, (s, slots))
+    timer.start()
+    return timer
+
+
+def test_latency_mode_passes_over_a_frame_that_waited_for_a_busy_inference(frozen, watchdog):
+    replaced: list = []
+    passed: list = []
+    s = make_scheduler([(0, 100.0)], latency=True, replaced=replaced, passed=passed)
+    in_rhythm(s, frozen)
+    old = make_slot(0, 0)
+    put_all(s, [old])
+    frozen.now_ns += 6 * MS  # inference was busy for 6 ms more: the frame is stale ...
+    new = make_slot(0, 0)
+    timer = put_later(s, 0.05, [new])  # ... and the source's next one is 4 ms away
+    batch = s.next_batch(2.0)
+    timer.join()
+    assert batch == [new], "inference waited for the next frame"
+    assert passed == [old] and replaced == [], "the stale one is accounted as not fresh"
+    assert s.fresh_fallbacks == 0
+
+
+def test_latency_mode_counts_a_late_capture_against_freshness(frozen, watchdog):
+    # Captured 6 ms before it was put (the camera or its thread was late; 1 ms is usual):
+    # after 1 ms in the cell it is 6 ms older than usual, past the 5 ms.
+    passed: list = []
+    s = make_scheduler([(0, 100.0)], latency=True, passed=passed)
+    in_rhythm(s, frozen)
+    old = make_slot(0, 6)
+    put_all(s, [old])
+    frozen.now_ns += 1 * MS
+    new = make_slot(0, 0)
+    timer = put_later(s, 0.05, [new])
+    assert s.next_batch(2.0) == [new]
+    timer.join()
+    assert passed == [old] and s.fresh_fallbacks == 0
+
+
+def test_throughput_mode_runs_the_waiting_frame_however_long_it_waited(frozen):
+    replaced: list = []
+    s = make_scheduler([(0, 100.0)], replaced=replaced)
+    in_rhythm(s, frozen)
+    old = make_slot(0, 0)
+    put_all(s, [old])
+    frozen.now_ns += 9 * MS
+    assert s.next_batch(0.1) == [old]
+    assert replaced == []
+
+
+def test_latency_mode_runs_a_frame_that_is_fresh_enough(frozen, watchdog):
+    passed: list = []
+    s = make_scheduler([(0, 100.0)], latency=True, passed=passed)
+    in_rhythm(s, frozen)
+    frame = make_slot(0, 0)
+    put_all(s, [frame])
+    frozen.now_ns += int(4.5 * MS)  # within 5 ms
+    assert s.next_batch(0.1) == [frame]
+    assert s.fresh_fallbacks == 0
+    # A frame stays fresh past half an interval while within a quarter of its expected
+    # processing time: a slower model (28 ms: 30 ms in all, 7.5 ms allowed).
+    s.seed(PROFILE, 1, 28 * MS)
+    slower = make_slot(0, 0)
+    put_all(s, [slower])
+    frozen.now_ns += 7 * MS
+    assert s.next_batch(0.1) == [slower]
+    # Nor is a frame that came while the inference was waiting ever passed over, however
+    # late the inference thread gets to it (a loaded machine).
+    late = make_slot(0, 0)
+
+    def put_then_stall() -> None:
+        put_all(s, [late])
+        frozen.now_ns += 9 * MS
+
+    timer = threading.Timer(0.05, put_then_stall)
+    timer.start()
+    assert s.next_batch(2.0) == [late]
+    timer.join()
+    assert passed == []
+
+
+def test_latency_mode_runs_a_stale_frame_when_the_next_one_is_overdue(frozen, watchdog):
+    passed: list = []
+    s = make_scheduler([(0, 100.0)], latency=True, passed=passed)
+    in_rhythm(s, frozen)
+    old = make_slot(0, 0)
+    put_all(s, [old])
+    # The next frame was due 10 ms after this one (+ 1 ms to hand it over) and is more
+    # than half an interval late: a stall, not jitter.
+    frozen.now_ns += 17 * MS
+    assert s.next_batch(0.1) == [old]
+    assert passed == [] and s.fresh_fallbacks == 1
+
+
+def test_latency_mode_never_passes_over_a_file_sources_frame(frozen, watchdog):
+    # A file hands over every frame and waits: its next frame only comes once this one is
+    # taken, so passing it over would lose it for nothing (and stall the file).
+    s = make_scheduler([(0, 100.0)], latency=True, newest_wins=False)
+    in_rhythm(s, frozen)
+    frame = make_slot(0, 0)
+    put_all(s, [frame])
+    frozen.now_ns += 9 * MS
+    assert s.next_batch(0.1) == [frame]
+
+
+def test_latency_mode_still_batches_the_sources_fresh_frames(frozen, watchdog):
+    # Two cameras in step, both frames stale: the inference waits for the next ones, and
+    # once the first is in, waits on for the other (due soon) to run both in one batch.
+    passed: list = []
+    s = make_scheduler([(0, 100.0)] * 2, latency=True, passed=passed, max_wait_ms=500.0)
+    in_rhythm(s, frozen, lanes=2)
+    old = [make_slot(0, 0), make_slot(1, 0)]
+    put_all(s, old)
+    frozen.now_ns += 7 * MS
+    new = [make_slot(0, 0), make_slot(1, 0)]
+    timers = [put_later(s, 0.05, new[:1]), put_later(s, 0.15, new[1:])]
+    batch = s.next_batch(2.0)
+    for t in timers:
+        t.join()
+    assert sorted(lanes_of(batch)) == [0, 1] and set(map(id, batch)) == set(map(id, new)), lanes_of(batch)
+    assert passed == old and s.fresh_fallbacks == 0

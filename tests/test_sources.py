@@ -25,10 +25,16 @@ from edge_agent.pipelines.sources import (
     BufferPolicy,
     EndOfStream,
     ImageFolderSource,
+    MemorySource,
     SourceError,
     SyntheticSource,
     VideoFileSource,
     create_source,
+    file_frames,
+    frame_count,
+    list_images,
+    preload,
+    source_rate,
 )
 from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
 
@@ -174,6 +180,98 @@ def test_image_folder_in_name_order_skipping_unreadable(tmp_path):
 def test_empty_image_folder_is_an_error(tmp_path):
     with pytest.raises(SourceError, match="no images"):
         ImageFolderSource(ImageFolderSourceConfig(path=str(tmp_path))).open()
+
+
+def test_an_image_folder_named_with_glob_characters_is_read(tmp_path):
+    folder = tmp_path / "cam[1]"
+    folder.mkdir()
+    for i in range(3):
+        cv2.imwrite(str(folder / f"{i}.png"), np.full((20, 30, 3), i * 50, np.uint8))
+    # "cam[1]" as a glob pattern matches this folder, not the one named so.
+    (tmp_path / "cam1").mkdir()
+    cv2.imwrite(str(tmp_path / "cam1" / "other.png"), np.full((20, 30, 3), 255, np.uint8))
+    assert list_images(str(folder)) == [str(folder / f"{i}.png") for i in range(3)]
+    cfg = ImageFolderSourceConfig(path=str(folder))
+    src = ImageFolderSource(cfg)
+    src.open()
+    assert [int(src.read(1.0).image[0, 0, 0]) for _ in range(3)] == [0, 50, 100]
+    assert frame_count(cfg) == 3
+    assert [int(img[0, 0, 0]) for img in preload(cfg, 10)] == [0, 50, 100]
+
+
+def test_memory_source_plays_its_frames_in_order_looped():
+    images = [np.full((4, 4, 3), v, np.uint8) for v in (10, 20, 30)]
+    src = MemorySource("mem", images)
+    assert src.policy is BufferPolicy.WAIT
+    src.open()
+    assert [src.read(1.0).frame_id for _ in range(7)] == list(range(7))
+    src.open()  # from the first frame again
+    got = [int(src.read(1.0).image[0, 0, 0]) for _ in range(7)]
+    assert got == [10, 20, 30, 10, 20, 30, 10] and src.skipped == 0
+    assert src.describe()["frames"] == 3
+    with pytest.raises(SourceError, match="no frames"):
+        MemorySource("empty", [])
+
+
+def test_a_paced_memory_source_is_a_camera():
+    images = [np.full((4, 4, 3), v, np.uint8) for v in (10, 20, 30)]
+    src = MemorySource("mem", images, fps=200)
+    assert src.policy is BufferPolicy.NEWEST
+    src.open()
+    first = src.read(1.0)
+    assert first.frame_id == 0
+    t0 = first.capture_ns
+    time.sleep(0.05)  # ~10 frame periods pass without a read
+    f = src.read(1.0)
+    assert f.frame_id >= 3, "a late reader gets the newest frame, not the next one"
+    assert src.skipped == f.frame_id - 1
+    assert f.image is images[f.frame_id % 3]
+    # Captured when it was due, not when it was read.
+    assert f.capture_ns - t0 == f.frame_id * int(1e9 / 200)
+    slow = MemorySource("slow", images, fps=1)
+    slow.open()
+    assert slow.read(1.0).frame_id == 0 and slow.read(0.01) is None
+
+
+def test_preload_decodes_a_files_first_frames_within_a_memory_bound(tmp_path):
+    path = write_video(tmp_path / "clip.avi", 12)
+    cfg = VideoSourceConfig(path=str(path), loop=True, realtime=True)  # read once, as fast as it decodes
+    frames = preload(cfg, 5)
+    levels = [round(f.mean()) for f in frames]
+    assert len(frames) == 5 and levels == sorted(levels), levels
+    assert len({f.ctypes.data for f in frames}) == 5, "copies, not the decoder's one buffer"
+    assert len(preload(cfg, 100)) == 12, "one pass at most: a shorter file is looped when played"
+    one_frame_mib = 160 * 120 * 3 / (1 << 20)
+    assert len(preload(cfg, 100, max_mib=3.5 * one_frame_mib)) == 3
+    with pytest.raises(SourceError, match=r"gone\.avi"):
+        preload(VideoSourceConfig(path=str(tmp_path / "gone.avi")), 5)
+
+
+def test_file_frames_reads_the_frames_picked(tmp_path):
+    path = write_video(tmp_path / "clip.avi", 12)
+    cfg = VideoSourceConfig(path=str(path))
+    assert frame_count(cfg) == 12
+    every = [f.mean() for f in file_frames(cfg)]
+    picked = [f.mean() for f in file_frames(cfg, [11, 0, 5])]
+    assert len(every) == 12 and picked == [every[0], every[5], every[11]]
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    for i in range(4):
+        cv2.imwrite(str(folder / f"{i}.png"), np.full((8, 8, 3), i * 10, np.uint8))
+    images = ImageFolderSourceConfig(path=str(folder))
+    assert [int(f[0, 0, 0]) for f in file_frames(images, [3, 1, 9])] == [10, 30]
+
+
+def test_the_rate_a_source_is_played_at(tmp_path):
+    vw = cv2.VideoWriter(str(tmp_path / "c.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 25.0, (32, 32))
+    vw.write(np.zeros((32, 32, 3), np.uint8))
+    vw.release()
+    assert source_rate(VideoSourceConfig(path=str(tmp_path / "c.avi"), max_fps=5)) == 25.0
+    assert source_rate(VideoSourceConfig(path=str(tmp_path / "gone.avi"))) == 30.0
+    assert source_rate(SyntheticSourceConfig(fps=12)) == 12.0
+    assert source_rate(SyntheticSourceConfig(fps=0)) == 30.0
+    assert source_rate(ImageFolderSourceConfig(path=str(tmp_path), max_fps=5)) == 30.0
+    assert source_rate(V4L2SourceConfig(fps=15)) == 15.0
 
 
 def test_live_capture_hands_out_the_newest_frame(tmp_path):

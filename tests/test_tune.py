@@ -32,9 +32,12 @@ from edge_agent.tune import (
     FramesError,
     TuneSettings,
     check_accuracy,
+    image_files,
     judged_frames,
     make_reference,
+    make_workload,
     measured_config,
+    no_choice,
     tune,
 )
 
@@ -47,6 +50,12 @@ def slow_model(tmp_path_factory) -> Path:
     return write_load_model(str(tmp_path_factory.mktemp("slow")), size=320, channels=48)
 
 
+@pytest.fixture
+def fast_model(tmp_path) -> Path:
+    """The slow model's detections (one box), with no convolution stack: cheap."""
+    return write_load_model(str(tmp_path / "fast"), size=320, channels=0)
+
+
 def settings(**kw) -> TuneSettings:
     base = dict(quick=True, runtime_axes=False, margin=0.0)
     base.update(kw)
@@ -57,9 +66,9 @@ def base_config(model: Path) -> AgentConfig:
     return AgentConfig(source=SyntheticSourceConfig(fps=30), model=ModelConfig(path=str(model)))
 
 
-def test_picks_the_candidate_under_a_budget_between_two_measured_ones(tmp_path, const_model, slow_model):
+def test_picks_the_candidate_under_a_budget_between_two_measured_ones(tmp_path, fast_model, slow_model):
     cfg = base_config(slow_model)
-    _, grid, _ = tune(cfg, settings(budget_ms=1000.0, models=(str(const_model),)), tmp_path / "probe")
+    _, grid, _ = tune(cfg, settings(budget_ms=1000.0, models=(str(fast_model),)), tmp_path / "probe")
     slow, fast = grid
     assert {slow.status, fast.status} <= {"feasible", "chosen"}, [(c.name, c.status, c.reason) for c in grid]
     # Between the two, at half the slow one's p50: the fast one's p99 is a tail of few
@@ -68,14 +77,14 @@ def test_picks_the_candidate_under_a_budget_between_two_measured_ones(tmp_path, 
     # run twice as fast in the second run (the host's faster speed level, less load).
     budget = 0.5 * slow.e2e["p50"]
     assert fast.e2e["p99"] < budget < slow.e2e["p99"], (fast.e2e, slow.e2e)
-    chosen, grid, paths = tune(cfg, settings(budget_ms=budget, models=(str(const_model),)), tmp_path / "run")
+    chosen, grid, paths = tune(cfg, settings(budget_ms=budget, models=(str(fast_model),)), tmp_path / "run")
     slow, fast = grid
     assert chosen is fast and fast.status == "chosen"
     assert slow.status in ("over budget", "pruned", "early stop"), (slow.status, slow.reason)
     # The overlay holds only what differs (the model), and round-trips through the fleet
     # layering as the local overlay.
     overlay = paths["overlay"].read_text()
-    assert overlay.startswith("# Written by `edge-agent tune`") and str(const_model) in overlay
+    assert overlay.startswith("# Written by `edge-agent tune`") and str(fast_model) in overlay
     assert "source:" not in overlay, "keys that did not change stay out of the overlay"
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text(f"defaults:\n  model: {{path: {slow_model}}}\ndevices:\n  cam-1: {{}}\n")
@@ -102,7 +111,8 @@ def test_picks_the_candidate_under_a_budget_between_two_measured_ones(tmp_path, 
 def test_no_candidate_under_an_impossible_budget(tmp_path, const_model):
     chosen, grid, paths = tune(base_config(const_model), settings(budget_ms=0.01), tmp_path)
     assert chosen is None and grid[0].status == "pruned"
-    assert "overlay" not in paths and "No candidate holds the budget" in paths["report"].read_text()
+    assert "overlay" not in paths
+    assert "**No candidate holds the 0.01 ms budget.**" in paths["report"].read_text()
 
 
 def jetson_config(tmp_path: Path, model: Path) -> tuple[AgentConfig, Path]:
@@ -135,11 +145,11 @@ def test_power_settings_are_restored_after_an_interrupted_sweep(tmp_path, const_
     real = tune_module.measure
     seen = []
 
-    def interrupted(c, s, fps, best):
+    def interrupted(c, s, work, best):
         if c.power is not None:
             seen.append(gpu_range(root))
             raise KeyboardInterrupt  # Ctrl-C in the middle of a locked-clock candidate
-        return real(c, s, fps, best)
+        return real(c, s, work, best)
 
     monkeypatch.setattr(tune_module, "measure", interrupted)
     with pytest.raises(KeyboardInterrupt):
@@ -204,10 +214,12 @@ def test_tune_on_a_frames_folder_rejects_a_model_that_disagrees(tmp_path, frames
     s = settings(budget_ms=1000.0, frames=str(frames_dir), models=(str(same), str(rotated)))
     chosen, grid, paths = tune(cfg, s, tmp_path / "out")
     current, copy, shuffled = grid
-    # Every candidate ran on the folder's images, looping at the camera rate.
+    # Every candidate ran on the folder's images, decoded beforehand and played from memory,
+    # looped, as a camera at the camera rate (as bench plays them).
     for c in grid:
-        assert c.sources and c.sources[0]["type"] == "ImageFolderSource", c.sources
-        assert c.sources[0]["files"] == 12 and c.fps > 0, (c.name, c.sources, c.fps)
+        assert c.sources and c.sources[0]["type"] == "MemorySource", c.sources
+        assert c.sources[0]["frames"] == 12 and c.sources[0]["fps"] == 30, (c.name, c.sources)
+        assert c.sources[0]["policy"] == "newest" and c.fps > 0, (c.name, c.sources, c.fps)
     assert current.agreement == 1.0 and current.judged == "the reference"
     assert copy.status in ("feasible", "chosen"), (copy.status, copy.reason)
     assert copy.agreement == pytest.approx(1.0) and copy.judged == ""  # another file: scored
@@ -215,7 +227,10 @@ def test_tune_on_a_frames_folder_rejects_a_model_that_disagrees(tmp_path, frames
     assert f"agreement {shuffled.agreement:.3f}" in shuffled.reason and "< 0.98" in shuffled.reason
     assert chosen is not shuffled
     report = paths["report"].read_text()
-    assert f"Measured on the images in {frames_dir}, looping at 30 fps" in report
+    assert (
+        f"Measured on the 12 images in {frames_dir}, decoded into memory and played looped as a camera "
+        "at 30 fps" in report
+    )
     assert f"on 12 frames, the 12 images in {frames_dir}" in report
     assert "| agreement |" in report and f"| {shuffled.agreement:.3f} |" in report
 
@@ -240,35 +255,116 @@ def test_only_a_different_arithmetic_is_scored_again(tmp_path, frames_dir):
     assert "scored once" in judged["level+threads"].judged
     assert judged["r"].status == "rejected" and judged["r"].agreement < 0.1
     assert len(ref.scores) == 2, "the optimisation level and the rotated model, once each"
-    # A candidate already over budget is scored for the report, and keeps its status.
+    # A candidate that cannot be chosen is not scored: its agreement is reported only when
+    # it is known already (the same arithmetic was scored), and it keeps its status.
     late = Candidate("r late", rotated, status="over budget", reason="p99 too high")
     check_accuracy(late, ref, s)
     assert late.status == "over budget" and late.agreement == judged["r"].agreement
     assert late.judged.startswith("also agreement") and late.reason == "p99 too high"
+    other = replace(base, backend=OnnxRuntimeConfig(graph_optimization="extended"))
+    for status in ("over budget", "early stop", "pruned", "failed"):
+        c = Candidate(status, other, status=status)
+        check_accuracy(c, ref, s)
+        assert c.status == status and c.agreement is None and c.judged == "not scored: it cannot be chosen"
+    assert len(ref.scores) == 2, "nothing scored for them"
+    # Nothing is scored when the reference detects nothing.
+    blank = make_reference(base, s)
+    blank.detections = [(np.zeros((0, 4), np.float32), np.zeros(0, np.float32), np.zeros(0, np.int64))] * 12
+    c = Candidate("r", rotated, status="feasible")
+    check_accuracy(c, blank, s)
+    assert c.status == "feasible" and c.agreement is None and not blank.scores
+    assert "detects nothing" in c.judged
 
 
 def test_a_file_source_is_measured_and_judged_on_itself(tmp_path, frames_dir):
     video = tmp_path / "clip.avi"
-    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 12.0, (640, 480))
-    for f in sorted(frames_dir.glob("*.png")) * 10:
-        writer.write(cv2.imread(str(f)))
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 12.0, (64, 48))
+    for i in range(150):  # frame i is grey level i: which frames were read shows
+        writer.write(np.full((48, 64, 3), i, np.uint8))
     writer.release()
     s = settings()
     cfg = AgentConfig(source=VideoSourceConfig(name="door", path=str(video), priority=3))
-    measured = measured_config(cfg, s, 12.0).source
-    assert isinstance(measured, VideoSourceConfig) and measured.loop and measured.max_fps == 12.0
-    assert measured.name == "door" and measured.priority == 3 and not measured.realtime
-    frames = judged_frames(cfg, s)  # 60 of its 120 frames, one in 2
-    assert len(list(frames)) == s.eval_frames and "one in 2" in frames.what
+    assert measured_config(cfg, s, 12.0).source == cfg.source, "the file itself, played from memory"
+    work = make_workload(cfg, s)  # at the video's own rate
+    assert work.fps == 12.0 and set(work.played) == {"door"}
+    # Enough for the warm-up and the window at 12 fps (3.3 s): 41 frames, the file's first.
+    levels = [f.mean() for f in work.played["door"]]
+    assert len(levels) == 41 and np.allclose(levels, range(41), atol=2), levels  # MJPG: about
+    assert f"the first 41 frames of {video}, decoded into memory" in work.what
+    # Judged on 60 of its 150 frames spread evenly over the whole video (not its first half).
+    frames = judged_frames(cfg, s)
+    levels = [f.mean() for f in frames]
+    assert len(levels) == s.eval_frames == 60 and levels[0] < 3 and levels[-1] > 146, levels
+    assert np.allclose(levels, np.linspace(0, 149, 60), atol=3), levels
+    assert frames.what == f"60 of the 150 frames of {video}, spread evenly"
     folder = AgentConfig(source=ImageFolderSourceConfig(path=str(frames_dir)))
-    measured = measured_config(folder, s, 30.0).source
-    assert isinstance(measured, ImageFolderSourceConfig) and measured.loop and measured.max_fps == 30.0
+    assert measured_config(folder, s, 30.0).source == folder.source
     assert len(list(judged_frames(folder, s))) == 12
-    # --frames wins over the config's source, whatever it is.
+    # --frames wins over the config's source, whatever it is; the source keeps its lane settings.
     measured = measured_config(cfg, replace(s, frames=str(frames_dir)), 30.0).source
     assert isinstance(measured, ImageFolderSourceConfig) and measured.path == str(frames_dir)
+    assert (measured.name, measured.priority) == ("door", 3)
     with pytest.raises(FramesError, match=str(tmp_path / "gone.avi")):
         judged_frames(AgentConfig(source=VideoSourceConfig(path=str(tmp_path / "gone.avi"))), s)
+
+
+def test_frames_in_a_folder_named_with_glob_characters(tmp_path, frames_dir):
+    folder = tmp_path / "cam[1]"
+    shutil.copytree(frames_dir, folder)
+    (tmp_path / "cam1").mkdir()  # what "cam[1]" matches as a pattern: never read
+    s = settings(frames=str(folder))
+    cfg = AgentConfig(source=SyntheticSourceConfig(fps=30))
+    assert len(image_files(str(folder))) == 12
+    assert len(list(judged_frames(cfg, s))) == 12
+    work = make_workload(cfg, s)
+    assert len(work.played["cam0"]) == 12 and str(folder) in work.what
+
+
+def test_a_reference_whose_measurement_fails_still_judges_the_others(tmp_path, frames_dir, monkeypatch):
+    """The reference's own run fails; its detections are still the ground truth, and the
+    other candidates are judged against them, not rejected for want of them."""
+    import edge_agent.tune as tune_module
+
+    real = tune_module.measure
+
+    def reference_fails(c, s, work, best):
+        if c.name == "current":
+            raise RuntimeError("the reference's pipeline broke")
+        return real(c, s, work, best)
+
+    monkeypatch.setattr(tune_module, "measure", reference_fails)
+    same = bundled_copy(tmp_path / "same")
+    s = settings(budget_ms=1000.0, frames=str(frames_dir), models=(str(same),))
+    chosen, grid, _ = tune(AgentConfig(source=SyntheticSourceConfig(fps=30)), s, tmp_path / "out")
+    current, copy = grid
+    assert current.status == "failed" and "the reference's pipeline broke" in current.reason
+    assert current.agreement == 1.0 and current.judged == "the reference"
+    assert chosen is copy and copy.agreement == pytest.approx(1.0), (copy.status, copy.reason)
+
+
+def test_a_reference_without_detections_says_why_nothing_was_chosen(tmp_path, frames_dir):
+    """The reference's model does not load: it fails, and so do its detections; a candidate
+    that held the budget is rejected as unjudged, and the message says so (not that it
+    disagreed)."""
+    broken = tmp_path / "broken" / "model.onnx"
+    broken.parent.mkdir()
+    broken.write_bytes(b"not an onnx file")
+    same = bundled_copy(tmp_path / "same")
+    base = AgentConfig(source=SyntheticSourceConfig(fps=30), model=ModelConfig(path=str(broken)))
+    s = settings(budget_ms=1000.0, frames=str(frames_dir), models=(str(same),))
+    chosen, grid, paths = tune(base, s, tmp_path / "out")
+    current, copy = grid
+    assert chosen is None and current.status == "failed"
+    assert "its detections failed" in current.judged
+    assert copy.status == "rejected" and copy.agreement is None
+    assert copy.reason.startswith("no reference detections to judge it against")
+    why = no_choice(grid, 1000.0)
+    assert why == (
+        "No candidate holds the 1000 ms budget with the reference's accuracy: 1 held it but could not be "
+        "judged: the reference's detections failed (model same)"
+    ), why
+    assert f"**{no_choice(grid, s.budget_ms)}.**" in paths["report"].read_text()
+    assert "disagreed" not in why
 
 
 @pytest.mark.parametrize("problem", ["missing", "empty", "unreadable"])

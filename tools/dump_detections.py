@@ -14,28 +14,31 @@ files of the reference loops, so a tool that compares those compares these too.
 from __future__ import annotations
 
 import argparse
-import glob
-import os
 import sys
+from collections.abc import Iterator
 
 import cv2
 import numpy as np
 
 from edge_agent.config import ModelConfig, OnnxRuntimeConfig
-from edge_agent.pipelines.preprocess import Letterbox, boxes_to_source
+from edge_agent.evaluation import detect
+from edge_agent.pipelines.sources import list_images
 from edge_agent.runner import load_model
 
 
-def frames_of(path: str):
+def frames_of(path: str) -> Iterator[np.ndarray]:
     if path.endswith(".npy"):
-        yield from np.load(path, mmap_mode="r")
+        for frame in np.load(path, mmap_mode="r"):
+            yield np.ascontiguousarray(frame)
         return
-    exts = ("png", "jpg", "jpeg", "bmp")
-    files = sorted(f for ext in exts for f in glob.glob(os.path.join(path, f"*.{ext}")))
+    files = list_images(path)
     if not files:
         raise SystemExit(f"{path}: no images")
     for f in files:
-        yield cv2.imread(f, cv2.IMREAD_COLOR)
+        image = cv2.imread(f, cv2.IMREAD_COLOR)
+        if image is None:
+            raise SystemExit(f"{f}: cannot read the image")
+        yield image
 
 
 def main() -> int:
@@ -58,14 +61,11 @@ def main() -> int:
         cache_dir=a.cache_dir,
     )
     loaded = load_model(model, OnnxRuntimeConfig())
-    io = loaded.backend.allocate()
-    geo = Letterbox()
-    dets = []
-    for frame in frames_of(a.frames):
-        xyxy, scores, classes = loaded.run_one(np.ascontiguousarray(frame), io, geo)
-        xyxy = boxes_to_source(xyxy.astype(np.float32), geo)
-        dets.append(np.concatenate([xyxy, scores[:, None], classes[:, None].astype(np.float32)], 1))
-    loaded.backend.close()
+    try:
+        found = detect(loaded, frames_of(a.frames))
+    finally:
+        loaded.backend.close()
+    dets = [np.concatenate([xyxy, s[:, None], c[:, None].astype(np.float32)], 1) for xyxy, s, c in found]
     np.savez_compressed(a.out, *dets)
     counts = [len(d) for d in dets]
     adapted = "adapted" if loaded.adapted_from else "original"
