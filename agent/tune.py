@@ -92,6 +92,8 @@ class TuneSettings:
     runtime_axes: bool = True  # ONNX Runtime threads / optimisation / spinning
     min_gain: float = 0.1  # a change must beat the current config by this much on the objective
     frames: str = ""  # a folder of the user's images to measure and judge on; empty: the config's source
+    measure_s: float = 0.0  # each candidate's measured window; 0: 3 s quick, 8 s full
+    judge_frames: int = 0  # frames the agreement is judged on; 0: 60 quick, 300 full
 
     @property
     def warmup_s(self) -> float:
@@ -99,12 +101,12 @@ class TuneSettings:
 
     @property
     def window_s(self) -> float:
-        return 3.0 if self.quick else 8.0
+        return self.measure_s or (3.0 if self.quick else 8.0)
 
     @property
     def eval_frames(self) -> int:
         """Frames the agreement is judged on (spread over the folder or the video)."""
-        return 60 if self.quick else 300
+        return self.judge_frames or (60 if self.quick else 300)
 
     @property
     def min_agreement(self) -> float:

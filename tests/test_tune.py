@@ -57,7 +57,9 @@ def fast_model(tmp_path) -> Path:
 
 
 def settings(**kw) -> TuneSettings:
-    base = dict(quick=True, runtime_axes=False, margin=0.0)
+    # A 1.5 s window: the tests judge choices and accounting, which need tens of frames, not
+    # the seconds a user's figures do (keeps the suite within its time).
+    base = dict(quick=True, runtime_axes=False, margin=0.0, measure_s=1.5, judge_frames=16)
     base.update(kw)
     return TuneSettings(**base)
 
@@ -282,7 +284,7 @@ def test_a_file_source_is_measured_and_judged_on_itself(tmp_path, frames_dir):
     for i in range(150):  # frame i is grey level i: which frames were read shows
         writer.write(np.full((48, 64, 3), i, np.uint8))
     writer.release()
-    s = settings()
+    s = settings(measure_s=0.0, judge_frames=0)  # the quick window (3 s) and frame count (60)
     cfg = AgentConfig(source=VideoSourceConfig(name="door", path=str(video), priority=3))
     assert measured_config(cfg, s, 12.0).source == cfg.source, "the file itself, played from memory"
     work = make_workload(cfg, s)  # at the video's own rate
