@@ -304,54 +304,6 @@ def test_sequential_and_bare_loop_play_the_same_frames_in_order(tmp_path):
     assert bare.summary["infer_ms"]["count"] == 20
 
 
-def _float_nchw_model(path, boxes: int = 3, size: int = 320) -> str:
-    """An Ultralytics-like float32 NCHW RGB model without a manifest (labels and size in its
-    ONNX metadata) whose input feeds one convolution, as the input adapter needs; it
-    reports ``boxes`` fixed boxes, whatever the image, after real convolution work."""
-    import numpy as np
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    from edge_agent.models.testmodels import yolov8_output
-
-    anchors = (size // 8) ** 2 + (size // 16) ** 2
-    centres = [(60.0 + 80 * i, 100.0 + 40 * i, 40.0, 40.0) for i in range(boxes)]
-    const = yolov8_output(centres, [i % 4 for i in range(boxes)], [0.9] * boxes, 4, anchors)
-    rng = np.random.default_rng(0)
-    inits = [
-        numpy_helper.from_array(rng.normal(0, 0.1, (8, 3, 3, 3)).astype(np.float32), "w0"),
-        numpy_helper.from_array(const, "const"),
-        numpy_helper.from_array(np.array([0.0], np.float32), "zero"),
-    ]
-    nodes = [
-        helper.make_node("Conv", ["images", "w0"], ["c0"], pads=[1, 1, 1, 1]),
-        helper.make_node("ReduceMean", ["c0"], ["m"], keepdims=0),
-        helper.make_node("Mul", ["m", "zero"], ["z"]),
-        helper.make_node("Add", ["const", "z"], ["output0"]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "float-nchw",
-        [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, size, size])],
-        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, list(const.shape))],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    meta = {"names": "{0: 'circle', 1: 'square', 2: 'triangle', 3: 'cross'}", "imgsz": f"[{size}, {size}]"}
-    for k, v in meta.items():
-        model.metadata_props.append(onnx.StringStringEntryProto(key=k, value=v))
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-    return str(path)
-
-
-def _bench_json(cfg, *args: str) -> dict:
-    proc = run_process(agent_command("bench", "-c", str(cfg), *args, "--json"), timeout_s=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
-
-
 def test_bench_with_a_float_nchw_model_accounts_for_its_input_adapter(endpoint, tmp_path):
     """--model: a float NCHW model without a manifest replaces the config's; it runs as an
     input-adapted copy, so the Transpose + Cast the adapter put in front of it is timed
