@@ -18,6 +18,7 @@ from edge_agent.config import (
     AgentConfig,
     DeadlineConfig,
     LadderStep,
+    MetricsConfig,
     ModelConfig,
     PublishConfig,
     SyntheticSourceConfig,
@@ -50,6 +51,7 @@ def build(model: Path, endpoint: str, deadline: DeadlineConfig, fps: float, dela
         model=ModelConfig(path=str(model)),
         publish=PublishConfig(endpoint=endpoint, health_interval_s=0.1),
         deadline=deadline,
+        metrics=MetricsConfig(port=0),  # any free port: never a running agent's
     )
     agent = Agent(cfg)
     agent.build()

@@ -326,7 +326,13 @@ def test_frames_that_reach_an_abandoned_inference_thread_are_counted_once(const_
     """stop() gave up on the inference thread (``_abandon``) just as it took a batch from
     the scheduler, or just as its backend returned: those frames are counted (shutdown),
     once, and never handed on."""
-    from edge_agent.config import AgentConfig, ModelConfig, PublishConfig, SyntheticSourceConfig
+    from edge_agent.config import (
+        AgentConfig,
+        MetricsConfig,
+        ModelConfig,
+        PublishConfig,
+        SyntheticSourceConfig,
+    )
     from edge_agent.pipelines.handoff import FrameQueue
     from edge_agent.runner import Agent
 
@@ -334,6 +340,7 @@ def test_frames_that_reach_an_abandoned_inference_thread_are_counted_once(const_
         source=SyntheticSourceConfig(fps=0),
         model=ModelConfig(path=str(const_model)),
         publish=PublishConfig(endpoint=endpoint),
+        metrics=MetricsConfig(enabled=False),
     )
     agent = Agent(cfg)
     agent.build()

@@ -14,6 +14,7 @@ from test_sources import write_video
 
 from edge_agent.config import (
     AgentConfig,
+    MetricsConfig,
     ModelConfig,
     PublishConfig,
     SyntheticSourceConfig,
@@ -74,6 +75,7 @@ def make_agent(model, endpoint, source=None, frames=0) -> Agent:
         source=source or SyntheticSourceConfig(fps=0, seed=1),
         model=ModelConfig(path=str(model)),
         publish=PublishConfig(endpoint=endpoint),
+        metrics=MetricsConfig(port=0),  # any free port: never a running agent's
     )
     agent = Agent(cfg, max_frames=frames)
     agent.build()
