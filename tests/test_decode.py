@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import cv2
 import numpy as np
 import pytest
@@ -392,3 +394,75 @@ def test_opencv_and_numpy_batched_nms_keep_the_same_boxes(seed):
     fast = decode.batched_nms(xyxy, scores, classes, 0.45)
     plain = decode._numpy_batched_nms(xyxy, scores, classes, 0.45)
     assert fast.tolist() == plain.tolist()
+
+
+# -- end-to-end exports (NMS inside the model), RT-DETR, TensorRT's EfficientNMS -------------
+
+
+def _e2e_rows(rows: list[tuple[float, ...]], k: int = 300) -> np.ndarray:
+    """An end-to-end output (1, k, 6): the given rows first, the rest unused (zeros)."""
+    out = np.zeros((1, k, 6), np.float32)
+    if rows:
+        out[0, : len(rows)] = rows
+    return out
+
+
+def test_end2end_keeps_rows_over_the_threshold_best_first_without_nms():
+    out = _e2e_rows(
+        [
+            (10, 10, 50, 50, 0.60, 2),
+            (12, 12, 52, 52, 0.90, 2),  # overlaps the first: no NMS here, both stay
+            (100, 100, 140, 160, 0.20, 0),  # under the threshold
+            (200, 50, 260, 90, 0.75, 7),
+        ]
+    )
+    xyxy, scores, classes = decode_end2end(out, P)
+    np.testing.assert_allclose(scores, [0.90, 0.75, 0.60])
+    np.testing.assert_array_equal(classes, [2, 7, 2])
+    np.testing.assert_allclose(xyxy, [[12, 12, 52, 52], [200, 50, 260, 90], [10, 10, 50, 50]])
+    assert xyxy.dtype == np.float32 and classes.dtype == np.int32
+    a, b = decode_end2end(out, P), decode_end2end(out[0], P)  # with or without the batch axis
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_end2end_max_detections_and_an_empty_output():
+    rows = [(i, i, i + 10, i + 10, 0.3 + i / 1000, i % 5) for i in range(50)]
+    _, scores, _ = decode_end2end(_e2e_rows(rows), DecodeParams(0.25, 0.45, 10))
+    assert len(scores) == 10 and np.all(np.diff(scores) <= 0) and scores[0] == pytest.approx(0.349)
+    assert [len(a) for a in decode_end2end(_e2e_rows([]), P)] == [0, 0, 0]
+
+
+def test_rtdetr_scales_normalised_centre_boxes_to_input_pixels():
+    p = DecodeParams(0.25, 0.45, 100, input_w=640, input_h=320)
+    scores = np.zeros((1, 300, 4 + 3), np.float32)
+    scores[0, 0] = (0.5, 0.5, 0.25, 0.5, 0.1, 0.8, 0.3)  # class 1 at 0.8
+    scores[0, 1] = (0.1, 0.2, 0.1, 0.1, 0.2, 0.1, 0.1)  # nothing over 0.25
+    xyxy, s, c = decode_rtdetr(scores, p)
+    np.testing.assert_allclose(xyxy, [[240, 80, 400, 240]])
+    np.testing.assert_allclose(s, [0.8])
+    np.testing.assert_array_equal(c, [1])
+    topk = np.zeros((1, 300, 6), np.float32)  # Ultralytics 8.4: top-k in the graph
+    topk[0, 0] = (0.5, 0.5, 0.25, 0.5, 0.8, 1)
+    for x, y in zip(decode_rtdetr(topk, replace(p, rtdetr_topk=True)), (xyxy, s, c)):
+        np.testing.assert_allclose(x, y)
+
+
+def test_efficient_nms_respects_num_dets_and_drops_the_padding():
+    from edge_agent.pipelines.decode import decode_efficient_nms
+
+    boxes = np.zeros((1, 100, 4), np.float32)
+    boxes[0, :3] = [[0, 0, 10, 10], [5, 5, 20, 20], [30, 30, 40, 40]]
+    boxes[0, 3] = [1, 1, 2, 2]  # padding past num_dets: never read as a box
+    scores = np.zeros((1, 100), np.float32)
+    scores[0, :4] = [0.9, 0.5, 0.3, 0.99]
+    classes = np.zeros((1, 100), np.int32)
+    classes[0, :4] = [3, 1, 4, 2]
+    num = np.array([[3]], np.int32)
+    xyxy, s, c = decode_efficient_nms(num, boxes, scores, classes, P)
+    np.testing.assert_allclose(s, [0.9, 0.5, 0.3])
+    np.testing.assert_array_equal(c, [3, 1, 4])
+    np.testing.assert_allclose(xyxy, boxes[0, :3])
+    assert c.dtype == np.int32
+    none = decode_efficient_nms(np.array([0], np.int32), boxes[0], scores[0], classes[0], P)
+    assert [len(a) for a in none] == [0, 0, 0]
