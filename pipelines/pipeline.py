@@ -598,9 +598,7 @@ class Pipeline:
         for slot in batch:
             if self.scheduler.empty() and self._to_post.claim():
                 try:
-                    self.publish_one(slot)
-                except Exception as e:  # publish_one accounts frame errors; this is a bug
-                    self._fatal("post", e)
+                    self._publish_or_fail(slot)
                 finally:
                     self._to_post.unclaim()
             elif not self._to_post.put(slot):  # stop() gave up on this thread meanwhile
@@ -616,12 +614,16 @@ class Pipeline:
                     break
                 if slot is None:
                     continue
-                try:
-                    self.publish_one(slot)
-                except Exception as e:  # publish_one accounts frame errors; this is a bug
-                    self._fatal("post", e)
+                self._publish_or_fail(slot)
         finally:
             self.finished.set()
+
+    def _publish_or_fail(self, slot: FrameSlot) -> None:
+        """``publish_one``, on the post thread or inline on the inference thread."""
+        try:
+            self.publish_one(slot)
+        except Exception as e:  # publish_one accounts frame errors; this is a bug
+            self._fatal("post", e)
 
     def _fatal(self, stage: str, exc: BaseException) -> None:
         """An unexpected error in a stage thread: record it and stop the pipeline."""

@@ -165,7 +165,33 @@ class Pacer:
         return index, capture_ns, skipped
 
 
-class SyntheticSource(Source):
+class PacedSource(Source):
+    """A source whose frames exist on a ``Pacer``'s clock (a camera) or, at fps 0, one
+    after the other as asked (a file); ``_fill`` puts frame ``index``'s image in place."""
+
+    def __init__(self, name: str, fps: float) -> None:
+        super().__init__(name)
+        self.policy = BufferPolicy.NEWEST if fps > 0 else BufferPolicy.WAIT
+        self._pacer = Pacer(fps)
+        self._frame = SourceFrame()
+
+    def read(self, timeout_s: float) -> SourceFrame | None:
+        tick = self._pacer.tick(timeout_s)
+        if tick is None:
+            return None
+        index, capture_ns, skipped = tick
+        self.skipped += skipped
+        f = self._frame
+        self._fill(index, f)
+        f.frame_id = index
+        f.capture_ns = capture_ns
+        return f
+
+    def _fill(self, index: int, frame: SourceFrame) -> None:
+        raise NotImplementedError
+
+
+class SyntheticSource(PacedSource):
     """The synthetic scene, paced like a camera at ``fps`` (or unpaced when fps is 0).
 
     Paced, it behaves like a live camera (``Pacer``): frame k exists at t0 + k/fps whether
@@ -174,12 +200,9 @@ class SyntheticSource(Source):
     """
 
     def __init__(self, config: SyntheticSourceConfig) -> None:
-        super().__init__(config.name)
+        super().__init__(config.name, config.fps)
         self.config = config
-        self.policy = BufferPolicy.NEWEST if config.fps > 0 else BufferPolicy.WAIT
         self.scene: SyntheticScene | None = None
-        self._frame = SourceFrame()
-        self._pacer = Pacer(config.fps)
 
     @property
     def _next(self) -> int:
@@ -204,23 +227,18 @@ class SyntheticSource(Source):
     def read(self, timeout_s: float) -> SourceFrame | None:
         if self.scene is None:
             raise SourceError(f"source {self.name!r} read before open")
-        tick = self._pacer.tick(timeout_s)
-        if tick is None:
-            return None
-        index, capture_ns, skipped = tick
-        self.skipped += skipped
-        f = self._frame
-        self.scene.render(index, f.image, f.gt)
-        f.frame_id = index
-        f.capture_ns = capture_ns
-        return f
+        return super().read(timeout_s)
+
+    def _fill(self, index: int, frame: SourceFrame) -> None:
+        assert self.scene is not None
+        self.scene.render(index, frame.image, frame.gt)
 
     def describe(self) -> dict[str, Any]:
         c = self.config
         return {**super().describe(), "size_wh": [c.width, c.height], "fps": c.fps, "seed": c.seed}
 
 
-class MemorySource(Source):
+class MemorySource(PacedSource):
     """Frames decoded beforehand (``preload``), played from memory, looped; nothing is
     decoded while it plays.
 
@@ -234,29 +252,17 @@ class MemorySource(Source):
     """
 
     def __init__(self, name: str, images: list[np.ndarray], fps: float = 0.0) -> None:
-        super().__init__(name)
+        super().__init__(name, fps)
         if not images:
             raise SourceError(f"source {name!r}: no frames to play")
         self.images = images
         self.fps = fps
-        self.policy = BufferPolicy.NEWEST if fps > 0 else BufferPolicy.WAIT
-        self._pacer = Pacer(fps)
-        self._frame = SourceFrame()
 
     def open(self) -> None:
         self._pacer.reset()
 
-    def read(self, timeout_s: float) -> SourceFrame | None:
-        tick = self._pacer.tick(timeout_s)
-        if tick is None:
-            return None
-        index, capture_ns, skipped = tick
-        self.skipped += skipped
-        f = self._frame
-        f.image = self.images[index % len(self.images)]
-        f.frame_id = index
-        f.capture_ns = capture_ns
-        return f
+    def _fill(self, index: int, frame: SourceFrame) -> None:
+        frame.image = self.images[index % len(self.images)]
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "frames": len(self.images), "fps": self.fps}
