@@ -69,6 +69,7 @@ from edge_agent.config import (
 )
 from edge_agent.latency import LatencyHistogram
 from edge_agent.models.manifest import InputSpec
+from edge_agent.pipelines.decode import Decoder
 from edge_agent.pipelines.handoff import STAGES
 from edge_agent.pipelines.pipeline import PipelineStats
 from edge_agent.pipelines.preprocess import Letterbox, Preprocessor, boxes_to_source
@@ -224,15 +225,16 @@ class BenchAgent(Agent):
         for m in self.models.values():
             m.decode = self._counting(m.decode)
 
-    def _counting(self, decode: Callable[..., Any]) -> Callable[..., Any]:
+    def _counting(self, decode: Decoder) -> Decoder:
         record = self.detections.append
 
-        def counted(output: Any, params: Any) -> Any:
-            result = decode(output, params)
-            record(len(result[1]))
-            return result
+        class Counted(Decoder):
+            def __call__(self, outputs: Any, params: Any) -> Any:
+                result = super().__call__(outputs, params)
+                record(len(result[1]))
+                return result
 
-        return counted
+        return Counted(decode.name, decode.outputs)
 
 
 @contextlib.contextmanager
@@ -489,7 +491,6 @@ def bare_loop(
     """
     from edge_agent.models.manifest import resolve_model
     from edge_agent.pipelines.backends.onnxruntime import OnnxRuntimeBackend
-    from edge_agent.pipelines.decode import DECODERS
 
     resolved = resolve_model(model.path, model.manifest)
     m = resolved.manifest
@@ -499,16 +500,15 @@ def bare_loop(
     detections: list[int] = []
     try:
         backend.load(resolved.path)  # no input format given: the graph as exported
-        input_name, out_index = check_io(m, resolved.path, backend.inputs, backend.outputs)
+        input_name, decode, _ = check_io(m, resolved.path, backend.inputs, backend.outputs)
         session = backend.session
         assert session is not None
         spec = next(t for t in backend.inputs if t.name == input_name)
         tensor = np.zeros(spec.concrete(1), spec.dtype)
         feed = {input_name: tensor}
-        fetch = [backend.outputs[out_index].name]
+        fetch = [t.name for t in backend.outputs]
         fmt = m.input.format()
         preprocess = Preprocessor(fmt)
-        decode = DECODERS[m.output.decoder]
         geo = Letterbox()
         source: Source = MemorySource("bare", images) if images else create_source(_raw(config).source)
         source.open()
@@ -530,9 +530,9 @@ def bare_loop(
                 t0 = time.perf_counter_ns()
                 preprocess(frame.image, tensor, geo)
                 t1 = time.perf_counter_ns()
-                out = session.run(fetch, feed)[0]
+                outs = session.run(fetch, feed)
                 t2 = time.perf_counter_ns()
-                xyxy, scores, _ = decode(out, params)
+                xyxy, scores, _ = decode(outs, params)
                 boxes_to_source(xyxy, geo)
                 t3 = time.perf_counter_ns()
                 hists["pre"].record(t1 - t0)

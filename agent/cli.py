@@ -430,6 +430,35 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- models -------------------------------------------------------------------
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+    from pathlib import Path
+
+    from edge_agent.modelcheck import check_model, write_manifest
+    from edge_agent.models.manifest import ModelError
+
+    config = _load_config(args.config)
+    model = replace(config.model, path=args.model, manifest=args.manifest or "")
+    _setup_logging("error")  # the check prints the assumptions itself
+    try:
+        report, loaded = check_model(model, config.backend, args.frames)
+    except ModelError as e:
+        print(f"refused: {e}")
+        return EXIT_USAGE
+    print(report.format())
+    if args.write_manifest is not None:
+        target = args.write_manifest or str(Path(args.model).with_suffix(".yaml"))
+        try:
+            print(f"manifest written: {write_manifest(loaded.manifest, target, args.force)}")
+        except FileExistsError as e:
+            return _fail(str(e), EXIT_USAGE)
+    print("ok: the agent runs this model")
+    return EXIT_OK
+
+
 # -- bench --------------------------------------------------------------------
 
 
@@ -769,6 +798,29 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="machine-readable result (schema in README), no progress lines"
     )
     bench.set_defaults(func=cmd_bench)
+
+    models = _sub(sub, "models", "what the agent understands of a model file")
+    models_sub = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    mc = _sub(
+        models_sub,
+        "check",
+        "load a model as `run` would, print what was decided (input, decoder, labels, thresholds) and "
+        "run it on a few synthetic frames; exit 2 if the agent cannot run it",
+    )
+    mc.add_argument("model", help="ONNX file")
+    mc.add_argument("--manifest", help="its manifest (default: beside it, else read from the ONNX)")
+    mc.add_argument("--config", "-c", help="YAML config: its backend and model settings (default: embedded)")
+    mc.add_argument("--frames", type=int, default=8, help="synthetic frames to run it on")
+    mc.add_argument(
+        "--write-manifest",
+        nargs="?",
+        const="",
+        metavar="PATH",
+        help="write the manifest the agent inferred, to edit and keep beside the model (default path: "
+        "MODEL with .yaml, which run reads from then on)",
+    )
+    mc.add_argument("--force", action="store_true", help="replace an existing manifest file")
+    mc.set_defaults(func=cmd_models)
 
     engine = _sub(sub, "engine", "TensorRT engines (Jetson)")
     engine_sub = engine.add_subparsers(dest="engine_command", required=True, metavar="ACTION")

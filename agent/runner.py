@@ -34,7 +34,7 @@ from edge_agent.models.manifest import InputSpec, ModelError, ModelManifest, Res
 from edge_agent.pipelines.backends.base import InferenceBackend, TensorSpec
 from edge_agent.pipelines.backends.registry import create_backend
 from edge_agent.pipelines.deadline import DeadlineMonitor
-from edge_agent.pipelines.decode import DECODERS, Decoded, DecodeParams
+from edge_agent.pipelines.decode import Decoded, DecodeParams, Decoder
 from edge_agent.pipelines.health import HealthReporter
 from edge_agent.pipelines.pipeline import Lane, Pipeline, Profile, prepare_buffers
 from edge_agent.pipelines.preprocess import InputFormat, Preprocessor
@@ -52,10 +52,9 @@ class LoadedModel:
     resolved: ResolvedModel
     backend: InferenceBackend
     preprocessor: Preprocessor
-    decode: Any
+    decode: Decoder
     params: DecodeParams
     input_name: str
-    output_index: int
     adapted_from: str = ""  # the original model when the backend runs its input-adapted copy
 
     @property
@@ -66,7 +65,12 @@ class LoadedModel:
         """Preprocess, infer and decode one frame (tools and evaluation, not the hot path)."""
         self.preprocessor(image_bgr, io.inputs[self.input_name], geo)
         self.backend.infer(io)
-        return self.decode(io.outputs[self.output_index], self.params)
+        return self.decode(io.outputs, self.params)
+
+    @property
+    def output_index(self) -> int:
+        """The (first) output the decoder reads."""
+        return self.decode.outputs[0]
 
 
 def check_io(
@@ -75,8 +79,9 @@ def check_io(
     inputs: list[TensorSpec],
     outputs: list[TensorSpec],
     host: InputFormat | None = None,
-) -> tuple[str, int]:
-    """Check the model's tensors against its manifest; returns (input name, output index).
+) -> tuple[str, Decoder, bool]:
+    """Check the model's tensors against its manifest; returns the input's name, the bound
+    decoder and whether an RT-DETR output holds top-k rows (``check_outputs``).
 
     ``host`` is the format the host writes when the backend took normalisation over (its
     input is then the backend's own tensor). Raises ModelError naming the file.
@@ -99,20 +104,50 @@ def check_io(
         )
     if tin.dtype != np.dtype(_DTYPE[spec.dtype]):
         raise ModelError(f"{path}: input {tin.name!r} is {tin.dtype}, but the manifest says {spec.dtype}")
+    decoder, topk = check_outputs(m, path, outputs)
+    return tin.name, decoder, topk
+
+
+def check_outputs(m: ModelManifest, path: str, outputs: list[TensorSpec]) -> tuple[Decoder, bool]:
+    """The manifest's decoder bound to the outputs it reads, after checking their shapes;
+    with whether an RT-DETR output holds the top-k rows (box, score, class) rather than
+    per-class scores. Raises ModelError naming the file and the output."""
     names = [t.name for t in outputs]
-    if m.output.name and m.output.name not in names:
-        raise ModelError(f"{path}: manifest output {m.output.name!r} is not an output of the model ({names})")
-    index = names.index(m.output.name) if m.output.name else 0
-    oshape = outputs[index].shape
-    n_cls = len(m.labels)
-    expect = {"yolov8": (1, 4 + n_cls), "yolov5": (2, 5 + n_cls)}[m.output.decoder]
-    axis, size = expect
-    if len(oshape) != 3 or (oshape[axis] is not None and oshape[axis] != size):
-        raise ModelError(
-            f"{path}: output {names[index]!r} has shape {oshape}; a {m.output.decoder} output with "
-            f"{n_cls} labels needs {size} on axis {axis}"
-        )
-    return tin.name, index
+    wanted = m.output.names()
+    missing = [n for n in wanted if n and n not in names]
+    if missing:
+        raise ModelError(f"{path}: manifest output(s) {missing} are not outputs of the model ({names})")
+    index = tuple(names.index(n) if n else 0 for n in wanted)
+    dec, n = m.output.decoder, len(m.labels)
+    shapes = [outputs[i].shape for i in index]
+
+    def need(ok: bool, what: str, k: int = 0) -> None:
+        if not ok:
+            raise ModelError(
+                f"{path}: output {names[index[k]]!r} has shape {shapes[k]}; a {dec} output with {n} labels "
+                f"needs {what}"
+            )
+
+    shape = shapes[0]
+    if dec != "efficient_nms":
+        need(len(shape) == 3, "3 axes")
+    if dec == "yolov8":
+        need(shape[1] in (None, 4 + n), f"{4 + n} on axis 1")
+    elif dec == "yolov5":
+        need(shape[2] in (None, 5 + n), f"{5 + n} on axis 2")
+    elif dec == "end2end":
+        need(shape[2] == 6, "6 on axis 2 (x1, y1, x2, y2, score, class id)")
+    elif dec == "rtdetr":
+        need(shape[2] in (6, 4 + n), f"{4 + n} on axis 2 (box, class scores) or 6 (box, score, class id)")
+    else:
+        num, boxes, scores, classes = shapes
+        need(len(num) in (1, 2) and num[-1] in (1, None), "[B, 1]", 0)
+        need(len(boxes) == 3 and boxes[2] == 4, "[B, K, 4]", 1)
+        need(len(scores) == 2 and scores[1] == boxes[1], f"[B, {boxes[1]}] (K of det_boxes)", 2)
+        need(len(classes) == 2 and classes[1] == boxes[1], f"[B, {boxes[1]}] (K of det_boxes)", 3)
+    # Ultralytics 8.4 exports RT-DETR's top-k rows; older ones per-class scores. With two
+    # labels both are 6 wide: the current export is meant.
+    return Decoder(dec, index), dec == "rtdetr" and shape[2] == 6
 
 
 def _capture_part(src: SourceConfig) -> SourceConfig:
@@ -179,21 +214,28 @@ def load_model(model: ModelConfig, backend_config: BackendConfig) -> LoadedModel
         fmt = adapter.host_format(fmt)
     backend.load(path or resolved.path, fmt)
     host = backend.host_format(fmt)
-    input_name, output_index = check_io(m, resolved.path, backend.inputs, backend.outputs, host)
-    params = DecodeParams(
-        score_threshold=model.score_threshold if model.score_threshold is not None else m.score_threshold,
-        iou_threshold=model.iou_threshold if model.iou_threshold is not None else m.iou_threshold,
-        max_detections=model.max_detections,
-    )
+    input_name, decoder, topk = check_io(m, resolved.path, backend.inputs, backend.outputs, host)
     return LoadedModel(
         resolved,
         backend,
         Preprocessor(host),
-        DECODERS[m.output.decoder],
-        params,
+        decoder,
+        decode_params(model, m, topk),
         input_name,
-        output_index,
         adapted_from=resolved.path if path else "",
+    )
+
+
+def decode_params(model: ModelConfig, m: ModelManifest, rtdetr_topk: bool = False) -> DecodeParams:
+    """The decoder's settings: the config's thresholds over the manifest's."""
+    return DecodeParams(
+        score_threshold=model.score_threshold if model.score_threshold is not None else m.score_threshold,
+        iou_threshold=model.iou_threshold if model.iou_threshold is not None else m.iou_threshold,
+        max_detections=model.max_detections,
+        input_w=m.input.width,
+        input_h=m.input.height,
+        rtdetr_topk=rtdetr_topk,
+        num_classes=len(m.labels),
     )
 
 

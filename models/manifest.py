@@ -7,7 +7,6 @@ and ``imgsz`` in their metadata) and reports every assumption it made.
 
 from __future__ import annotations
 
-import ast
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Literal
 
 from edge_agent import configload
 from edge_agent.configload import check
+from edge_agent.models import onnx_info
 from edge_agent.pipelines.preprocess import InputFormat
 
 BUNDLED_DIR = Path(__file__).resolve().parent
@@ -37,6 +37,12 @@ class InputSpec:
     mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
     std: tuple[float, float, float] = (1.0, 1.0, 1.0)
     pad_value: int = 114
+    # letterbox: aspect ratio kept, borders of pad_value (YOLO); stretch: the frame fills the
+    # input (Ultralytics resizes RT-DETR's input this way).
+    resize: Literal["letterbox", "stretch"] = "letterbox"
+    # linear: bilinear, as Ultralytics' predict resizes (its exports expect it); area: pixel
+    # averaging when shrinking (the bundled detector was trained so).
+    interpolation: Literal["linear", "area"] = "linear"
 
     def __post_init__(self) -> None:
         check(self.height > 0 and self.width > 0, "height", "input size must be positive")
@@ -54,13 +60,36 @@ class InputSpec:
             mean=self.mean,
             std=self.std,
             pad_value=self.pad_value,
+            resize=self.resize,
+            interpolation=self.interpolation,
         )
 
 
 @dataclass(frozen=True)
+class NmsOutputs:
+    """The four outputs of TensorRT's EfficientNMS plugin, by name."""
+
+    num_dets: str = onnx_info.NMS_OUTPUTS[0]
+    boxes: str = onnx_info.NMS_OUTPUTS[1]
+    scores: str = onnx_info.NMS_OUTPUTS[2]
+    classes: str = onnx_info.NMS_OUTPUTS[3]
+
+
+DecoderName = Literal["yolov8", "yolov5", "end2end", "rtdetr", "efficient_nms"]
+
+
+@dataclass(frozen=True)
 class OutputSpec:
-    name: str = ""  # empty: the model's first output
-    decoder: Literal["yolov8", "yolov5"] = "yolov8"
+    name: str = ""  # empty: the model's first output (every decoder but efficient_nms)
+    decoder: DecoderName = "yolov8"
+    efficient_nms: NmsOutputs = field(default_factory=NmsOutputs)
+
+    def names(self) -> tuple[str, ...]:
+        """The outputs the decoder reads, in its order ("" for the model's first)."""
+        if self.decoder == "efficient_nms":
+            n = self.efficient_nms
+            return (n.num_dets, n.boxes, n.scores, n.classes)
+        return (self.name,)
 
 
 @dataclass(frozen=True)
@@ -113,44 +142,53 @@ def resolve_model(path: str, manifest_path: str = "") -> ResolvedModel:
 
 
 def manifest_from_onnx(path: str) -> tuple[ModelManifest, list[str]]:
-    """Build a manifest from the ONNX's shapes and metadata; returns it with the assumptions."""
-    import onnxruntime as ort  # the inspection needs only a CPU session
-
+    """Build a manifest from the ONNX's shapes and metadata; returns it with the assumptions
+    (each names the rule behind it). Raises ModelError for a model the agent cannot run."""
     try:
-        sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    except Exception as e:  # ORT raises its own exception types for bad files
+        info = onnx_info.read(path)
+    except Exception as e:  # protobuf's DecodeError, OSError, ...: the file is not a model
         raise ModelError(f"cannot load model {path}: {e}") from None
-    meta = sess.get_modelmeta().custom_metadata_map
-    inp, out = sess.get_inputs()[0], sess.get_outputs()[0]
+    if not info.inputs or not info.outputs:
+        raise ModelError(f"{path}: the graph has no input or no output")
+    inp = info.inputs[0]
     notes: list[str] = []
     shape = list(inp.shape)
     nhwc = len(shape) == 4 and shape[3] == 3
-    h, w = (shape[1], shape[2]) if nhwc else (shape[2], shape[3]) if len(shape) == 4 else (0, 0)
-    if not (isinstance(h, int) and isinstance(w, int) and h > 0 and w > 0):
-        imgsz = _literal(meta.get("imgsz"))
+    h, w = (shape[1], shape[2]) if nhwc else (shape[2], shape[3]) if len(shape) == 4 else (None, None)
+    if not (h and w):
+        imgsz = info.meta("imgsz")
         if isinstance(imgsz, (list, tuple)) and len(imgsz) == 2:
             h, w = int(imgsz[0]), int(imgsz[1])
             notes.append(f"input size {w}x{h} from metadata imgsz")
         else:
             h = w = 640
             notes.append("input size unknown: assumed 640x640")
-    dtype = {"tensor(uint8)": "uint8", "tensor(float16)": "float16"}.get(inp.type, "float32")
+    dtype = inp.dtype if inp.dtype in ("uint8", "float16") else "float32"
     color = "bgr" if dtype == "uint8" and nhwc else "rgb"
     scaling = "no scaling (uint8: normalisation in the graph)" if dtype == "uint8" else "scaled by 1/255"
     notes.append(f"input {inp.name!r} {'NHWC' if nhwc else 'NCHW'} {dtype}, {color.upper()}, {scaling}")
-    names = _literal(meta.get("names"))
-    oshape = list(out.shape)
-    decoder = "yolov8"
-    if len(oshape) == 3 and all(isinstance(d, int) for d in oshape[1:]) and oshape[1] > oshape[2]:
-        decoder = "yolov5"
-    notes.append(f"output {out.name!r} {oshape} decoded as {decoder}")
-    if isinstance(names, dict) and names:
-        labels = tuple(str(names[k]) for k in sorted(names))
+    names = info.meta("names")
+    labels = tuple(str(names[k]) for k in sorted(names)) if isinstance(names, dict) and names else ()
+    try:
+        choice = onnx_info.choose(info, len(labels), h, w)
+    except onnx_info.UnsupportedModel as e:
+        raise ModelError(f"{path}: {e}") from None
+    notes.append(f"decoder {choice.decoder}, chosen by {choice.rule}")
+    if choice.ignored:
+        notes.append(f"outputs {list(choice.ignored)} are not read")
+    resize = "stretch" if choice.decoder == "rtdetr" else "letterbox"
+    if resize == "stretch":
+        notes.append("input stretched to the model's size, not letterboxed (as Ultralytics does for RT-DETR)")
+    if labels:
         notes.append(f"{len(labels)} labels from metadata names")
     else:
-        n_cls = _class_count(oshape, decoder)
-        labels = tuple(f"class{i}" for i in range(max(n_cls, 1)))
-        notes.append(f"no label names in the model: using class0..class{len(labels) - 1}")
+        n_cls = _class_count(info, choice)
+        labels = tuple(f"class{i}" for i in range(n_cls or 80))
+        notes.append(
+            f"no label names in the model: using class0..class{len(labels) - 1}"
+            + ("" if n_cls else " (the output does not tell the class count)")
+        )
+    nms = NmsOutputs(*choice.nms_names) if choice.nms_names else NmsOutputs()
     manifest = ModelManifest(
         name=Path(path).stem,
         input=InputSpec(
@@ -160,23 +198,19 @@ def manifest_from_onnx(path: str) -> tuple[ModelManifest, list[str]]:
             layout="NHWC" if nhwc else "NCHW",
             dtype=dtype,
             color=color,
+            resize=resize,
         ),
-        output=OutputSpec(name=out.name, decoder=decoder),
+        output=OutputSpec(name=choice.output, decoder=choice.decoder, efficient_nms=nms),  # type: ignore[arg-type]
         labels=labels,
     )
     return manifest, notes
 
 
-def _class_count(shape: list, decoder: str) -> int:
-    if len(shape) != 3 or not all(isinstance(d, int) for d in shape[1:]):
-        return 0
-    return shape[1] - 4 if decoder == "yolov8" else shape[2] - 5
-
-
-def _literal(text: str | None):
-    if not text:
-        return None
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return None
+def _class_count(info: onnx_info.OnnxInfo, choice: onnx_info.Choice) -> int:
+    """The class count an output's shape tells (0: it does not, as for end-to-end rows)."""
+    shape = next(t.shape for t in info.outputs if t.name == choice.output)
+    if choice.decoder == "yolov8":
+        return int(shape[1] or 0) - 4
+    if choice.decoder == "yolov5":
+        return int(shape[2] or 0) - 5
+    return 0

@@ -67,9 +67,49 @@ def constant_detector(
         helper.make_node("Expand", ["one", "shape"], [output_name]),
     ]
     inits.append(numpy_helper.from_array(np.array(output.shape[1:], np.int64), "tail"))
-    graph = helper.make_graph(nodes, "test-detector", [x], [y], inits)
+    return _save(helper.make_graph(nodes, "test-detector", [x], [y], inits), path, metadata)
+
+
+def brightness_detector(
+    path: str,
+    outputs: dict[str, tuple[np.ndarray, np.ndarray, int]],
+    height: int = 320,
+    width: int = 320,
+    metadata: dict[str, str] | None = None,
+    batch: int | None = None,
+) -> str:
+    """A float32 NCHW model (an Ultralytics export's input) whose every output is
+    ``base + m × slope``, cast to its ONNX type, where ``m`` is the mean of the input image
+    (0..1): different frames give different, exactly known outputs, so a batch mix-up shows.
+
+    ``outputs``: name → (base, slope, ONNX element type); base and slope have a leading axis
+    of 1 that becomes the (dynamic, or fixed ``batch``) batch axis.
+    """
+    b = batch or "batch"
+    x = helper.make_tensor_value_info("images", TensorProto.FLOAT, [b, 3, height, width])
+    nodes = [helper.make_node("ReduceMean", ["images"], ["m"], axes=[1, 2, 3], keepdims=1)]  # [B,1,1,1]
+    inits, outs = [], []
+    for name, (base, slope, elem) in outputs.items():
+        rank = base.ndim
+        inits += [
+            numpy_helper.from_array(base.astype(np.float32), f"{name}_base"),
+            numpy_helper.from_array(slope.astype(np.float32), f"{name}_slope"),
+            numpy_helper.from_array(np.array([-1] + [1] * (rank - 1), np.int64), f"{name}_shape"),
+        ]
+        nodes += [
+            helper.make_node("Reshape", ["m", f"{name}_shape"], [f"{name}_m"]),  # [B, 1, ...]
+            helper.make_node("Mul", [f"{name}_m", f"{name}_slope"], [f"{name}_ms"]),
+            helper.make_node("Add", [f"{name}_ms", f"{name}_base"], [f"{name}_f"]),
+            helper.make_node("Cast", [f"{name}_f"], [name], to=elem),
+        ]
+        outs.append(helper.make_tensor_value_info(name, elem, [b, *base.shape[1:]]))
+    return _save(helper.make_graph(nodes, "brightness-detector", [x], outs, inits), path, metadata)
+
+
+def _save(graph, path: str, metadata: dict[str, str] | None) -> str:
+    """Check and write ``graph`` as an opset-17 model with ``metadata`` (as exporters write it)."""
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    model.ir_version = 8  # what every ONNX Runtime since 1.10 reads
     for k, v in (metadata or {}).items():
         model.metadata_props.append(onnx.StringStringEntryProto(key=k, value=v))
     onnx.checker.check_model(model)

@@ -7,8 +7,8 @@ All boxes are ``xyxy`` in model-input pixels; the caller maps them to source pix
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,6 +31,9 @@ class DecodeParams:
     input_w: int = 0
     input_h: int = 0
     rtdetr_topk: bool = False  # an RT-DETR output of (K, 6): top-k already in the graph
+    # Decoders that read class ids from the model (end-to-end heads, EfficientNMS) drop rows
+    # whose id has no label (0: no check).
+    num_classes: int = 0
 
 
 Decoded = tuple[np.ndarray, np.ndarray, np.ndarray]  # xyxy (K, 4) f32, scores (K,), class ids (K,)
@@ -151,7 +154,10 @@ def decode_yolov5(output: np.ndarray, p: DecodeParams) -> Decoded:
 
 def _ranked(xyxy: np.ndarray, scores: np.ndarray, class_ids: np.ndarray, p: DecodeParams) -> Decoded:
     """Threshold and rank detections that need no NMS (it ran inside the model)."""
-    idx = np.flatnonzero(scores > p.score_threshold)
+    ok = scores > p.score_threshold
+    if p.num_classes:
+        ok &= (class_ids >= 0) & (class_ids < p.num_classes)
+    idx = np.flatnonzero(ok)
     idx = idx[np.argsort(-scores[idx], kind="stable")][: p.max_detections]
     return (
         np.ascontiguousarray(xyxy[idx], np.float32),
@@ -205,9 +211,35 @@ def decode_efficient_nms(
     return _ranked(boxes[:n], scores[:n], classes[:n], p)
 
 
-DECODERS: dict[str, Callable[[np.ndarray, DecodeParams], Decoded]] = {
+#: Every decoder by name (the manifest's ``output.decoder``).
+DECODERS: dict[str, Callable[..., Decoded]] = {
     "yolov8": decode_yolov8,
     "yolov5": decode_yolov5,
     "end2end": decode_end2end,
     "rtdetr": decode_rtdetr,
+    "efficient_nms": decode_efficient_nms,
 }
+#: The outputs a decoder reads, in its arguments' order; one output unless listed.
+OUTPUT_ROLES: dict[str, tuple[str, ...]] = {"efficient_nms": ("num_dets", "boxes", "scores", "classes")}
+
+
+def roles(name: str) -> tuple[str, ...]:
+    return OUTPUT_ROLES.get(name, ("output",))
+
+
+@dataclass(frozen=True)
+class Decoder:
+    """A decoder bound to the model outputs it reads (their indices in the backend's list):
+    called with one frame's outputs, as the backend wrote them (batch axis of 1)."""
+
+    name: str
+    outputs: tuple[int, ...]
+    fn: Callable[..., Decoded] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fn", DECODERS[self.name])
+
+    def __call__(self, outputs: Sequence[np.ndarray], p: DecodeParams) -> Decoded:
+        if len(self.outputs) == 1:
+            return self.fn(outputs[self.outputs[0]], p)
+        return self.fn(*[outputs[i] for i in self.outputs], p)

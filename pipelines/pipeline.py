@@ -783,7 +783,7 @@ class Pipeline:
         st = slot.stamps
         st[POST_START] = time.monotonic_ns()
         model = slot.profile.model
-        xyxy, scores, classes = model.decode(slot.io.outputs[model.output_index], model.params)
+        xyxy, scores, classes = model.decode(slot.io.outputs, model.params)
         n = min(len(scores), len(slot.det_score))
         slot.det_xyxy[:n] = xyxy[:n]
         slot.det_score[:n] = scores[:n]

@@ -27,13 +27,19 @@ class Letterbox:
     new_h: int = 0
 
 
-def letterbox_geometry(src_w: int, src_h: int, dst_w: int, dst_h: int, out: Letterbox) -> Letterbox:
-    """Fill ``out`` with the placement of a ``src_w``x``src_h`` frame in ``dst_w``x``dst_h``."""
+def letterbox_geometry(
+    src_w: int, src_h: int, dst_w: int, dst_h: int, out: Letterbox, stretch: bool = False
+) -> Letterbox:
+    """Fill ``out`` with the placement of a ``src_w``x``src_h`` frame in ``dst_w``x``dst_h``;
+    ``stretch``: the whole input, each axis scaled on its own (RT-DETR's training resize)."""
     if src_w <= 0 or src_h <= 0:
         raise ValueError(f"empty frame {src_w}x{src_h}")
-    r = min(dst_w / src_w, dst_h / src_h)
-    new_w = min(dst_w, max(1, round(src_w * r)))
-    new_h = min(dst_h, max(1, round(src_h * r)))
+    if stretch:
+        new_w, new_h = dst_w, dst_h
+    else:
+        r = min(dst_w / src_w, dst_h / src_h)
+        new_w = min(dst_w, max(1, round(src_w * r)))
+        new_h = min(dst_h, max(1, round(src_h * r)))
     out.src_w, out.src_h = src_w, src_h
     out.new_w, out.new_h = new_w, new_h
     out.scale_x, out.scale_y = new_w / src_w, new_h / src_h
@@ -41,14 +47,23 @@ def letterbox_geometry(src_w: int, src_h: int, dst_w: int, dst_h: int, out: Lett
     return out
 
 
-def letterbox_into(src: np.ndarray, dst: np.ndarray, pad_value: int, geo: Letterbox) -> Letterbox:
-    """Resize ``src`` (H, W, 3) into ``dst`` (h, w, 3) with constant borders, in place.
+def letterbox_into(
+    src: np.ndarray,
+    dst: np.ndarray,
+    pad_value: int,
+    geo: Letterbox,
+    stretch: bool = False,
+    area: bool = False,
+) -> Letterbox:
+    """Resize ``src`` (H, W, 3) into ``dst`` (h, w, 3) with constant borders, in place
+    (``stretch``: no borders, the aspect ratio is not kept). Bilinear, as Ultralytics'
+    predict resizes; ``area``: pixel-area averaging when shrinking (smoother, slower).
 
     Only the border strips are filled and the resize writes straight into the view of
     ``dst``, so nothing is allocated and no pixel is written twice.
     """
     dh, dw = dst.shape[:2]
-    letterbox_geometry(src.shape[1], src.shape[0], dw, dh, geo)
+    letterbox_geometry(src.shape[1], src.shape[0], dw, dh, geo, stretch)
     x0, y0 = geo.pad_x, geo.pad_y
     x1, y1 = x0 + geo.new_w, y0 + geo.new_h
     if y0:
@@ -60,7 +75,7 @@ def letterbox_into(src: np.ndarray, dst: np.ndarray, pad_value: int, geo: Letter
     if x1 < dw:
         dst[y0:y1, x1:].fill(pad_value)
     view = dst[y0:y1, x0:x1]
-    interp = cv2.INTER_AREA if geo.scale_x < 1.0 else cv2.INTER_LINEAR
+    interp = cv2.INTER_AREA if area and geo.scale_x < 1.0 else cv2.INTER_LINEAR
     cv2.resize(src, (geo.new_w, geo.new_h), dst=view, interpolation=interp)
     return geo
 
@@ -95,6 +110,8 @@ class InputFormat:
     mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
     std: tuple[float, float, float] = (1.0, 1.0, 1.0)
     pad_value: int = 114
+    resize: str = "letterbox"  # or "stretch": the frame fills the input, aspect ratio not kept
+    interpolation: str = "linear"  # or "area" (shrinking only)
 
 
 class Preprocessor:
@@ -113,6 +130,8 @@ class Preprocessor:
         self.fmt = fmt
         h, w = fmt.height, fmt.width
         self.direct = fmt.dtype == "uint8" and fmt.layout == "NHWC" and fmt.color == "bgr"
+        self._stretch = fmt.resize == "stretch"
+        self._area = fmt.interpolation == "area"
         self._canvas = np.empty((h, w, 3), np.uint8)
         self._planes = [np.empty((h, w), np.uint8) for _ in range(3)]  # B, G, R
         self._rgb = np.empty((h, w, 3), np.uint8) if fmt.color == "rgb" and fmt.layout == "NHWC" else None
@@ -132,8 +151,8 @@ class Preprocessor:
         """Letterbox ``frame_bgr`` into ``tensor`` (the model input, batch 1)."""
         fmt = self.fmt
         if self.direct:
-            return letterbox_into(frame_bgr, tensor[0], fmt.pad_value, geo)
-        letterbox_into(frame_bgr, self._canvas, fmt.pad_value, geo)
+            return letterbox_into(frame_bgr, tensor[0], fmt.pad_value, geo, self._stretch, self._area)
+        letterbox_into(frame_bgr, self._canvas, fmt.pad_value, geo, self._stretch, self._area)
         if fmt.layout == "NCHW":
             cv2.split(self._canvas, self._planes)
             for c, p in enumerate(self._order):

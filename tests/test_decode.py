@@ -12,8 +12,10 @@ from edge_agent.pipelines.decode import (
     DECODERS,
     MAX_CANDIDATES,
     DecodeParams,
+    Decoder,
     batched_nms,
     box_iou,
+    decode_efficient_nms,
     decode_end2end,
     decode_rtdetr,
     decode_yolov5,
@@ -374,7 +376,30 @@ def test_yolov5_accepts_unbatched_layout_and_applies_class_aware_nms():
 
 def test_decoders_registry():
     assert {"yolov8": decode_yolov8, "yolov5": decode_yolov5, "end2end": decode_end2end,
-            "rtdetr": decode_rtdetr} == DECODERS
+            "rtdetr": decode_rtdetr, "efficient_nms": decode_efficient_nms} == DECODERS
+
+
+def test_a_bound_decoder_reads_its_outputs_by_index_in_role_order():
+    """EfficientNMS' four outputs may come in any order from the backend: the decoder is
+    bound to their indices (the manifest names them)."""
+    classes = np.array([[2, 1, 0]], np.int32)
+    scores = np.array([[0.9, 0.8, 0.7]], np.float32)
+    boxes = np.array([[[0, 0, 10, 10], [5, 5, 20, 20], [1, 1, 2, 2]]], np.float32)
+    num = np.array([[2]], np.int32)
+    outputs = [classes, boxes, np.zeros(3), num, scores]  # a stray output at 2
+    decoder = Decoder("efficient_nms", (3, 1, 4, 0))
+    xyxy, got, ids = decoder(outputs, P)
+    assert ids.tolist() == [2, 1] and got.tolist() == pytest.approx([0.9, 0.8])
+    assert xyxy.tolist() == [[0, 0, 10, 10], [5, 5, 20, 20]]
+    single = Decoder("end2end", (1,))
+    rows = np.array([[[0, 0, 4, 4, 0.5, 3]]], np.float32)
+    assert single([np.zeros(1), rows], P)[2].tolist() == [3]
+
+
+def test_class_ids_without_a_label_are_dropped():
+    rows = np.array([[0, 0, 4, 4, 0.9, 3], [0, 0, 4, 4, 0.8, 4], [0, 0, 4, 4, 0.7, -1]], np.float32)
+    assert decode_end2end(rows, replace(P, num_classes=4))[2].tolist() == [3]
+    assert decode_end2end(rows, P)[2].tolist() == [3, 4, -1]  # 0: no check
 
 
 @pytest.mark.parametrize("seed", range(20))

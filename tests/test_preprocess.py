@@ -382,3 +382,23 @@ def test_preprocessor_repeated_calls_do_not_allocate(fmt):
         tracemalloc.stop()
     assert peak < bound, f"peak {peak} B traced during 200 calls (bound {bound} B)"
     assert current < 16 * 1024, f"{current} B still allocated after 200 calls: a leak"
+
+
+@pytest.mark.parametrize(("interpolation", "flag"), [("linear", cv2.INTER_LINEAR), ("area", cv2.INTER_AREA)])
+@pytest.mark.parametrize("resize", ["letterbox", "stretch"])
+def test_resize_and_interpolation_follow_the_manifest(resize, interpolation, flag):
+    """Ultralytics' predict resizes bilinearly (its exports expect that: RT-DETR's top-k
+    turns on small input differences); stretch fills the input, as for RT-DETR."""
+    rng = np.random.default_rng(3)
+    frame = rng.integers(0, 256, (480, 640, 3), np.uint8)
+    fmt = InputFormat(height=320, width=320, layout="NHWC", dtype="uint8", color="bgr",
+                      resize=resize, interpolation=interpolation)
+    tensor = np.zeros((1, 320, 320, 3), np.uint8)
+    geo = Preprocessor(fmt)(frame, tensor, Letterbox())
+    if resize == "stretch":
+        want = cv2.resize(frame, (320, 320), interpolation=flag)
+        assert (geo.pad_x, geo.pad_y, geo.scale_x, geo.scale_y) == (0, 0, 0.5, 320 / 480)
+    else:
+        want = np.full((320, 320, 3), 114, np.uint8)
+        want[40:280] = cv2.resize(frame, (320, 240), interpolation=flag)
+    np.testing.assert_array_equal(tensor[0], want)

@@ -88,7 +88,7 @@ class ScenePool:
             scene, frame, gt = self.rng.choice(self.scenes)
             scene.render(self.rng.randint(0, 5000), frame, gt)
             # Exactly the agent's preprocessing, so train and deploy inputs match bit for bit.
-            letterbox_into(frame, imgs[i], PAD_VALUE, geo)
+            letterbox_into(frame, imgs[i], PAD_VALUE, geo, area=True)
             t = gt.copy()
             boxes_to_input(t[:, 1:5], geo)
             targets.append(t)
@@ -497,7 +497,7 @@ def evaluate(onnx_path: Path, imgsz: int, threads: int) -> tuple[float, list[flo
         gt = np.empty((s.num_objects, 6), np.float32)
         for idx in range(0, 350, 7):
             scene.render(idx, frame, gt)
-            letterbox_into(frame, inp[0], PAD_VALUE, geo)
+            letterbox_into(frame, inp[0], PAD_VALUE, geo, area=True)
             out = sess.run(None, {"images": inp})[0][0]
             boxes, scores, classes = decode(out, geo)
             for c in range(NUM_CLASSES):
@@ -562,6 +562,7 @@ input:
   dtype: uint8
   color: bgr
   pad_value: {pad}
+  interpolation: area  # as it was trained (tools/train_detector.py)
 output:
   name: output0
   decoder: yolov8

@@ -72,7 +72,13 @@ class OnnxRuntimeBackend(InferenceBackend):
         try:
             self.session = ort.InferenceSession(model_path, sess_options=opts, providers=list(c.providers))
         except Exception as e:  # ORT raises Fail/InvalidGraph/... for unreadable models
-            raise BackendError(f"cannot load model {model_path}: {e}") from None
+            hint = ""
+            if "EfficientNMS_TRT" in str(e):
+                hint = (
+                    " (the graph holds TensorRT's EfficientNMS_TRT plugin, which only the tensorrt "
+                    "backend runs: for ONNX Runtime, export the model without it)"
+                )
+            raise BackendError(f"cannot load model {model_path}: {e}{hint}") from None
         self._inputs = [_spec(a) for a in self.session.get_inputs()]
         self._outputs = [_spec(a) for a in self.session.get_outputs()]
 

@@ -324,6 +324,8 @@ class TensorRTBackend(InferenceBackend):
             dtype="uint8",
             color="bgr",
             pad_value=fmt.pad_value,
+            resize=fmt.resize,
+            interpolation=fmt.interpolation,
         )
 
     def _read_io(self) -> None:
