@@ -439,13 +439,14 @@ def cmd_models(args: argparse.Namespace) -> int:
 
     from edge_agent.modelcheck import check_model, write_manifest
     from edge_agent.models.manifest import ModelError
+    from edge_agent.pipelines.backends.base import BackendError
 
     config = _load_config(args.config)
     model = replace(config.model, path=args.model, manifest=args.manifest or "")
     _setup_logging("error")  # the check prints the assumptions itself
     try:
         report, loaded = check_model(model, config.backend, args.frames)
-    except ModelError as e:
+    except (ModelError, BackendError) as e:  # the model, or the backend refused it
         print(f"refused: {e}")
         return EXIT_USAGE
     print(report.format())

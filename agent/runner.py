@@ -124,8 +124,8 @@ def check_outputs(m: ModelManifest, path: str, outputs: list[TensorSpec]) -> tup
     def need(ok: bool, what: str, k: int = 0) -> None:
         if not ok:
             raise ModelError(
-                f"{path}: output {names[index[k]]!r} has shape {shapes[k]}; a {dec} output with {n} labels "
-                f"needs {what}"
+                f"{path}: output {names[index[k]]!r} has shape {shapes[k]}; the {dec} decoder with "
+                f"{n} labels needs {what}"
             )
 
     shape = shapes[0]
@@ -215,6 +215,12 @@ def load_model(model: ModelConfig, backend_config: BackendConfig) -> LoadedModel
     backend.load(path or resolved.path, fmt)
     host = backend.host_format(fmt)
     input_name, decoder, topk = check_io(m, resolved.path, backend.inputs, backend.outputs, host)
+    if decoder.name == "rtdetr" and m.input.resize != "stretch":
+        log.warning(
+            "model %s: an RT-DETR decoder with a letterboxed input; Ultralytics trains and runs RT-DETR "
+            "on stretched frames (input.resize: stretch in its manifest)",
+            resolved.path,
+        )
     return LoadedModel(
         resolved,
         backend,
@@ -235,7 +241,6 @@ def decode_params(model: ModelConfig, m: ModelManifest, rtdetr_topk: bool = Fals
         input_w=m.input.width,
         input_h=m.input.height,
         rtdetr_topk=rtdetr_topk,
-        num_classes=len(m.labels),
     )
 
 

@@ -213,4 +213,6 @@ def _class_count(info: onnx_info.OnnxInfo, choice: onnx_info.Choice) -> int:
         return int(shape[1] or 0) - 4
     if choice.decoder == "yolov5":
         return int(shape[2] or 0) - 5
+    if choice.decoder == "rtdetr" and shape[2] not in (None, 6):  # the older per-class layout
+        return int(shape[2]) - 4
     return 0

@@ -136,7 +136,7 @@ def choose(info: OnnxInfo, n_labels: int, height: int, width: int) -> Choice:
     if names:
         return Choice("efficient_nms", names[0], names, "four outputs shaped like TensorRT's EfficientNMS")
     masks = [t for t in outs if len(t.shape) == 4]
-    if masks:
+    if masks and task is None:  # with task=detect, an extra feature-map output is just unread
         raise UnsupportedModel(
             f"output {masks[0].show()} is an image-shaped tensor (mask prototypes: a segmentation "
             "export): the agent runs detection models only"
@@ -144,13 +144,30 @@ def choose(info: OnnxInfo, n_labels: int, height: int, width: int) -> Choice:
     out = outs[0]
     ignored = tuple(t.name for t in outs[1:])
     args = info.meta("args")
+    by_meta = ""
     if info.meta("head") == "RTDETRDecoder":
-        return Choice("rtdetr", out.name, rule="metadata head=RTDETRDecoder (RT-DETR)", ignored=ignored)
-    if _is_true(info.meta("end2end")):
-        return Choice("end2end", out.name, rule="metadata end2end=True (an end-to-end head)", ignored=ignored)
-    if isinstance(args, dict) and _is_true(args.get("nms")):
-        return Choice("end2end", out.name, rule="metadata args nms=True (NMS in the graph)", ignored=ignored)
-    return _by_shape(out, outs, n_labels, height, width, ignored)
+        by_meta, rule = "rtdetr", "metadata head=RTDETRDecoder (RT-DETR)"
+    elif _is_true(info.meta("end2end")):
+        by_meta, rule = "end2end", "metadata end2end=True (an end-to-end head)"
+    elif isinstance(args, dict) and _is_true(args.get("nms")):
+        by_meta, rule = "end2end", "metadata args nms=True (NMS in the graph)"
+    if by_meta and _fits(by_meta, out.shape, n_labels):
+        return Choice(by_meta, out.name, rule=rule, ignored=ignored)
+    choice = _by_shape(out, outs, n_labels, height, width, ignored)
+    if by_meta:  # the metadata said otherwise: say both
+        rule = f"{choice.rule} ({rule}, but the output {out.show()} is not that layout)"
+        return Choice(choice.decoder, choice.output, rule=rule, ignored=ignored)
+    return choice
+
+
+def _fits(decoder: str, shape: tuple[int | None, ...], n: int) -> bool:
+    """Whether an output of ``shape`` can be the metadata's decoder's layout."""
+    if len(shape) != 3:
+        return False
+    last = shape[2]
+    if decoder == "rtdetr":
+        return last is None or last == 6 or (n > 0 and last == 4 + n) or (n == 0 and last > 4)
+    return last in (None, 6)
 
 
 def _by_shape(out: Tensor, outs: tuple[Tensor, ...], n: int, h: int, w: int, ignored) -> Choice:
@@ -161,22 +178,24 @@ def _by_shape(out: Tensor, outs: tuple[Tensor, ...], n: int, h: int, w: int, ign
             "model names the decoder and labels (edge-agent models check MODEL --write-manifest)"
         )
 
-    if len(out.shape) != 3 or out.shape[1] is None or out.shape[2] is None:
-        raise refuse(f"output {out.name!r} is not a fixed-size [B, rows, columns] tensor")
-    a, b = out.shape[1], out.shape[2]
+    if len(out.shape) != 3 or (out.shape[1] is None and out.shape[2] is None):
+        raise refuse(f"output {out.name!r} is not a [B, rows, columns] tensor with a fixed size")
+    a, b = out.shape[1], out.shape[2]  # either may be dynamic (None): decided by the other
     v8 = anchor_counts(h, w)
     v5 = {3 * c for c in v8}
     at = f"at {w}x{h}"
 
     def pick(decoder: str, rule: str) -> Choice:
-        return Choice(decoder, out.name, rule=f"shape [B, {a}, {b}]: {rule}", ignored=ignored)
+        dims = ", ".join("?" if d is None else str(d) for d in (a, b))
+        return Choice(decoder, out.name, rule=f"shape [B, {dims}]: {rule}", ignored=ignored)
 
-    if b in v8 and (n == 0 or a == 4 + n) and a > 4:
+    if b in v8 and a is not None and a > 4 and (n == 0 or a == 4 + n):
         return pick("yolov8", f"{b} = the anchors of a YOLOv8-style head {at} on axis 2")
-    if a in v5 and (n == 0 or b == 5 + n) and b > 5:
+    if a in v5 and b is not None and b > 5 and (n == 0 or b == 5 + n):
         return pick("yolov5", f"{a} = the anchors of a YOLOv5 head {at} on axis 1")
-    if b == 6 and a not in v8 | v5:
-        return pick("end2end", f"{a} rows of 6 (x1, y1, x2, y2, score, class), not an anchor count {at}")
+    if b == 6 and a not in v8 | v5 and not (a is None and n == 1):  # [?, 6]: a 1-class YOLOv5 too
+        k = "K" if a is None else a
+        return pick("end2end", f"{k} rows of 6 (x1, y1, x2, y2, score, class), not an anchor count {at}")
     if n and a == 4 + n:
         return pick("yolov8", f"axis 1 = 4 + {n} labels")
     if n and b == 5 + n:

@@ -7,6 +7,7 @@ All boxes are ``xyxy`` in model-input pixels; the caller maps them to source pix
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -31,9 +32,6 @@ class DecodeParams:
     input_w: int = 0
     input_h: int = 0
     rtdetr_topk: bool = False  # an RT-DETR output of (K, 6): top-k already in the graph
-    # Decoders that read class ids from the model (end-to-end heads, EfficientNMS) drop rows
-    # whose id has no label (0: no check).
-    num_classes: int = 0
 
 
 Decoded = tuple[np.ndarray, np.ndarray, np.ndarray]  # xyxy (K, 4) f32, scores (K,), class ids (K,)
@@ -154,10 +152,7 @@ def decode_yolov5(output: np.ndarray, p: DecodeParams) -> Decoded:
 
 def _ranked(xyxy: np.ndarray, scores: np.ndarray, class_ids: np.ndarray, p: DecodeParams) -> Decoded:
     """Threshold and rank detections that need no NMS (it ran inside the model)."""
-    ok = scores > p.score_threshold
-    if p.num_classes:
-        ok &= (class_ids >= 0) & (class_ids < p.num_classes)
-    idx = np.flatnonzero(ok)
+    idx = np.flatnonzero(scores > p.score_threshold)
     idx = idx[np.argsort(-scores[idx], kind="stable")][: p.max_detections]
     return (
         np.ascontiguousarray(xyxy[idx], np.float32),
@@ -235,11 +230,13 @@ class Decoder:
     name: str
     outputs: tuple[int, ...]
     fn: Callable[..., Decoded] = field(init=False, repr=False, compare=False)
+    _pick: Callable[[Sequence[np.ndarray]], tuple] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fn", DECODERS[self.name])
+        object.__setattr__(self, "_pick", operator.itemgetter(*self.outputs))
 
     def __call__(self, outputs: Sequence[np.ndarray], p: DecodeParams) -> Decoded:
-        if len(self.outputs) == 1:
+        if len(self.outputs) == 1:  # itemgetter of one index gives the item, not a tuple
             return self.fn(outputs[self.outputs[0]], p)
-        return self.fn(*[outputs[i] for i in self.outputs], p)
+        return self.fn(*self._pick(outputs), p)

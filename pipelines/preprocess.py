@@ -75,7 +75,7 @@ def letterbox_into(
     if x1 < dw:
         dst[y0:y1, x1:].fill(pad_value)
     view = dst[y0:y1, x0:x1]
-    interp = cv2.INTER_AREA if area and geo.scale_x < 1.0 else cv2.INTER_LINEAR
+    interp = cv2.INTER_AREA if area and min(geo.scale_x, geo.scale_y) < 1.0 else cv2.INTER_LINEAR
     cv2.resize(src, (geo.new_w, geo.new_h), dst=view, interpolation=interp)
     return geo
 

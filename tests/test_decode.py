@@ -396,10 +396,10 @@ def test_a_bound_decoder_reads_its_outputs_by_index_in_role_order():
     assert single([np.zeros(1), rows], P)[2].tolist() == [3]
 
 
-def test_class_ids_without_a_label_are_dropped():
-    rows = np.array([[0, 0, 4, 4, 0.9, 3], [0, 0, 4, 4, 0.8, 4], [0, 0, 4, 4, 0.7, -1]], np.float32)
-    assert decode_end2end(rows, replace(P, num_classes=4))[2].tolist() == [3]
-    assert decode_end2end(rows, P)[2].tolist() == [3, 4, -1]  # 0: no check
+def test_end_to_end_class_ids_are_kept_as_the_model_gives_them():
+    """Whatever the labels: the message names an id without a label by its number."""
+    rows = np.array([[0, 0, 4, 4, 0.9, 3], [0, 0, 4, 4, 0.8, 400], [0, 0, 4, 4, 0.7, -1]], np.float32)
+    assert decode_end2end(rows, P)[2].tolist() == [3, 400, -1]
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -9,6 +9,8 @@ each frame's result is known exactly and a batch mix-up shows.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import yaml
@@ -144,6 +146,72 @@ def test_the_decoder_is_chosen_by_metadata_names_then_shape_and_the_rule_is_said
     assert resolved.manifest.input.resize == ("stretch" if decoder == "rtdetr" else "letterbox")
 
 
+def _dynamic(path: str, dims: list, metadata: dict, height: int = 320, width: int = 320) -> str:
+    """A model whose one output has symbolic axes (``yolo export ... dynamic=True``): only
+    its declared shape matters to the rules, so it is written by hand."""
+    import onnx
+
+    x = helper.make_tensor_value_info("images", F, ["batch", 3, height, width])
+    y = helper.make_tensor_value_info("output0", F, dims)
+    node = helper.make_node("Identity", ["images"], ["output0"])
+    model = helper.make_model(
+        helper.make_graph([node], "dyn", [x], [y]), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    for k, v in metadata.items():
+        model.metadata_props.append(onnx.StringStringEntryProto(key=k, value=v))
+    onnx.save(model, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("dims", "metadata", "size", "decoder", "rule"),
+    [
+        pytest.param(
+            ["batch", 84, "anchors"], META, (320, 320), "yolov8", "axis 1 = 4 + 80 labels", id="v8-dynamic"
+        ),
+        pytest.param(
+            ["batch", "anchors", 85], META, (320, 320), "yolov5", "axis 2 = 5 + 80 labels", id="v5-dynamic"
+        ),
+        pytest.param(["batch", "k", 6], {}, (320, 320), "end2end", "K rows of 6", id="e2e-dynamic"),
+        pytest.param([1, 84, 2125], {}, (320, 320), "yolov8", "2125 = the anchors", id="p6"),
+        pytest.param(
+            [1, 15120, 85],
+            {},
+            (384, 640),
+            "yolov5",
+            "15120 = the anchors of a YOLOv5 head at 640x384",
+            id="v5-wide",
+        ),
+        pytest.param(
+            [1, 84, 2100],
+            {**META, "end2end": "True"},
+            (320, 320),
+            "yolov8",
+            "(metadata end2end=True (an end-to-end head), but the output output0 [1, 84, 2100] float32",
+            id="metadata-disagrees",
+        ),
+    ],
+)
+def test_shape_rules_read_dynamic_axes_p6_heads_and_wide_inputs(
+    tmp_path, dims, metadata, size, decoder, rule
+):
+    path = _dynamic(str(tmp_path / "m.onnx"), dims, metadata, *size)
+    resolved = resolve_model(path)
+    assert resolved.manifest.output.decoder == decoder
+    (said,) = [n for n in resolved.assumptions if n.startswith("decoder ")]
+    assert rule in said, said
+
+
+def test_an_extra_image_shaped_output_of_a_detection_model_is_left_unread(tmp_path):
+    outputs = {
+        "output0": still(np.zeros((1, 84, 2100), np.float32)),
+        "feats": still(np.zeros((1, 8, 40, 40))),
+    }
+    resolved = resolve_model(brightness_detector(str(tmp_path / "m.onnx"), outputs, metadata=META))
+    assert resolved.manifest.output.decoder == "yolov8"
+    assert "outputs ['feats'] are not read" in resolved.assumptions
+
+
 @pytest.mark.parametrize(
     ("outputs", "metadata", "message"),
     [
@@ -222,16 +290,16 @@ def test_end_to_end_rows_map_back_through_the_letterbox_with_thresholds_and_max_
         (100, 60, 200, 140, 0.9, 2),
         (10, 50, 30, 70, 0.3, 1),  # under the config's 0.5
         (0, 40, 50, 90, 0.8, 1),
-        (5, 45, 9, 49, 0.7, 80),  # a class id past the labels: dropped, not an exception later
+        (5, 45, 9, 49, 0.7, 85),  # a class id past the labels: kept (published under its number)
     )
     path = brightness_detector(
         str(tmp_path / "m.onnx"), {"output0": still(out)}, metadata={**META, "end2end": "True"}
     )
     xyxy, scores, classes = run_one(path, score_threshold=0.5)
     # 640x480 into 320x320: scale 0.5, 40 px bars above and below.
-    assert classes.tolist() == [2, 1]
-    np.testing.assert_allclose(xyxy, [[200, 40, 400, 200], [0, 0, 100, 100]])
-    assert scores.tolist() == pytest.approx([0.9, 0.8])
+    assert classes.tolist() == [2, 1, 85]
+    np.testing.assert_allclose(xyxy, [[200, 40, 400, 200], [0, 0, 100, 100], [10, 10, 18, 18]])
+    assert scores.tolist() == pytest.approx([0.9, 0.8, 0.7])
     _, scores, _ = run_one(path, score_threshold=0.5, max_detections=1)
     assert scores.tolist() == pytest.approx([0.9])
 
@@ -282,6 +350,7 @@ def _moving(fmt: str) -> tuple[dict, dict]:
         box_move[0, 0, [0, 2]] = 100.0
         cls_move = np.zeros((1, 6), np.float32)
         cls_move[0, 1] = 3.99  # class 1 + floor(3.99 m): the class follows the frame too
+        outs["num_dets"] = (np.array([[1.0]], np.float32), np.array([[2.5]], np.float32), I32)  # 1, 2, 3 rows
         outs["det_boxes"] = (outs["det_boxes"][0], box_move, F)
         outs["det_classes"] = (outs["det_classes"][0], cls_move, I32)
         return outs, {}
@@ -312,11 +381,15 @@ def test_a_batch_of_frames_decodes_as_each_frame_alone(tmp_path, fmt):
         for a, b in zip(got, want):
             np.testing.assert_array_equal(a, b)
     assert alone[0][0][0, 0] != alone[2][0][0, 0], "the frames' boxes differ, so a mix-up would show"
+    if fmt == "efficient_nms":
+        assert [len(a[1]) for a in alone] == [1, 2, 3], "num_dets follows the frame too"
     model.backend.close()
 
 
 def test_an_efficient_nms_model_publishes_its_detections(tmp_path):
-    outs = nms_outputs(2, [[100, 60, 200, 140], [0, 40, 50, 90]], [0.6, 0.9], [3, 1])
+    outs = nms_outputs(
+        3, [[100, 60, 200, 140], [0, 40, 50, 90], [10, 50, 20, 60]], [0.6, 0.9, 0.5], [3, 1, 85]
+    )
     path = brightness_detector(str(tmp_path / "m.onnx"), outs)
     frames = tmp_path / "frames"
     frames.mkdir()
@@ -336,53 +409,25 @@ def test_an_efficient_nms_model_publishes_its_detections(tmp_path):
     with started(agent, sub):
         wait_until(lambda: len(sub.messages) >= 3, 20, message="three results")
     dets = sub.messages[-1]["detections"]
-    assert [(d["label"], d["class_id"]) for d in dets] == [("class1", 1), ("class3", 3)]
+    # No names in the model: class0..class79; an id past them is published under its number.
+    assert [(d["label"], d["class_id"]) for d in dets] == [("class1", 1), ("class3", 3), ("85", 85)]
     assert dets[1]["box_xyxy"] == pytest.approx([200, 40, 400, 200])
 
 
 # -- TensorRT: the same decoders on the engine's tensors ----------------------------------------
 
 
-def test_tensorrt_efficient_nms_outputs_are_int32_and_decode_as_on_onnx_runtime(tmp_path, monkeypatch):
-    outs = nms_outputs(2, [[100, 60, 200, 140], [0, 40, 50, 90]], [0.6, 0.9], [3, 1])
-    path = brightness_detector(str(tmp_path / "m.onnx"), outs)
-    calls: list = []
-    cuda = FakeCudaDriver(calls)
-    trt = FakeTensorRT(calls=calls, cuda=cuda)
-    monkeypatch.setitem(registry._REGISTRY, "tensorrt", lambda cfg: TensorRTBackend(cfg, modules=(trt, cuda)))
-    on_trt = load_model(ModelConfig(path=path), TensorRTConfig(cache_dir=str(tmp_path / "engines")))
-    on_ort = load_model(ModelConfig(path=path, input_adapter="off"), OnnxRuntimeConfig())
-    dtypes = {t.name: t.dtype for t in on_trt.backend.outputs}
-    assert dtypes == {
-        "num_dets": np.int32,
-        "det_boxes": np.float32,
-        "det_scores": np.float32,
-        "det_classes": np.int32,
-    }
-    ort_io, trt_io = on_ort.backend.allocate(), on_trt.backend.allocate()
-    on_ort.preprocessor(frame(90), ort_io.inputs["images"], Letterbox())
-    on_ort.backend.infer(ort_io)
-    on_trt.backend.infer(trt_io)
-    # The fake engine computes nothing: what the real one writes is ONNX Runtime's result.
-    by_name = dict(zip([t.name for t in on_ort.backend.outputs], ort_io.outputs))
-    for spec, host in zip(on_trt.backend.outputs, trt_io.outputs):
-        assert host.dtype == spec.dtype and host.shape == by_name[spec.name].shape
-        host[...] = by_name[spec.name]
-    a, b = on_trt.decode(trt_io.outputs, on_trt.params), on_ort.decode(ort_io.outputs, on_ort.params)
-    for x, y in zip(a, b):
-        np.testing.assert_array_equal(x, y)
-    assert a[2].tolist() == [1, 3]
-    on_trt.backend.close()
-    on_ort.backend.close()
+def _plugin_graph(path: Path, k: int = 10) -> Path:
+    """An ONNX holding TensorRT's EfficientNMS_TRT plugin, as YOLOv7's ``--end2end`` writes
+    it: ONNX Runtime cannot load it; TensorRT's parser can, once the plugins are registered."""
+    import onnx
 
-
-def test_onnx_runtime_refuses_the_efficient_nms_plugin_saying_which_backend_runs_it(tmp_path):
     x = helper.make_tensor_value_info("images", F, [1, 3, 32, 32])
     outs = [
         helper.make_tensor_value_info("num_dets", I32, [1, 1]),
-        helper.make_tensor_value_info("det_boxes", F, [1, 10, 4]),
-        helper.make_tensor_value_info("det_scores", F, [1, 10]),
-        helper.make_tensor_value_info("det_classes", I32, [1, 10]),
+        helper.make_tensor_value_info("det_boxes", F, [1, k, 4]),
+        helper.make_tensor_value_info("det_scores", F, [1, k]),
+        helper.make_tensor_value_info("det_classes", I32, [1, k]),
     ]
     node = helper.make_node(
         "EfficientNMS_TRT", ["images"], [o.name for o in outs], domain="TRT", score_threshold=0.25
@@ -392,16 +437,71 @@ def test_onnx_runtime_refuses_the_efficient_nms_plugin_saying_which_backend_runs
         graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("TRT", 1)]
     )
     model.ir_version = 8
-    path = tmp_path / "plugin.onnx"
-    import onnx
-
     onnx.save(model, str(path))
-    (tmp_path / "plugin.yaml").write_text(
-        "name: p\ninput: {height: 32, width: 32}\noutput: {decoder: efficient_nms}\nlabels: [a]\n"
+    path.with_suffix(".yaml").write_text(
+        "name: p\ninput: {height: 32, width: 32}\noutput: {decoder: efficient_nms}\nlabels: [a, b, c, d]\n"
     )
+    return path
+
+
+def test_tensorrt_loads_an_efficient_nms_plugin_graph_and_decodes_its_int32_tensors(tmp_path, monkeypatch):
+    path = _plugin_graph(tmp_path / "plugin.onnx")
+    calls: list = []
+    cuda = FakeCudaDriver(calls)
+    trt = FakeTensorRT(calls=calls, cuda=cuda)
+    monkeypatch.setitem(registry._REGISTRY, "tensorrt", lambda cfg: TensorRTBackend(cfg, modules=(trt, cuda)))
+    loaded = load_model(ModelConfig(path=str(path)), TensorRTConfig(cache_dir=str(tmp_path / "engines")))
+    names = [n for n, _ in calls]
+    assert names.index("init_libnvinfer_plugins") < names.index("OnnxParser.parse_from_file"), "plugins first"
+    dtypes = {t.name: t.dtype for t in loaded.backend.outputs}
+    assert dtypes == {
+        "num_dets": np.int32,
+        "det_boxes": np.float32,
+        "det_scores": np.float32,
+        "det_classes": np.int32,
+    }
+    assert loaded.decode.name == "efficient_nms"
+    io = loaded.backend.allocate()
+    loaded.backend.infer(io)
+    # What the plugin writes (the fake engine computes nothing): 2 detections, then padding.
+    num, boxes, scores, classes = (io.outputs[i] for i in loaded.decode.outputs)
+    assert num.dtype == classes.dtype == np.int32
+    num[...] = 2
+    boxes[0, :3] = [[1, 2, 11, 12], [3, 4, 13, 14], [5, 5, 6, 6]]
+    scores[0, :3] = [0.5, 0.9, 0.95]
+    classes[0, :3] = [3, 1, 0]
+    xyxy, got, ids = loaded.decode(io.outputs, loaded.params)
+    assert ids.tolist() == [1, 3] and got.tolist() == pytest.approx([0.9, 0.5])
+    np.testing.assert_array_equal(xyxy, [[3, 4, 13, 14], [1, 2, 11, 12]])
+    loaded.backend.close()
+
+
+def test_without_registered_plugins_the_parser_names_the_plugin(tmp_path):
+    """The fake mirrors the real parser: a plugin op with no registered creator fails the
+    parse (the backend registers the plugins first; this shows the fake would catch it)."""
+    from fakes.fake_tensorrt import FakeOnnxParser
+
+    trt = FakeTensorRT()
+    parser = FakeOnnxParser(trt, trt.Builder(None).create_network(0), None)
+    assert not parser.parse_from_file(str(_plugin_graph(tmp_path / "plugin.onnx")))
+    assert "EfficientNMS_TRT" in parser.get_error(0).desc()
+
+
+def test_onnx_runtime_refuses_the_efficient_nms_plugin_saying_which_backend_runs_it(tmp_path):
+    path = _plugin_graph(tmp_path / "plugin.onnx")
     with pytest.raises(RuntimeError, match="EfficientNMS_TRT plugin, which only the tensorrt backend runs"):
         load_model(ModelConfig(path=str(path), input_adapter="off"), OnnxRuntimeConfig())
-    assert resolve_model(str(path), str(tmp_path / "plugin.yaml")).manifest.output.decoder == "efficient_nms"
+    assert resolve_model(str(path)).manifest.output.decoder == "efficient_nms"
+    # Without a manifest the rules read the plugin graph with onnx, not ONNX Runtime.
+    path.with_suffix(".yaml").unlink()
+    assert resolve_model(str(path)).manifest.output.names() == (
+        "num_dets",
+        "det_boxes",
+        "det_scores",
+        "det_classes",
+    )
+    r = run_process(agent_command("models", "check", str(path)), 120)
+    assert r.returncode == 2 and "refused:" in r.stdout and "only the tensorrt backend runs" in r.stdout
 
 
 # -- edge-agent models check -----------------------------------------------------------------------

@@ -140,6 +140,9 @@ class TensorRTBackend(InferenceBackend):
         self._device = f"{dev.name()} sm_{major}{minor}" + (f" {release}" if release else "")
         self._model_path = model_path
         self._logger = trt.Logger(trt.Logger.WARNING)
+        # TensorRT's own plugins (EfficientNMS_TRT in end-to-end exports) must be registered
+        # before the parser or the runtime meets a graph or an engine that holds one.
+        trt.init_libnvinfer_plugins(self._logger, "")
         with self._current():
             self._num_dla = trt.Builder(self._logger).num_DLA_cores
             self.engine = self._engine_for_model(model_path)
@@ -154,19 +157,22 @@ class TensorRTBackend(InferenceBackend):
 
     def _model_input_shape(self, model_path: str) -> tuple[str, tuple[int, ...], bool]:
         """The input's name, the shape to build for, and whether its batch axis is dynamic."""
-        # ONNX Runtime reads the input's name and shape without a TensorRT parse.
-        import onnxruntime as ort
+        # Read from the ONNX itself: no TensorRT parse, and a plugin graph (which ONNX
+        # Runtime cannot load) is read too.
+        from edge_agent.models import onnx_info
 
-        sess = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
-        inp = sess.get_inputs()[0]
+        try:
+            inp = onnx_info.read(model_path).inputs[0]
+        except Exception as e:  # protobuf's DecodeError, OSError, IndexError (no input)
+            raise BackendError(f"cannot read the input of {model_path}: {e}") from None
         # Dynamic axes take the size the pipeline feeds: the largest batch, the manifest's H and W.
         f, b = self._fmt, self._max_batch()
         fed = (b, f.height, f.width, 3) if f.layout == "NHWC" else (b, 3, f.height, f.width)
         dims = list(inp.shape)
         if len(dims) != len(fed):
             fed = (1,) * len(dims)
-        shape = tuple(d if isinstance(d, int) and d > 0 else w for d, w in zip(dims, fed))
-        dynamic = bool(dims) and not (isinstance(dims[0], int) and dims[0] > 0)
+        shape = tuple(d if d else w for d, w in zip(dims, fed))
+        dynamic = bool(dims) and not dims[0]
         return inp.name, shape, dynamic
 
     def _max_batch(self) -> int:
@@ -293,7 +299,9 @@ class TensorRTBackend(InferenceBackend):
         )
         settings = trt_build.BuildSettings(**{**settings.__dict__, "precision": "fp16"})
         self.notes += [f"preprocessing: {n}" for n in notes]
-        fmt_sha = hashlib.sha256(repr(fmt).encode()).hexdigest()
+        # Only what the device engine computes: the resize happens on the host before it.
+        used = (fmt.height, fmt.width, fmt.layout, fmt.dtype, fmt.color, fmt.scale, fmt.mean, fmt.std)
+        fmt_sha = hashlib.sha256(repr(used).encode()).hexdigest()
         key = self._key_for(settings, fmt_sha, "preprocess")
         try:
             with self._current():

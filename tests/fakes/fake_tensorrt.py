@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 
 MAGIC = b"FAKE-TRT-PLAN\x00"
+#: Ops of TensorRT's plugin library: the parser knows them once ``init_libnvinfer_plugins`` ran.
+PLUGINS = frozenset({"EfficientNMS_TRT", "BatchedNMSDynamic_TRT", "EfficientNMS_ONNX_TRT"})
 
 
 class FakeDataType(enum.Enum):
@@ -331,6 +333,11 @@ class FakeOnnxParser:
             dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim)
             return FakeTensor(vi.name, _FROM_ONNX[tt.elem_type], dims)
 
+        plugins = sorted({n.op_type for n in proto.graph.node if n.op_type in PLUGINS})
+        if plugins and not self._trt.plugins_registered:
+            # What the real parser says for a plugin op it finds no creator for.
+            self._errors.append(FakeParserError(f"No importer registered for op: {plugins[0]}"))
+            return False
         net.inputs = [tensor(vi) for vi in proto.graph.input if vi.name not in inits]
         for i, node in enumerate(proto.graph.node):
             net.layers.append(FakeLayer(node.op_type, node.name or f"{node.op_type}_{i}", net.inputs[:1]))
@@ -694,9 +701,16 @@ class FakeTensorRT:
         self.execute_result = True
         self.exec_ms: dict[str, float] = {"network": 0.25}  # device ms per enqueue, by network label
         self.builds = 0
+        self.plugins_registered = False
 
     def _record(self, name: str, *args: Any) -> None:
         self.calls.append((name, args))
+
+    def init_libnvinfer_plugins(self, logger: Any, namespace: str) -> bool:
+        """Registers TensorRT's own plugins (EfficientNMS_TRT, ...) with the plugin registry."""
+        self._record("init_libnvinfer_plugins", namespace)
+        self.plugins_registered = True
+        return True
 
     def Builder(self, logger: Any) -> FakeBuilder:
         return FakeBuilder(self, logger)
