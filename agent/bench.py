@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.config import (
+from edge_agent.core.config import (
     SCHEDULING_FIELDS,
     AgentConfig,
     ImageFolderSourceConfig,
@@ -67,30 +67,17 @@ from edge_agent.config import (
     TensorRTConfig,
     VideoSourceConfig,
 )
-from edge_agent.latency import LatencyHistogram
+from edge_agent.core.latency import LatencyHistogram
+from edge_agent.core.stages import STAGES
 from edge_agent.models.manifest import InputSpec
 from edge_agent.pipelines.decode import Decoder
-from edge_agent.pipelines.handoff import STAGES
+from edge_agent.pipelines.file_sources import FileSourceConfig, preload
+from edge_agent.pipelines.model import LoadedModel, check_io, load_model, model_notes_once
 from edge_agent.pipelines.pipeline import PipelineStats
 from edge_agent.pipelines.preprocess import Letterbox, Preprocessor, boxes_to_source
-from edge_agent.pipelines.sources import (
-    FileSourceConfig,
-    MemorySource,
-    Source,
-    SourceError,
-    create_source,
-    preload,
-    source_rate,
-)
-from edge_agent.runner import (
-    Agent,
-    LoadedModel,
-    check_io,
-    load_model,
-    model_at,
-    model_notes_once,
-    onnxruntime_of,
-)
+from edge_agent.pipelines.source_base import Source, SourceError
+from edge_agent.pipelines.sources import MemorySource, create_source, source_rate
+from edge_agent.runner import Agent, model_at, onnxruntime_of
 
 BENCH_SCHEMA = 1
 

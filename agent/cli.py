@@ -361,7 +361,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from edge_agent.configload import ConfigError, dump, to_plain
+    from edge_agent.core.configload import ConfigError, dump, to_plain
     from edge_agent.fleet import diff_configs, load_fleet
 
     if args.config_command == "validate":
@@ -388,7 +388,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def _validate(path: str) -> int:
-    from edge_agent.configload import ConfigError
+    from edge_agent.core.configload import ConfigError
     from edge_agent.fleet import is_fleet, load_effective, load_fleet, validate_fleet
 
     if is_fleet(path):
@@ -509,7 +509,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_engine_build(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from edge_agent.config import TensorRTConfig
+    from edge_agent.core.config import TensorRTConfig
     from edge_agent.models.manifest import resolve_model
     from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
 
@@ -932,7 +932,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from edge_agent.configload import ConfigError
+    from edge_agent.core.configload import ConfigError
 
     args = build_parser().parse_args(argv)
     try:

@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edge_agent.config import BackendConfig, ModelConfig
-from edge_agent.latency import LatencyHistogram
+from edge_agent.core.config import BackendConfig, ModelConfig
+from edge_agent.core.latency import LatencyHistogram
 from edge_agent.pipelines.decode import Decoded, box_iou
 from edge_agent.pipelines.preprocess import Letterbox, boxes_to_source
 from edge_agent.pipelines.synthetic import CLASSES, SceneSpec, SyntheticScene
 
 if TYPE_CHECKING:
-    from edge_agent.runner import LoadedModel
+    from edge_agent.pipelines.model import LoadedModel
 
 HELDOUT_SEED = 1_000_000
 HELDOUT_SEEDS = 10
@@ -222,7 +222,7 @@ def load_judged(model: ModelConfig, backend: BackendConfig, reference: bool) -> 
     """The model loaded for an agreement check, and its operating score threshold: the
     reference at its operating thresholds (what it would publish), a candidate with
     nearly every detection kept."""
-    from edge_agent.runner import load_model
+    from edge_agent.pipelines.model import load_model
 
     loaded = load_model(model, backend)
     operating = loaded.params.score_threshold

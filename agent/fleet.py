@@ -74,8 +74,8 @@ import yaml
 from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
-from edge_agent.config import AgentConfig
-from edge_agent.configload import (
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.configload import (
     ENV_ORIGIN,
     ENV_PREFIX,
     Builder,

@@ -40,8 +40,8 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from edge_agent.core.latency import _UPPER, LatencyHistogram
 from edge_agent.http_endpoint import HttpEndpoint
-from edge_agent.latency import _UPPER, LatencyHistogram
 from edge_agent.pipelines.publish import is_loopback
 
 log = logging.getLogger(__name__)
@@ -229,6 +229,10 @@ class MetricsServer:
                 self.http.url,
             )
         log.info("metrics on %s", self.http.url)
+
+    def stop(self, timeout_s: float = 0.0) -> bool:
+        self.close()
+        return True
 
     def close(self) -> None:
         self.http.close()

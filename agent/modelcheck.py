@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import yaml
 
-from edge_agent import configload
-from edge_agent.config import BackendConfig, ModelConfig
+from edge_agent.core import configload
+from edge_agent.core.config import BackendConfig, ModelConfig
 from edge_agent.models.manifest import ModelManifest
+from edge_agent.pipelines.model import LoadedModel, load_model, model_notes_once
 from edge_agent.pipelines.preprocess import Letterbox
 from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
-from edge_agent.runner import LoadedModel, load_model, model_notes_once
 
 _NO_NMS = ("end2end", "rtdetr", "efficient_nms")  # NMS inside the model, or none needed
 

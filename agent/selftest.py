@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from edge_agent import __version__
-from edge_agent.config import ModelConfig, OnnxRuntimeConfig, TensorRTConfig
+from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig, TensorRTConfig
 from edge_agent.evaluation import FrameResult, heldout_frames, mean_average_precision
 from edge_agent.pipelines.decode import box_iou
 from edge_agent.pipelines.preprocess import Letterbox, boxes_to_source
@@ -143,7 +143,7 @@ def compare(
 
 def run_selftest(frames: int = 50, cache_dir: str = "") -> list[Check]:
     from edge_agent.pipelines.backends.registry import tensorrt_unavailable
-    from edge_agent.runner import load_model
+    from edge_agent.pipelines.model import load_model
 
     checks = [platform_check(), clocks_check()]
     cpu = load_model(ModelConfig(score_threshold=0.001), OnnxRuntimeConfig())

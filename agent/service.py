@@ -148,7 +148,7 @@ class Supervisor:
         return ""
 
     def reload(self) -> bool:
-        from edge_agent.configload import ConfigError
+        from edge_agent.core.configload import ConfigError
 
         self.notifier.reloading()
         # Preparing the new config (a model, perhaps an engine build) can take longer than

@@ -46,7 +46,7 @@ import numpy as np
 import yaml
 
 from edge_agent.bench import BenchAgent, lane_settings, private_config, pure_inference, started
-from edge_agent.config import (
+from edge_agent.core.config import (
     AgentConfig,
     AutoBackendConfig,
     ImageFolderSourceConfig,
@@ -56,22 +56,23 @@ from edge_agent.config import (
     SyntheticSourceConfig,
     VideoSourceConfig,
 )
-from edge_agent.configload import to_plain
-from edge_agent.latency import LatencyHistogram
+from edge_agent.core.configload import to_plain
+from edge_agent.core.latency import LatencyHistogram
+from edge_agent.core.stages import STAGES
 from edge_agent.pipelines.decode import Decoded
-from edge_agent.pipelines.handoff import STAGES
-from edge_agent.pipelines.sources import (
+from edge_agent.pipelines.file_sources import (
     IMAGE_PATTERNS,
     PRELOAD_MIB,
     FileSourceConfig,
-    SourceError,
     file_frames,
     frame_count,
     list_images,
     preload,
-    source_rate,
 )
-from edge_agent.runner import model_notes_once, onnxruntime_of
+from edge_agent.pipelines.model import model_notes_once
+from edge_agent.pipelines.source_base import SourceError
+from edge_agent.pipelines.sources import source_rate
+from edge_agent.runner import onnxruntime_of
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from edge_agent.pipelines.backends.engine_cache import file_sha256
-from edge_agent.pipelines.preprocess import InputFormat
+from edge_agent.core.files import file_sha256
+from edge_agent.models.manifest import InputFormat
 
 log = logging.getLogger(__name__)
 

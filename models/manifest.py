@@ -12,13 +12,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from edge_agent import configload
-from edge_agent.configload import check
+from edge_agent.core import configload
+from edge_agent.core.configload import check
 from edge_agent.models import onnx_info
-from edge_agent.pipelines.preprocess import InputFormat
 
 BUNDLED_DIR = Path(__file__).resolve().parent
 BUNDLED_MODEL = "shapes-det"
+
+
+@dataclass(frozen=True)
+class InputFormat:
+    """What the host writes into the model input: the manifest's input section, or what a
+    backend or the input adapter takes over (``host_format``)."""
+
+    height: int
+    width: int
+    layout: str = "NCHW"  # or "NHWC"
+    dtype: str = "float32"  # float32 | float16 | uint8
+    color: str = "rgb"  # rgb | bgr
+    scale: float = 1.0 / 255.0
+    mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    std: tuple[float, float, float] = (1.0, 1.0, 1.0)
+    pad_value: int = 114
+    resize: str = "letterbox"  # or "stretch": the frame fills the input, aspect ratio not kept
+    interpolation: str = "linear"  # or "area" (shrinking only)
 
 
 class ModelError(RuntimeError):

@@ -20,8 +20,8 @@ from typing import Any
 import cv2
 import numpy as np
 
-from edge_agent.config import GStreamerSourceConfig, RtspSourceConfig, V4L2SourceConfig
-from edge_agent.pipelines.sources import BufferPolicy, Source, SourceError, SourceFrame, open_video
+from edge_agent.core.config import GStreamerSourceConfig, RtspSourceConfig, V4L2SourceConfig
+from edge_agent.pipelines.source_base import BufferPolicy, Source, SourceError, SourceFrame, open_video
 
 log = logging.getLogger(__name__)
 

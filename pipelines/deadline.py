@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from edge_agent.config import DeadlineConfig, LadderStep
-from edge_agent.pipelines.handoff import CAPTURED, INFER_START, N_STAMPS, PUBLISH, STAGES
+from edge_agent.core.config import DeadlineConfig, LadderStep
+from edge_agent.core.stages import CAPTURED, INFER_START, N_STAMPS, PUBLISH, STAGES
 
 log = logging.getLogger(__name__)
 

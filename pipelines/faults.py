@@ -13,9 +13,9 @@ import random
 import time
 from typing import Any
 
-from edge_agent.config import FaultsConfig
+from edge_agent.core.config import FaultsConfig
 from edge_agent.pipelines.backends.base import InferenceBackend, IOSet
-from edge_agent.pipelines.sources import Source, SourceFrame
+from edge_agent.pipelines.source_base import Source, SourceFrame
 
 log = logging.getLogger(__name__)
 

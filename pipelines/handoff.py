@@ -16,14 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from edge_agent.core.stages import N_STAMPS
 from edge_agent.pipelines.backends.base import IOSet
 from edge_agent.pipelines.preprocess import Letterbox
-
-# Stage boundaries stamped on every frame (time.monotonic_ns()).
-CAPTURED, PRE_START, PRE_END, INFER_START, INFER_END, POST_START, POST_END, PUBLISH = range(8)
-N_STAMPS = 8
-#: Stage i lasts from stamp i to stamp i + 1; together they add up to the end-to-end time.
-STAGES = ("capture", "preprocess", "wait_infer", "infer", "wait_post", "postprocess", "publish")
 
 
 class FrameSlot:

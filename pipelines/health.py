@@ -13,9 +13,9 @@ import threading
 import time
 from typing import Any
 
-from edge_agent import resources
+from edge_agent.core import resources
+from edge_agent.core.stages import STAGES
 from edge_agent.pipelines.deadline import LadderChange
-from edge_agent.pipelines.handoff import STAGES
 from edge_agent.pipelines.publish import SCHEMA_VERSION, ZmqPublisher
 
 log = logging.getLogger(__name__)
@@ -51,11 +51,13 @@ class HealthReporter:
         self._thread = threading.Thread(target=self._run, name="health")
         self._thread.start()
 
-    def stop(self, timeout_s: float = 1.0) -> None:
+    def stop(self, timeout_s: float = 1.0) -> bool:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout_s)
+            return not thread.is_alive()
+        return True
 
     def close(self) -> None:
         self.stop()

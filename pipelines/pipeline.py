@@ -41,10 +41,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from edge_agent.latency import LatencyHistogram
-from edge_agent.pipelines.backends.base import IOSet
-from edge_agent.pipelines.deadline import DROP_REASONS, DeadlineMonitor
-from edge_agent.pipelines.handoff import (
+from edge_agent.core.latency import LatencyHistogram
+from edge_agent.core.stages import (
     CAPTURED,
     INFER_END,
     INFER_START,
@@ -54,15 +52,15 @@ from edge_agent.pipelines.handoff import (
     PRE_START,
     PUBLISH,
     STAGES,
-    Closed,
-    FrameQueue,
-    FrameSlot,
-    SlotPool,
 )
+from edge_agent.pipelines.backends.base import IOSet
+from edge_agent.pipelines.deadline import DROP_REASONS, DeadlineMonitor
+from edge_agent.pipelines.handoff import Closed, FrameQueue, FrameSlot, SlotPool
+from edge_agent.pipelines.model import LoadedModel
 from edge_agent.pipelines.preprocess import boxes_to_source
 from edge_agent.pipelines.publish import MessageBuilder, ZmqPublisher
 from edge_agent.pipelines.scheduler import BatchScheduler, LaneSpec
-from edge_agent.pipelines.sources import BufferPolicy, EndOfStream, Source, SourceError
+from edge_agent.pipelines.source_base import BufferPolicy, EndOfStream, Source, SourceError
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +82,7 @@ class Profile:
     """
 
     name: str
-    model: Any  # runner.LoadedModel: backend, preprocessor, decode, params
+    model: LoadedModel
     pools: dict[str, SlotPool] = field(default_factory=dict)  # by source name
     batches: dict[int, IOSet] = field(default_factory=dict)  # by batch size (2 and up)
     warm_ns: dict[int, int] = field(default_factory=dict)  # last warm-up run, by batch size

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from edge_agent.models.manifest import InputFormat
+
 
 @dataclass
 class Letterbox:
@@ -95,23 +97,6 @@ def boxes_to_input(xyxy: np.ndarray, geo: Letterbox) -> np.ndarray:
     xyxy[:, 0::2] += geo.pad_x
     xyxy[:, 1::2] += geo.pad_y
     return xyxy
-
-
-@dataclass(frozen=True)
-class InputFormat:
-    """What the model expects, from its manifest."""
-
-    height: int
-    width: int
-    layout: str = "NCHW"  # or "NHWC"
-    dtype: str = "float32"  # float32 | float16 | uint8
-    color: str = "rgb"  # rgb | bgr
-    scale: float = 1.0 / 255.0
-    mean: tuple[float, float, float] = (0.0, 0.0, 0.0)
-    std: tuple[float, float, float] = (1.0, 1.0, 1.0)
-    pad_value: int = 114
-    resize: str = "letterbox"  # or "stretch": the frame fills the input, aspect ratio not kept
-    interpolation: str = "linear"  # or "area" (shrinking only)
 
 
 class Preprocessor:

@@ -25,7 +25,8 @@ import zmq
 from zmq.utils import z85
 from zmq.utils.z85 import Z85CHARS
 
-from edge_agent.pipelines.handoff import CAPTURED, N_STAMPS, PUBLISH, STAGES, FrameSlot
+from edge_agent.core.stages import CAPTURED, N_STAMPS, PUBLISH, STAGES
+from edge_agent.pipelines.handoff import FrameSlot
 
 SCHEMA_VERSION = 1
 CLOSE_LINGER_MS = 200  # at most this long to flush queued messages when the socket closes
@@ -282,6 +283,13 @@ class ZmqPublisher:
                 return
             self._sock.send(topic + b" " + body, zmq.NOBLOCK)
             self.sent += 1
+
+    def start(self) -> None:
+        self.open()
+
+    def stop(self, timeout_s: float = 0.0) -> bool:
+        self.close()
+        return True
 
     def close(self) -> None:
         with self._lock:

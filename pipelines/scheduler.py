@@ -53,7 +53,8 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.pipelines.handoff import CAPTURED, Closed, FrameSlot
+from edge_agent.core.stages import CAPTURED
+from edge_agent.pipelines.handoff import Closed, FrameSlot
 
 _EWMA_ALPHA = 0.2
 _INF = 1 << 62

@@ -15,7 +15,7 @@ import threading
 from dataclasses import asdict
 from typing import Any
 
-from edge_agent.config import PowerConfig
+from edge_agent.core.config import PowerConfig
 from edge_agent.power import sysfs
 from edge_agent.power.controller import PowerController, ReadOnlyController, make_controller
 from edge_agent.power.state import clear_state, load_state, save_state
@@ -124,6 +124,11 @@ class PowerManager:
         self._saved = False
         log.info("power: restored (%s)", "; ".join(done) or "nothing changed")
         return done
+
+    def stop(self, timeout_s: float = 0.0) -> bool:
+        """The agent's lifecycle: the state put back (``close``)."""
+        self.close()
+        return True
 
     def close(self) -> None:
         self._stop.set()

@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from edge_agent.files import atomic_write
+from edge_agent.core.files import atomic_write
 
 
 @dataclass

@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from edge_agent.config import AgentConfig
+from edge_agent.core.config import AgentConfig
 from edge_agent.models.testmodels import constant_detector, yolov8_output
 from edge_agent.runner import Agent
 

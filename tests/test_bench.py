@@ -9,7 +9,7 @@ import subprocess
 import pytest
 from conftest import agent_command, run_process
 
-from edge_agent.pipelines.handoff import STAGES
+from edge_agent.core.stages import STAGES
 
 
 def bench(model, endpoint, tmp_path, *args: str) -> subprocess.CompletedProcess:
@@ -152,10 +152,10 @@ def _scene_frames(folder, counts=COUNTS) -> list[int]:
     import cv2
     import numpy as np
 
-    from edge_agent.config import ModelConfig, OnnxRuntimeConfig
+    from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig
     from edge_agent.evaluation import detect
+    from edge_agent.pipelines.model import load_model
     from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
-    from edge_agent.runner import load_model
 
     folder.mkdir()
     images = []
@@ -284,9 +284,9 @@ def test_sequential_and_bare_loop_play_the_same_frames_in_order(tmp_path):
     preloaded folder from its first frame, looped, and (the same model, the same
     thresholds) find the same number of objects in each frame as evaluation.detect."""
     from edge_agent.bench import bare_loop, bench_source, onnxruntime_settings, sequential
-    from edge_agent.config import AgentConfig, OnnxRuntimeConfig
-    from edge_agent.pipelines.sources import preload
-    from edge_agent.runner import load_model
+    from edge_agent.core.config import AgentConfig, OnnxRuntimeConfig
+    from edge_agent.pipelines.file_sources import preload
+    from edge_agent.pipelines.model import load_model
 
     found = _scene_frames(tmp_path / "frames")
     config = AgentConfig(backend=OnnxRuntimeConfig(intra_op_threads=1))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edge_agent.config import (
+from edge_agent.core.config import (
     AgentConfig,
     AutoBackendConfig,
     DeadlineConfig,
@@ -30,7 +30,7 @@ from edge_agent.config import (
     VideoSourceConfig,
     load_config,
 )
-from edge_agent.configload import ConfigError, Problem, dump, load
+from edge_agent.core.configload import ConfigError, Problem, dump, load
 
 FILE = "agent.yaml"
 

@@ -324,7 +324,7 @@ def test_a_refused_reload_still_applies_a_revoked_key(keys, ctx):
     clients are read again all the same (a revocation must not wait for a valid config)."""
     from types import SimpleNamespace
 
-    from edge_agent.configload import ConfigError, Problem
+    from edge_agent.core.configload import ConfigError, Problem
     from edge_agent.sdnotify import Notifier
     from edge_agent.service import Signals, Supervisor
 

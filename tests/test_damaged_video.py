@@ -15,8 +15,9 @@ import cv2
 import numpy as np
 import pytest
 
-from edge_agent.config import VideoSourceConfig
-from edge_agent.pipelines.sources import EndOfStream, SourceError, VideoFileSource
+from edge_agent.core.config import VideoSourceConfig
+from edge_agent.pipelines.file_sources import VideoFileSource
+from edge_agent.pipelines.source_base import EndOfStream, SourceError
 
 FRAMES = 600
 W, H = 160, 120

@@ -7,10 +7,10 @@ import itertools
 import numpy as np
 import pytest
 
-from edge_agent.config import DeadlineConfig, LadderStep
-from edge_agent.configload import FieldError
+from edge_agent.core.config import DeadlineConfig, LadderStep
+from edge_agent.core.configload import FieldError
+from edge_agent.core.stages import CAPTURED, INFER_START, N_STAMPS, PUBLISH
 from edge_agent.pipelines.deadline import DROP_REASONS, DeadlineMonitor, MissWindow
-from edge_agent.pipelines.handoff import CAPTURED, INFER_START, N_STAMPS, PUBLISH
 
 MS = 1_000_000
 S = 1_000_000_000

@@ -14,7 +14,7 @@ from pathlib import Path
 from conftest import wait_until, write_manifest
 from test_pipeline import Subscriber
 
-from edge_agent.config import (
+from edge_agent.core.config import (
     AgentConfig,
     DeadlineConfig,
     LadderStep,

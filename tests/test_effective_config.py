@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.config import AgentConfig, ImageFolderSourceConfig, VideoSourceConfig
-from edge_agent.configload import ConfigError
+from edge_agent.core.config import AgentConfig, ImageFolderSourceConfig, VideoSourceConfig
+from edge_agent.core.configload import ConfigError
 from edge_agent.fleet import load_effective
 
 

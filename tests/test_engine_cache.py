@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import spawn
 
-from edge_agent.files import atomic_write
+from edge_agent.core.files import atomic_write
 from edge_agent.pipelines.backends import engine_cache
 from edge_agent.pipelines.backends.engine_cache import EngineCache, EngineKey
 
@@ -188,7 +188,7 @@ def test_a_store_interrupted_before_the_sidecar_is_a_miss(tmp_path, monkeypatch,
 WRITER = textwrap.dedent(
     """
     import sys
-    from edge_agent.files import atomic_write
+    from edge_agent.core.files import atomic_write
     target, size = sys.argv[1], int(sys.argv[2])
     i = 0
     while True:

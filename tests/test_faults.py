@@ -15,8 +15,8 @@ import zmq
 from conftest import agent_command, run_process, started, wait_until, write_manifest
 from test_pipeline import Subscriber
 
-from edge_agent import resources
-from edge_agent.config import (
+from edge_agent.core import resources
+from edge_agent.core.config import (
     AgentConfig,
     FaultsConfig,
     MetricsConfig,
@@ -26,7 +26,7 @@ from edge_agent.config import (
     ResilienceConfig,
     SyntheticSourceConfig,
 )
-from edge_agent.configload import FieldError
+from edge_agent.core.configload import FieldError
 from edge_agent.runner import Agent
 
 

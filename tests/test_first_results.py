@@ -20,7 +20,7 @@ from conftest import agent_command, read_line, spawn, spawn_run, wait_until
 from test_sources import write_video
 
 from edge_agent.client import GapTracker, connect, decode
-from edge_agent.config import (
+from edge_agent.core.config import (
     AgentConfig,
     ImageFolderSourceConfig,
     PublishConfig,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.config import (
+from edge_agent.core.config import (
     AutoBackendConfig,
     OnnxRuntimeConfig,
     RtspSourceConfig,
@@ -18,7 +18,7 @@ from edge_agent.config import (
     TensorRTConfig,
     VideoSourceConfig,
 )
-from edge_agent.configload import ConfigError, Problem
+from edge_agent.core.configload import ConfigError, Problem
 from edge_agent.fleet import DeviceFacts, diff_configs, load_fleet, validate_fleet
 
 

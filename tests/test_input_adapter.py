@@ -16,12 +16,12 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from edge_agent.config import ModelConfig, OnnxRuntimeConfig
+from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig
 from edge_agent.models import adapter
 from edge_agent.models.testmodels import float_nchw_detector
+from edge_agent.pipelines.model import load_model
 from edge_agent.pipelines.preprocess import Letterbox, Preprocessor
 from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
-from edge_agent.runner import load_model
 
 BACKEND = OnnxRuntimeConfig(intra_op_threads=1, allow_spinning=False)
 

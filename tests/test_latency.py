@@ -8,7 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from edge_agent.latency import LatencyHistogram
+from edge_agent.core.latency import LatencyHistogram
 
 QUANTILES = [0, 1, 10, 25, 50, 75, 90, 95, 99, 99.9]
 

@@ -26,7 +26,7 @@ from conftest import wait_until
 from test_pipeline import Subscriber
 from test_sources import write_video
 
-from edge_agent.config import (
+from edge_agent.core.config import (
     AgentConfig,
     DeadlineConfig,
     FaultsConfig,

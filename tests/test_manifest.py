@@ -7,11 +7,11 @@ import pytest
 from conftest import LABELS, write_manifest
 from onnx import TensorProto
 
-from edge_agent.config import ModelConfig, OnnxRuntimeConfig
-from edge_agent.configload import ConfigError
+from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig
+from edge_agent.core.configload import ConfigError
 from edge_agent.models.manifest import ModelError, bundled_model_path, resolve_model
 from edge_agent.models.testmodels import constant_detector, yolov5_output, yolov8_output
-from edge_agent.runner import load_model
+from edge_agent.pipelines.model import load_model
 
 
 def test_bundled_model_has_a_valid_manifest():

@@ -20,7 +20,7 @@ from fakes.fake_tensorrt import FakeTensorRT
 from onnx import TensorProto, helper
 from test_pipeline import Subscriber
 
-from edge_agent.config import (
+from edge_agent.core.config import (
     AgentConfig,
     ImageFolderSourceConfig,
     MetricsConfig,
@@ -33,9 +33,10 @@ from edge_agent.models.manifest import ModelError, resolve_model
 from edge_agent.models.testmodels import brightness_detector
 from edge_agent.pipelines.backends import registry
 from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
+from edge_agent.pipelines.model import load_model
 from edge_agent.pipelines.pipeline import Profile
 from edge_agent.pipelines.preprocess import Letterbox, boxes_to_source
-from edge_agent.runner import Agent, load_model
+from edge_agent.runner import Agent
 
 F, I32 = TensorProto.FLOAT, TensorProto.INT32
 NAMES80 = repr({i: f"c{i}" for i in range(80)})

@@ -22,7 +22,7 @@ import pytest
 from conftest import free_endpoint, started, wait_until, write_manifest
 from test_pipeline import Subscriber
 
-from edge_agent.config import (
+from edge_agent.core.config import (
     AgentConfig,
     BatchingConfig,
     ImageFolderSourceConfig,
@@ -33,11 +33,12 @@ from edge_agent.config import (
     SyntheticSourceConfig,
     V4L2SourceConfig,
 )
-from edge_agent.configload import ConfigError, load
+from edge_agent.core.configload import ConfigError, load
 from edge_agent.models.testmodels import constant_detector, yolov8_output
+from edge_agent.pipelines.model import load_model
 from edge_agent.pipelines.pipeline import Profile
 from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
-from edge_agent.runner import Agent, load_model
+from edge_agent.runner import Agent
 
 SCHEMA = json.loads((Path(__file__).parent.parent / "pipelines/schema/message-v1.schema.json").read_text())
 

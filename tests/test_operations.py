@@ -20,7 +20,7 @@ from test_pipeline import Subscriber
 from test_sources import write_video
 
 from edge_agent.client import GapTracker, Result, connect, decode, subscribe
-from edge_agent.config import (
+from edge_agent.core.config import (
     AgentConfig,
     MetricsConfig,
     ModelConfig,

@@ -25,7 +25,7 @@ from test_damaged_video import FRAMES, damage, write_video
 from test_pipeline import Subscriber
 from test_service import NotifySocket
 
-from edge_agent import resources
+from edge_agent.core import resources
 
 
 def write_config(path: Path, endpoint: str, body: str) -> Path:
@@ -283,7 +283,7 @@ def test_a_pipeline_a_reload_left_stuck_keeps_the_stop_unclean(const_model, endp
     exits at once instead of the interpreter joining that thread for ever)."""
     from dataclasses import replace
 
-    from edge_agent.config import (
+    from edge_agent.core.config import (
         AgentConfig,
         DeadlineConfig,
         ModelConfig,
@@ -326,7 +326,7 @@ def test_frames_that_reach_an_abandoned_inference_thread_are_counted_once(const_
     """stop() gave up on the inference thread (``_abandon``) just as it took a batch from
     the scheduler, or just as its backend returned: those frames are counted (shutdown),
     once, and never handed on."""
-    from edge_agent.config import (
+    from edge_agent.core.config import (
         AgentConfig,
         MetricsConfig,
         ModelConfig,

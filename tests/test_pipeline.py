@@ -12,7 +12,7 @@ import zmq
 from conftest import started, wait_until
 from test_sources import write_video
 
-from edge_agent.config import (
+from edge_agent.core.config import (
     AgentConfig,
     MetricsConfig,
     ModelConfig,
@@ -20,7 +20,8 @@ from edge_agent.config import (
     SyntheticSourceConfig,
     VideoSourceConfig,
 )
-from edge_agent.pipelines.handoff import STAGES, Closed, FrameQueue
+from edge_agent.core.stages import STAGES
+from edge_agent.pipelines.handoff import Closed, FrameQueue
 from edge_agent.runner import Agent
 
 

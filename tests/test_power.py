@@ -19,7 +19,7 @@ import pytest
 from conftest import agent_command, run_process, spawn_run, started, wait_until
 from jetson_tree import make_tree
 
-from edge_agent.config import PowerConfig
+from edge_agent.core.config import PowerConfig
 from edge_agent.power import controller, sysfs
 from edge_agent.power.controller import PowerError, ReadOnlyController, SysfsController, make_controller
 from edge_agent.power.manager import PowerManager, throttle_reasons
@@ -445,7 +445,7 @@ def test_throttling_reaches_the_health_stream_and_each_result(tmp_path, const_mo
     """manage: false (the unprivileged agent): telemetry is read, nothing is written."""
     from test_pipeline import Subscriber
 
-    from edge_agent.config import AgentConfig, ModelConfig, PublishConfig, SyntheticSourceConfig
+    from edge_agent.core.config import AgentConfig, ModelConfig, PublishConfig, SyntheticSourceConfig
 
     root = make_tree(tmp_path / "root", "orin-nano")
     before = gpu_range(root)

@@ -15,9 +15,9 @@ import time
 import cv2
 import pytest
 
-from edge_agent.config import RtspSourceConfig
+from edge_agent.core.config import RtspSourceConfig
 from edge_agent.pipelines import capture
-from edge_agent.pipelines.sources import SourceError
+from edge_agent.pipelines.source_base import SourceError
 
 VAR = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
 

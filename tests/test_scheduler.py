@@ -15,9 +15,10 @@ import time
 import numpy as np
 import pytest
 
+from edge_agent.core.stages import CAPTURED
 from edge_agent.pipelines import scheduler as scheduler_module
 from edge_agent.pipelines.backends.base import IOSet
-from edge_agent.pipelines.handoff import CAPTURED, Closed, FrameSlot
+from edge_agent.pipelines.handoff import Closed, FrameSlot
 from edge_agent.pipelines.scheduler import BatchScheduler, LaneSpec
 
 MS = 1_000_000

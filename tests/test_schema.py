@@ -11,10 +11,10 @@ import pytest
 from conftest import free_endpoint, started, wait_until, write_manifest
 from test_pipeline import Subscriber
 
-from edge_agent.config import AgentConfig, ModelConfig, PublishConfig, SyntheticSourceConfig
+from edge_agent.core.config import AgentConfig, ModelConfig, PublishConfig, SyntheticSourceConfig
+from edge_agent.core.stages import STAGES
 from edge_agent.models.testmodels import constant_detector, yolov8_output
 from edge_agent.pipelines.deadline import DROP_REASONS
-from edge_agent.pipelines.handoff import STAGES
 from edge_agent.pipelines.publish import SCHEMA_VERSION
 from edge_agent.runner import Agent
 

@@ -20,7 +20,13 @@ import pytest
 from conftest import agent_command, run_process, spawn, started, wait_until
 from test_pipeline import Subscriber
 
-from edge_agent.config import AgentConfig, ModelConfig, PublishConfig, ServiceConfig, SyntheticSourceConfig
+from edge_agent.core.config import (
+    AgentConfig,
+    ModelConfig,
+    PublishConfig,
+    ServiceConfig,
+    SyntheticSourceConfig,
+)
 from edge_agent.runner import Agent
 from edge_agent.sdnotify import Notifier
 from edge_agent.service import UNITS, Signals, Supervisor, install_steps, render_unit
@@ -304,7 +310,7 @@ def test_a_reload_that_fails_after_the_drain_resumes_the_old_config(tmp_path, co
 
     from jetson_tree import make_tree
 
-    from edge_agent.config import MetricsConfig, PowerConfig
+    from edge_agent.core.config import MetricsConfig, PowerConfig
     from edge_agent.power import sysfs
 
     root = make_tree(tmp_path / "root", "orin-nano")
@@ -336,7 +342,7 @@ def test_a_reload_that_fails_after_the_drain_resumes_the_old_config(tmp_path, co
 def test_a_slow_model_is_not_taken_for_a_stuck_one(const_model, endpoint, monkeypatch):
     """Every inference takes 0.3 s, longer than stage_timeout_s: a CPU fallback of a big
     model. The stage is slow, not stuck: it gets three times its slowest inference."""
-    from edge_agent.config import FaultsConfig
+    from edge_agent.core.config import FaultsConfig
 
     monkeypatch.setenv("EDGE_AGENT_FAULTS", "1")
     cfg = AgentConfig(

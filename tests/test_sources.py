@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import wait_until
 
-from edge_agent.config import (
+from edge_agent.core.config import (
     GStreamerSourceConfig,
     ImageFolderSourceConfig,
     RtspSourceConfig,
@@ -21,21 +21,16 @@ from edge_agent.config import (
     VideoSourceConfig,
 )
 from edge_agent.pipelines.capture import Backoff, OpenCvCapture, has_gstreamer, open_capture
-from edge_agent.pipelines.sources import (
-    BufferPolicy,
-    EndOfStream,
+from edge_agent.pipelines.file_sources import (
     ImageFolderSource,
-    MemorySource,
-    SourceError,
-    SyntheticSource,
     VideoFileSource,
-    create_source,
     file_frames,
     frame_count,
     list_images,
     preload,
-    source_rate,
 )
+from edge_agent.pipelines.source_base import BufferPolicy, EndOfStream, SourceError
+from edge_agent.pipelines.sources import MemorySource, SyntheticSource, create_source, source_rate
 from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
 
 

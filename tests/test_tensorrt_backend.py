@@ -15,14 +15,14 @@ import pytest
 from fakes.fake_pycuda import FakeCudaDriver, FakePagelockedHostAllocation
 from fakes.fake_tensorrt import FakeTensorRT
 
-from edge_agent.config import AutoBackendConfig, TensorRTConfig
+from edge_agent.core.config import AutoBackendConfig, TensorRTConfig
+from edge_agent.models.manifest import InputFormat
 from edge_agent.models.testmodels import constant_detector, yolov8_output
 from edge_agent.pipelines.backends import engine_cache, registry
 from edge_agent.pipelines.backends import tensorrt as trt_backend
 from edge_agent.pipelines.backends.base import TensorSpec
 from edge_agent.pipelines.backends.onnxruntime import OnnxRuntimeBackend
 from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
-from edge_agent.pipelines.preprocess import InputFormat
 
 UINT8_FMT = InputFormat(height=320, width=320, layout="NHWC", dtype="uint8", color="bgr")
 MEAN = (123.675, 116.28, 103.53)
@@ -455,7 +455,7 @@ def test_batch_stays_one_where_batching_is_not_supported(const_model, float_mode
 
 
 def test_agent_resolves_each_engine_batch_to_the_sources_that_run_it():
-    from edge_agent.config import (
+    from edge_agent.core.config import (
         AgentConfig,
         BatchingConfig,
         DeadlineConfig,

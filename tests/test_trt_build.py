@@ -11,11 +11,12 @@ import pytest
 from fakes.fake_pycuda import FakeCudaDriver
 from fakes.fake_tensorrt import MAGIC, FakeTensorRT
 
-from edge_agent.config import TensorRTConfig
+from edge_agent.core.config import TensorRTConfig
+from edge_agent.models.manifest import InputFormat
 from edge_agent.pipelines.backends import trt_build
 from edge_agent.pipelines.backends.base import BackendError
 from edge_agent.pipelines.backends.trt_build import BuildSettings, settings_for
-from edge_agent.pipelines.preprocess import InputFormat, Letterbox, Preprocessor
+from edge_agent.pipelines.preprocess import Letterbox, Preprocessor
 
 SHAPE = (1, 320, 320, 3)
 

@@ -14,7 +14,7 @@ from conftest import agent_command, run_process
 from jetson_tree import make_tree
 from onnx import helper, numpy_helper
 
-from edge_agent.config import (
+from edge_agent.core.config import (
     AgentConfig,
     ImageFolderSourceConfig,
     ModelConfig,

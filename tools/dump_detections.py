@@ -20,10 +20,10 @@ from collections.abc import Iterator
 import cv2
 import numpy as np
 
-from edge_agent.config import ModelConfig, OnnxRuntimeConfig
+from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig
 from edge_agent.evaluation import detect
-from edge_agent.pipelines.sources import list_images
-from edge_agent.runner import load_model
+from edge_agent.pipelines.file_sources import list_images
+from edge_agent.pipelines.model import load_model
 
 
 def frames_of(path: str) -> Iterator[np.ndarray]:

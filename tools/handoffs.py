@@ -20,8 +20,14 @@ import argparse
 import time
 from dataclasses import replace
 
-from edge_agent.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig, SyntheticSourceConfig
-from edge_agent.pipelines.handoff import STAGES
+from edge_agent.core.config import (
+    AgentConfig,
+    MetricsConfig,
+    ModelConfig,
+    PublishConfig,
+    SyntheticSourceConfig,
+)
+from edge_agent.core.stages import STAGES
 from edge_agent.runner import Agent
 
 

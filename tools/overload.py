@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-from edge_agent.config import (
+from edge_agent.core.config import (
     AgentConfig,
     DeadlineConfig,
     FaultsConfig,

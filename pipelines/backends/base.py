@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.pipelines.preprocess import InputFormat
+from edge_agent.models.manifest import InputFormat
 
 _NO_TIMINGS: dict[str, float] = {}
 

@@ -23,7 +23,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from edge_agent.files import atomic_write
+from edge_agent.core.files import atomic_write, file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +58,6 @@ class EngineKey:
             shape = f"{self.min_batch}..{shape}"
         trt = f"TensorRT {self.tensorrt_version}"
         return f"{self.role} {self.precision} {where} {shape} {trt} on {self.device}"
-
-
-def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 class EngineCache:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from edge_agent.config import OnnxRuntimeConfig
+from edge_agent.core.config import OnnxRuntimeConfig
 from edge_agent.pipelines.backends.base import BackendError, InferenceBackend, IOSet, TensorSpec
 
 _DTYPES = {

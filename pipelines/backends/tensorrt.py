@@ -28,11 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.config import TensorRTConfig
+from edge_agent.core.config import TensorRTConfig
+from edge_agent.core.files import file_sha256
+from edge_agent.models.manifest import InputFormat
 from edge_agent.pipelines.backends import trt_build
 from edge_agent.pipelines.backends.base import BackendError, InferenceBackend, IOSet, TensorSpec
-from edge_agent.pipelines.backends.engine_cache import EngineCache, EngineKey, file_sha256
-from edge_agent.pipelines.preprocess import InputFormat
+from edge_agent.pipelines.backends.engine_cache import EngineCache, EngineKey
 
 log = logging.getLogger(__name__)
 

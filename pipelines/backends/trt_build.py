@@ -22,10 +22,10 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from edge_agent.config import TensorRTConfig
-from edge_agent.files import atomic_write
+from edge_agent.core.config import TensorRTConfig
+from edge_agent.core.files import atomic_write
+from edge_agent.models.manifest import InputFormat
 from edge_agent.pipelines.backends.base import BackendError
-from edge_agent.pipelines.preprocess import InputFormat
 
 log = logging.getLogger(__name__)
 

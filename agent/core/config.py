@@ -12,8 +12,9 @@ import socket
 from dataclasses import dataclass, field
 from typing import Literal
 
-from edge_agent import configload
-from edge_agent.configload import check, path_field
+from edge_agent.core import configload
+from edge_agent.core.configload import check, path_field
+from edge_agent.core.stages import STAGES
 
 
 def _name_ok(name: str) -> bool:
@@ -322,8 +323,6 @@ class DeadlineConfig:
     ladder: tuple[LadderStep, ...] = (LadderStep(),)
 
     def __post_init__(self) -> None:
-        from edge_agent.pipelines.handoff import STAGES
-
         check(0 < self.budget_ms <= 60_000, "budget_ms", "must be within (0, 60000]")
         for name, ms in self.stage_budgets_ms.items():
             check(name in STAGES, "stage_budgets_ms", f"unknown stage {name!r} (stages: {', '.join(STAGES)})")

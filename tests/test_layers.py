@@ -1,0 +1,180 @@
+"""The import layers stay true: no module imports a layer above its own, and no import cycle.
+
+Layers, bottom up (README "Architecture"): the foundation (``edge_agent.core``), model files
+and the device's power (``models``, ``power``), the frame path (``pipelines``), the service
+(runner, service, metrics, ...), the tools (bench, tune, selftest, ...), the command line.
+Every import counts, also one inside a function: a lazy import still ties the layers.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Bottom first; a module belongs to the first entry whose name is it or a parent package.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("core", ("edge_agent.core", "edge_agent.__init__")),
+    ("models and power", ("edge_agent.models", "edge_agent.power", "edge_agent.systemd")),
+    ("frame path", ("edge_agent.pipelines",)),
+    (
+        "service",
+        (
+            "edge_agent.runner",
+            "edge_agent.service",
+            "edge_agent.metrics",
+            "edge_agent.http_endpoint",
+            "edge_agent.sdnotify",
+            "edge_agent.client",
+        ),
+    ),
+    (
+        "tools",
+        (
+            "edge_agent.bench",
+            "edge_agent.tune",
+            "edge_agent.selftest",
+            "edge_agent.evaluation",
+            "edge_agent.modelcheck",
+            "edge_agent.fleet",
+        ),
+    ),
+    ("command line", ("edge_agent.cli", "edge_agent.__main__")),
+]
+
+
+def package_dirs() -> dict[str, Path]:
+    """The package → folder mapping pyproject declares (what installs honour)."""
+    text = (ROOT / "pyproject.toml").read_text()
+    section = text.split("[tool.setuptools.package-dir]", 1)[1].split("\n[", 1)[0]
+    dirs = {}
+    for line in section.strip().splitlines():
+        key, value = (part.strip().strip('"') for part in line.split("=", 1))
+        dirs[key] = ROOT / value
+    return dirs
+
+
+def modules() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package's ``__init__`` as ``pkg.__init__``)."""
+    found = {}
+    for package, folder in package_dirs().items():
+        for f in folder.glob("*.py"):
+            found[f"{package}.{f.stem}"] = f
+    return found
+
+
+def imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """The edge_agent modules ``path`` imports, wherever the import statement is."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            assert not node.level, f"{path}: relative import (the project imports by absolute name)"
+            base = node.module or ""
+            for alias in node.names:
+                full = f"{base}.{alias.name}"  # a submodule, or a name in the module
+                package = f"{base}.__init__"
+                out.add(full if full in known else package if package in known else base)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return {m for m in out if m in known and m != name}
+
+
+def layer_of(module: str) -> int:
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return index
+    raise LookupError(module)
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports(path, name, set(found)) for name, path in found.items()}
+
+
+def upward(g: dict[str, set[str]]) -> list[str]:
+    """Each import of a higher layer, as 'a (layer) imports b (layer)'."""
+    bad = []
+    for a, targets in sorted(g.items()):
+        for b in sorted(targets):
+            if layer_of(b) > layer_of(a):
+                bad.append(f"{a} ({LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]})")
+    return bad
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in g.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_module_has_a_layer():
+    unplaced = []
+    for name in modules():
+        try:
+            layer_of(name)
+        except LookupError:
+            unplaced.append(name)
+    assert not unplaced, f"add these modules to LAYERS in tests/test_layers.py: {unplaced}"
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    bad = upward(graph())
+    assert not bad, "upward imports:\n" + "\n".join(bad)
+
+
+def test_no_import_cycles():
+    found = cycles(graph())
+    assert not found, f"import cycles: {found}"
+
+
+def test_the_checks_catch_an_upward_import_and_a_cycle():
+    """The checks themselves, on the real graph plus one bad edge each."""
+    g = {k: set(v) for k, v in graph().items()}
+    g["edge_agent.core.config"].add("edge_agent.pipelines.handoff")
+    assert upward(g) == [
+        "edge_agent.core.config (core) imports edge_agent.pipelines.handoff (frame path)"
+    ]
+    g = {k: set(v) for k, v in graph().items()}
+    g["edge_agent.pipelines.handoff"].add("edge_agent.pipelines.scheduler")
+    assert ["edge_agent.pipelines.handoff", "edge_agent.pipelines.scheduler"] in cycles(g)
+
+
+@pytest.mark.parametrize("name", ["edge_agent.core.config", "edge_agent.pipelines.model", "edge_agent.cli"])
+def test_the_graph_sees_lazy_imports(name):
+    """Imports inside functions count: cli imports bench only inside a command."""
+    g = graph()
+    assert g[name], f"{name} imports nothing?"
+    if name == "edge_agent.cli":
+        assert "edge_agent.bench" in g[name]
