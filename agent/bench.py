@@ -285,10 +285,8 @@ def _slowest_thread_ms(stats: PipelineStats) -> float:
 def _run_agent(
     config: AgentConfig, frames: int, played: Played | None = None, pace_fps: float = 0.0
 ) -> tuple[BenchAgent, float]:
-    agent = BenchAgent(config, frames, played, pace_fps)
-    agent.build()
-    assert agent.pipeline is not None
-    with started(agent):
+    with BenchAgent(config, frames, played, pace_fps) as agent, started(agent):
+        assert agent.pipeline is not None
         t0 = time.monotonic()
         agent.pipeline.finished.wait()
         elapsed = time.monotonic() - t0
@@ -410,10 +408,8 @@ def sequential(
     played: Played | None = None,
 ) -> SequentialRun:
     """Each frame through every stage on this thread, none overlapping."""
-    agent = BenchAgent(_raw(config, file_source=file_source), played=played)
-    agent.build()
-    with contextlib.ExitStack() as stack:
-        stack.callback(agent.close_models)
+    cfg = _raw(config, file_source=file_source)
+    with BenchAgent(cfg, played=played) as agent, contextlib.ExitStack() as stack:
         assert agent.pipeline is not None and agent.publisher is not None
         p = agent.pipeline
         agent.publisher.open()
@@ -643,11 +639,9 @@ def _run_bench(
     measured = saturated_cfg.source_list()[0]
     model_cfg = model_at(config, measured.model, measured.manifest)  # what the source runs
     progress("loading the model")
-    probe = BenchAgent(saturated_cfg, played=played)
     original: LoadedModel | None = None
     runs = max(frames // 2, 100)
-    try:
-        probe.build()
+    with BenchAgent(saturated_cfg, played=played) as probe, contextlib.ExitStack() as models:
         assert probe.pipeline is not None
         model = probe.pipeline.primary.model  # the source's own model, else the main one
         settings = onnxruntime_settings(config, model.backend.name) if compare_bare else None
@@ -656,14 +650,10 @@ def _run_bench(
         if adapted_from:
             assert ort is not None, "the input adapter runs on ONNX Runtime only"
             # Same settings, same input: only the adapter differs.
-            original = load_model(replace(model_cfg, input_adapter="off"), ort)
+            original = models.enter_context(load_model(replace(model_cfg, input_adapter="off"), ort))
         both = ", the adapted and the original model in alternating blocks" if original else ""
         progress(f"1/{steps} inference alone ({runs} runs{both})")
         pure, original_hist = inference_alone(probe, runs, original)
-    finally:
-        probe.close_models()
-        if original is not None:
-            original.backend.close()
     prefix = None
     if adapted_from and ort is not None:
         progress(f"1/{steps} the input adapter's Transpose + Cast alone ({runs} runs)")
@@ -919,9 +909,7 @@ def _run_multi_bench(
     fps = {s.name: s.fps for s in live_cfg.source_list() if isinstance(s, SyntheticSourceConfig)}
     # Cameras at different rates: the phase lasts live_s, not a number of frames.
     progress(f"5/5 {n} live cameras for {live_s:g} s")
-    live = Agent(live_cfg)
-    live.build()
-    with started(live):
+    with Agent(live_cfg) as live, started(live):
         t0 = time.monotonic()
         time.sleep(live_s)
     live_elapsed = time.monotonic() - t0
@@ -972,9 +960,7 @@ def _run_multi_bench(
 def _inference_per_frame(config: AgentConfig, runs: int) -> dict[str, float]:
     """The model alone on its preallocated sets: p50 ms per frame, by batch size (what
     batching saves on this accelerator, before the rest of the pipeline shares it)."""
-    agent = Agent(config)
-    agent.build()
-    try:
+    with Agent(config) as agent:
         assert agent.pipeline is not None
         profile = agent.pipeline.primary
         sets = {1: next(iter(profile.pools.values())).slots[0].io, **profile.batches}
@@ -986,8 +972,6 @@ def _inference_per_frame(config: AgentConfig, runs: int) -> dict[str, float]:
                 profile.model.backend.infer(io)
                 hist.record(time.perf_counter_ns() - t)
             out[str(size)] = round(hist.percentile_ms(50) / size, 3)
-    finally:
-        agent.close_models()
     return out
 
 

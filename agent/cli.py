@@ -10,6 +10,7 @@ synthetic camera and the bundled detector, results on tcp://127.0.0.1:5556.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -526,10 +527,9 @@ def cmd_engine_build(args: argparse.Namespace) -> int:
     if args.cache_dir:
         cfg = replace(cfg, cache_dir=args.cache_dir)
     resolved = resolve_model(args.model or "", args.manifest or "")
-    backend = TensorRTBackend(cfg)
-    backend.load(resolved.path, resolved.manifest.input.format())
-    print(json.dumps(backend.describe(), indent=2))
-    backend.close()
+    with contextlib.closing(TensorRTBackend(cfg)) as backend:
+        backend.load(resolved.path, resolved.manifest.input.format())
+        print(json.dumps(backend.describe(), indent=2))
     return EXIT_OK
 
 
@@ -568,8 +568,8 @@ def cmd_power(args: argparse.Namespace) -> int:
 
     from edge_agent.power import sysfs
     from edge_agent.power.controller import make_controller
-    from edge_agent.power.manager import recover, throttle_reasons
-    from edge_agent.power.state import clear_state, load_state, save_state
+    from edge_agent.power.manager import PowerManager, recover, throttle_reasons
+    from edge_agent.power.state import load_state
 
     _setup_logging("warning")
     cfg = _power_config(args)
@@ -623,20 +623,8 @@ def cmd_power(args: argparse.Namespace) -> int:
             return EXIT_OK
         # SIGTERM (systemd's start timeout, say) mid-apply must still undo what was done.
         signal.signal(signal.SIGTERM, _raise_interrupt)
-        save_state(cfg.state_file, controller.snapshot(cfg))
-        try:
-            done = controller.apply(cfg)
-        except BaseException as e:
-            # Nothing, or not everything, changed: put back what did and forget the state.
-            try:
-                controller.restore(load_state(cfg.state_file))
-                clear_state(cfg.state_file)
-            except Exception as undo:
-                print(
-                    f"edge-agent: undoing the apply failed: {undo}; state kept in {cfg.state_file}",
-                    file=sys.stderr,
-                )
-            raise e
+        # The state stays saved: `power restore` (or the agent's next start) puts it back.
+        done = PowerManager(cfg, controller).apply_profile()
         for line in done:
             print(line)
         print(f"previous state saved in {cfg.state_file}; `edge-agent power restore` puts it back")

@@ -129,7 +129,7 @@ def evaluate(model: ModelConfig, backend: BackendConfig, frames: int = 500) -> d
     loaded, _ = load_judged(model, backend, reference=False)
     truths: list[np.ndarray] = []
     times = LatencyHistogram()
-    try:
+    with loaded:
         labels = loaded.manifest.labels
         if tuple(labels) != CLASSES:
             raise ValueError(f"model labels {labels} are not the synthetic scene's classes {CLASSES}")
@@ -140,8 +140,6 @@ def evaluate(model: ModelConfig, backend: BackendConfig, frames: int = 500) -> d
                 yield image
 
         found = detect(loaded, images(), times)
-    finally:
-        loaded.backend.close()
     results = [FrameResult(xyxy, scores, cls, gt) for (xyxy, scores, cls), gt in zip(found, truths)]
     m_ap, per_class = mean_average_precision(results, len(labels))
     return {

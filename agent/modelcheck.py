@@ -45,11 +45,9 @@ def check_model(
     what loading raises (ModelError for a model the agent cannot run)."""
     with model_notes_once():
         loaded = load_model(model, backend)
-    try:
+    with loaded:
         report = _describe(loaded)
         _run(loaded, frames, report)
-    finally:
-        loaded.backend.close()
     return report, loaded
 
 

@@ -25,6 +25,7 @@ from edge_agent.core.config import (
     SourceConfig,
     TensorRTConfig,
 )
+from edge_agent.core.lifecycle import Parts
 from edge_agent.models.manifest import (
     ModelError,
 )
@@ -86,6 +87,21 @@ def with_batch(backend: BackendConfig, batch: int) -> BackendConfig:
     return backend
 
 
+class _FinalBeat:
+    """The last heartbeat, as a part of the agent's lifecycle (see ``Agent.start``)."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def start(self) -> None:
+        pass
+
+    def stop(self, timeout_s: float) -> bool:
+        if self.agent.health is not None:
+            self.agent.health.beat(final=True)
+        return True
+
+
 def _publisher(pub: PublishConfig) -> ZmqPublisher:
     return ZmqPublisher(
         pub.endpoint, pub.send_hwm, pub.encoding, pub.curve_server_key, pub.curve_clients_dir, pub.topic
@@ -106,7 +122,7 @@ class Agent:
         self.health: HealthReporter | None = None
         self.power: PowerManager | None = None
         self.metrics: Any = None
-        self._started: list[Any] = []
+        self._parts = Parts()  # what start() started, stopped in reverse
         self._undrained: list[Pipeline] = []  # replaced by a reload with a stage stuck
         self._breaker_trips = 0  # Agent.recover's escalation since the last config change
 
@@ -145,7 +161,7 @@ class Agent:
                 profiles[path] = Profile(name, alt)
         except BaseException:
             for m in models.values():  # loaded for nothing: give the sessions back
-                m.backend.close()
+                m.close()
             raise
         return profiles, models
 
@@ -331,16 +347,16 @@ class Agent:
             if sources.get(name) is not source:
                 source.close()
         # Sources start just before the pipeline, so they stop just after it.
-        rest = [p for p in self._started if all(p is not s for s in self.sources.values())]
-        i = rest.index(old_pipeline)
-        self._started = [*rest[:i], *sources.values(), *rest[i:]]
+        for source in self.sources.values():
+            self._parts.remove(source)
+        self._parts.insert_before(old_pipeline, sources.values())
         self.sources = sources
         self.config = new
         self._start_pipeline(pipeline, old_pipeline)
         if models_changed:
             if drained:
                 for m in self.models.values():
-                    m.backend.close()
+                    m.close()
             else:  # a stage is stuck inside the old backend: never pull it from under it
                 log.warning("reload: the old pipeline did not drain; its models stay open")
             self.models, self.profiles = models, profiles
@@ -354,7 +370,7 @@ class Agent:
             if self.sources.get(name) is not source:
                 source.close()
         for m in models.values():
-            m.backend.close()
+            m.close()
 
     def _swap_parts(self, old: AgentConfig, new: AgentConfig) -> None:
         """The power profile and the result socket for ``new`` (the pipeline is stopped)."""
@@ -363,7 +379,7 @@ class Agent:
             self.power.close()  # puts the old profile's state back first
             power = PowerManager(new.power)
             power.start()
-            self._replace_started(self.power, power)
+            self._parts.replace(self.power, power)
             self.power = power
         if old.metrics != new.metrics:
             self._restart_metrics(new)
@@ -375,33 +391,29 @@ class Agent:
             self.publisher.close()
             publisher = _publisher(pub_new)
             publisher.open()
-            self._replace_started(self.publisher, publisher)
+            self._parts.replace(self.publisher, publisher)
             self.publisher = publisher
 
     def _restart_metrics(self, cfg: AgentConfig) -> None:
         """Close the metrics server, if any, and start one as ``cfg`` says (if enabled)."""
         if self.metrics is not None:
             self.metrics.close()
-            self._started = [p for p in self._started if p is not self.metrics]
+            self._parts.remove(self.metrics)
             self.metrics = None
         if cfg.metrics.enabled:
             from edge_agent.metrics import MetricsServer
 
             self.metrics = MetricsServer(self, cfg.metrics.host, cfg.metrics.port)
-            self.metrics.start()
-            self._started.append(self.metrics)
+            self._parts.start(self.metrics)
 
     def _start_pipeline(self, pipeline: Pipeline, old_pipeline: Pipeline) -> None:
         assert self.health is not None
         pipeline.adopt(old_pipeline)
-        self._replace_started(self.pipeline, pipeline)
+        self._parts.replace(self.pipeline, pipeline)
         self.pipeline = pipeline
         self.health.pipeline, self.health.power, self.health.publisher = pipeline, self.power, self.publisher
         self.health.interval_s = self.config.publish.health_interval_s
         pipeline.start()
-
-    def _replace_started(self, old: Any, new: Any) -> None:
-        self._started = [new if part is old else part for part in self._started]
 
     def start(self, interrupt: threading.Event | None = None) -> None:
         """Open the stream and the sources, wait for the subscribers a file needs, start
@@ -410,23 +422,20 @@ class Agent:
         On failure, whatever already started is stopped again.
         """
         assert self.pipeline is not None and self.publisher is not None, "build() first"
+        assert self.power is not None and self.health is not None
         try:
             # Power first: the device is in its profile before the first frame, and it is
             # the last thing put back.
-            assert self.power is not None
-            self.power.start()
-            self._started.append(self.power)
-            self.publisher.open()
-            self._started.append(self.publisher)
+            self._parts.start(self.power)
+            self._parts.start(self.publisher)
+            # Stops after the pipeline drained and before the socket closes: the final
+            # heartbeat holds the final counts.
+            self._parts.start(_FinalBeat(self))
             for source in self.sources.values():
-                source.open()
-                self._started.append(source)
+                self._parts.start(source)
             self._wait_for_subscribers(interrupt)
-            self.pipeline.start()
-            self._started.append(self.pipeline)
-            assert self.health is not None
-            self.health.start()
-            self._started.append(self.health)
+            self._parts.start(self.pipeline)
+            self._parts.start(self.health)
             self._restart_metrics(self.config)
         except BaseException:
             self.stop()
@@ -458,22 +467,7 @@ class Agent:
         up on a stuck stage), and a camera reader stuck in its driver is not waited for,
         so the whole stop stays under two seconds.
         """
-        clean = True
-        while self._started:
-            part = self._started.pop()
-            try:
-                if part is self.pipeline:
-                    clean = self.pipeline.stop(timeout_s) and clean
-                elif part is self.publisher:
-                    if self.health is not None:
-                        # Drained: the last heartbeat holds the final counts.
-                        self.health.beat(final=True)
-                    part.close()
-                else:
-                    part.close()
-            except Exception:  # the parts after it (the power state last) must still close
-                log.exception("stopping %s failed", type(part).__name__)
-                clean = False
+        clean = self._parts.stop(timeout_s)
         stuck = [name for p in self._undrained for name in p.alive()]
         if stuck:
             log.error("a pipeline replaced by a reload still has a stuck stage: %s", stuck)
@@ -494,8 +488,18 @@ class Agent:
             log.warning("models left open: stage thread(s) %s still running", running)
             return False
         for model in self.models.values():
-            model.backend.close()
+            model.close()
         return True
+
+    def __enter__(self) -> Agent:
+        """Built (models loaded) for the block; on leaving it, whatever was started is
+        stopped and the models are closed once no stage thread runs (``stop``)."""
+        if self.pipeline is None:
+            self.build()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
     def describe(self) -> dict[str, Any]:
         assert self.model is not None and self.pipeline is not None

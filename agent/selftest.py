@@ -159,7 +159,7 @@ def run_selftest(frames: int = 50, cache_dir: str = "") -> list[Check]:
             {"map50": m_ap, "ms_p50": float(np.median(ref_ms))},
         )
     )
-    cpu.backend.close()
+    cpu.close()
     reason = tensorrt_unavailable()
     if reason:
         checks.append(Check("tensorrt", "skip", f"TensorRT is not available on this machine: {reason}"))
@@ -203,7 +203,7 @@ def run_selftest(frames: int = 50, cache_dir: str = "") -> list[Check]:
                 },
             )
         )
-        model.backend.close()
+        model.close()
     return checks
 
 

@@ -393,12 +393,8 @@ def _combined(hists: list[LatencyHistogram]) -> LatencyHistogram:
 
 
 def _pure_p50_ms(cfg: AgentConfig, runs: int, played: dict[str, list[np.ndarray]]) -> float:
-    agent = BenchAgent(cfg, played=played)
-    agent.build()
-    try:
+    with BenchAgent(cfg, played=played) as agent:
         return pure_inference(agent, runs).percentile_ms(50)
-    finally:
-        agent.close_models()
 
 
 def measure(c: Candidate, s: TuneSettings, work: Workload, best_p99: float | None) -> None:
@@ -410,9 +406,7 @@ def measure(c: Candidate, s: TuneSettings, work: Workload, best_p99: float | Non
     if c.pure_p50_ms > limit:
         c.status, c.reason = "pruned", f"inference alone takes {c.pure_p50_ms:.1f} ms > {limit:.1f} ms"
         return
-    agent = BenchAgent(cfg, played=work.played, pace_fps=work.fps)
-    agent.build()
-    with started(agent):
+    with BenchAgent(cfg, played=work.played, pace_fps=work.fps) as agent, started(agent):
         time.sleep(s.warmup_s)
         pipeline = agent.pipeline
         assert pipeline is not None
@@ -490,11 +484,9 @@ class Reference:
         from edge_agent.evaluation import detect, load_judged
 
         loaded, _ = load_judged(cfg.model, cfg.backend, reference=True)
-        try:
+        with loaded:
             self.labels = tuple(loaded.manifest.labels)
             self.detections = detect(loaded, self.frames)
-        finally:
-            loaded.backend.close()
         if not self.detections:
             self.detections = None
             raise FramesError(f"no frame of {self.frames.what} could be read")
@@ -536,11 +528,9 @@ def _agreement_of(cfg: AgentConfig, ref: Reference) -> float | None:
 
     assert ref.detections is not None
     loaded, operating = load_judged(cfg.model, cfg.backend, reference=False)
-    try:
+    with loaded:
         labels = tuple(loaded.manifest.labels)
         dets = detect(loaded, ref.frames)
-    finally:
-        loaded.backend.close()
     names = list(ref.labels)
     if labels != ref.labels:
         names += [name for name in labels if name not in ref.labels]

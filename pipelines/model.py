@@ -45,6 +45,19 @@ class LoadedModel:
     params: DecodeParams
     input_name: str
     adapted_from: str = ""  # the original model when the backend runs its input-adapted copy
+    closed: bool = False
+
+    def __enter__(self) -> LoadedModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Give the backend's session back (once; later calls do nothing)."""
+        if not self.closed:
+            self.closed = True
+            self.backend.close()
 
     @property
     def manifest(self) -> ModelManifest:

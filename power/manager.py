@@ -76,22 +76,30 @@ class PowerManager:
                 self.applied = self.controller.apply(cfg)
                 log.info("power: %s", "; ".join(self.applied))
             elif cfg.changes_anything():
-                save_state(cfg.state_file, self.controller.snapshot(cfg))
-                self._saved = True
-                try:
-                    self.applied = self.controller.apply(cfg)
-                except BaseException as e:
-                    try:
-                        self.restore()
-                    except Exception as undo:  # keep the first error; the state file stays
-                        log.error("power: undoing the failed apply failed too: %s", undo)
-                    raise e
+                self.apply_profile()
                 log.info("power: %s", "; ".join(self.applied) or "nothing to change")
         elif cfg.changes_anything():
             log.info("power: profile left to the privileged edge-agent-power unit (power.manage is false)")
         self.sample()
         self._thread = threading.Thread(target=self._run, name="power-telemetry", daemon=True)
         self._thread.start()
+
+    def apply_profile(self) -> list[str]:
+        """Save the device's state, then apply the profile. On any failure, a signal too,
+        what changed is put back and the state forgotten; if that undo fails as well, the
+        state file stays for ``recover`` (the first error is raised)."""
+        save_state(self.cfg.state_file, self.controller.snapshot(self.cfg))
+        self._saved = True
+        try:
+            self.applied = self.controller.apply(self.cfg)
+        except BaseException as e:
+            try:
+                self.restore()
+            except Exception as undo:  # keep the first error; the state file stays
+                log.error("power: undoing the failed apply failed too: %s; state kept in %s", undo,
+                          self.cfg.state_file)
+            raise e
+        return self.applied
 
     def _run(self) -> None:
         period = 1.0 / self.cfg.sample_hz

@@ -61,10 +61,8 @@ def main() -> int:
         cache_dir=a.cache_dir,
     )
     loaded = load_model(model, OnnxRuntimeConfig())
-    try:
+    with loaded:
         found = detect(loaded, frames_of(a.frames))
-    finally:
-        loaded.backend.close()
     dets = [np.concatenate([xyxy, s[:, None], c[:, None].astype(np.float32)], 1) for xyxy, s, c in found]
     np.savez_compressed(a.out, *dets)
     counts = [len(d) for d in dets]
