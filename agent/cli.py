@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args, get_type_hints
 
 from edge_agent import __version__
 
@@ -508,8 +508,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_engine_build(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from edge_agent.core.config import TensorRTConfig
     from edge_agent.models.manifest import resolve_model
     from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
@@ -523,9 +521,8 @@ def cmd_engine_build(args: argparse.Namespace) -> int:
         optimization_level=args.optimization_level,
         calibration_images=args.calibration_images or "",
         preprocess=args.preprocess,
+        cache_dir=args.cache_dir or TensorRTConfig().cache_dir,
     )
-    if args.cache_dir:
-        cfg = replace(cfg, cache_dir=args.cache_dir)
     resolved = resolve_model(args.model or "", args.manifest or "")
     with contextlib.closing(TensorRTBackend(cfg)) as backend:
         backend.load(resolved.path, resolved.manifest.input.format())
@@ -693,6 +690,8 @@ def _sub(parent: Any, name: str, text: str) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from edge_agent.core.config import TensorRTConfig
+
     p = argparse.ArgumentParser(
         prog="edge-agent",
         description=__doc__ + "\n`edge-agent COMMAND --help` tells what each command takes.",
@@ -816,21 +815,29 @@ def build_parser() -> argparse.ArgumentParser:
     eb = _sub(engine_sub, "build", "build (or find in the cache) the engine for a model")
     eb.add_argument("model", nargs="?", help="ONNX file (default: the bundled detector)")
     eb.add_argument("--manifest", help="its manifest (default: beside it)")
-    eb.add_argument("--precision", choices=["fp16", "int8", "fp32"], default="fp16", help="engine precision")
-    eb.add_argument("--dla-core", type=int, default=-1, help="DLA core; -1: the GPU")
-    eb.add_argument("--no-gpu-fallback", action="store_true", help="fail if a layer cannot run on the DLA")
-    eb.add_argument("--workspace-mib", type=int, default=1024, help="builder workspace (MiB)")
+    # Defaults and choices are TensorRTConfig's own: the command builds what `run` would.
+    trt, hints = TensorRTConfig(), get_type_hints(TensorRTConfig)
     eb.add_argument(
-        "--optimization-level", type=int, default=3, choices=range(6), help="TensorRT builder level 0..5"
+        "--precision", choices=get_args(hints["precision"]), default=trt.precision, help="engine precision"
+    )
+    eb.add_argument("--dla-core", type=int, default=trt.dla_core, help="DLA core; -1: the GPU")
+    eb.add_argument("--no-gpu-fallback", action="store_true", help="fail if a layer cannot run on the DLA")
+    eb.add_argument("--workspace-mib", type=int, default=trt.workspace_mib, help="builder workspace (MiB)")
+    eb.add_argument(
+        "--optimization-level",
+        type=int,
+        default=trt.optimization_level,
+        choices=range(6),
+        help="TensorRT builder level 0..5",
     )
     eb.add_argument("--calibration-images", help="int8: folder of frames for calibration")
     eb.add_argument(
         "--preprocess",
-        choices=["dla", "gpu", "cpu"],
-        default="dla",
+        choices=get_args(hints["preprocess"]),
+        default=trt.preprocess,
         help="where a float model's normalisation runs",
     )
-    eb.add_argument("--cache-dir", help="engine cache (default: ~/.cache/edge-agent/engines)")
+    eb.add_argument("--cache-dir", help=f"engine cache (default: {trt.cache_dir})")
     eb.set_defaults(func=cmd_engine_build)
 
     st = _sub(sub, "selftest", "check this device: ONNX Runtime vs TensorRT (GPU, DLA) on the same frames")

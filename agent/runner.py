@@ -14,6 +14,8 @@ from dataclasses import fields, replace
 from typing import Any
 
 from edge_agent.core.config import (
+    MODELS,
+    REBIND,
     SCHEDULING_FIELDS,
     AgentConfig,
     AutoBackendConfig,
@@ -24,6 +26,8 @@ from edge_agent.core.config import (
     PublishConfig,
     SourceConfig,
     TensorRTConfig,
+    marked_fields,
+    marked_values,
 )
 from edge_agent.core.lifecycle import Parts
 from edge_agent.models.manifest import (
@@ -296,11 +300,7 @@ class Agent:
             return []
         models_changed = (
             force
-            or old.model != new.model
-            or old.backend != new.backend
-            or ([s.model for s in old.deadline.ladder] != [s.model for s in new.deadline.ladder])
-            or {(s.model, s.manifest) for s in old.source_list()}
-            != {(s.model, s.manifest) for s in new.source_list()}
+            or marked_values(old, MODELS) != marked_values(new, MODELS)
             # A TensorRT engine is built for the batch its sources can form.
             or (not isinstance(new.backend, OnnxRuntimeConfig) and model_batches(old) != model_batches(new))
         )
@@ -384,8 +384,7 @@ class Agent:
         if old.metrics != new.metrics:
             self._restart_metrics(new)
         pub_old, pub_new = old.publish, new.publish
-        socket_keys = ("endpoint", "send_hwm", "encoding", "curve_server_key", "curve_clients_dir")
-        if any(getattr(pub_old, k) != getattr(pub_new, k) for k in socket_keys):
+        if any(getattr(pub_old, k) != getattr(pub_new, k) for k in marked_fields(PublishConfig, REBIND)):
             log.warning("reload: the result stream is rebound (%s); subscribers reconnect", pub_new.endpoint)
             assert self.publisher is not None
             self.publisher.close()

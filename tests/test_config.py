@@ -637,3 +637,39 @@ def test_non_finite_numbers_are_refused(value):
 )
 def test_bench_configs_validate(path):
     load_config(str(path))
+
+
+def test_reload_kinds_come_from_the_fields_marks():
+    """Reload decides from field metadata, not from lists kept beside the config."""
+    from dataclasses import replace
+
+    from edge_agent.core.config import (
+        LANE,
+        MODELS,
+        REBIND,
+        AgentConfig,
+        LadderStep,
+        PublishConfig,
+        SyntheticSourceConfig,
+        marked_fields,
+        marked_values,
+    )
+
+    rebind = ("endpoint", "send_hwm", "encoding", "curve_server_key", "curve_clients_dir")
+    assert marked_fields(PublishConfig, REBIND) == rebind, "a topic change needs no new socket"
+    lane = ("priority", "budget_ms", "max_fps", "model", "manifest")
+    assert marked_fields(SyntheticSourceConfig, LANE) == lane
+
+    def models(cfg: AgentConfig) -> frozenset:
+        return marked_values(cfg, MODELS)
+
+    cam = SyntheticSourceConfig
+    a = AgentConfig(sources=(cam(name="a", model="m.onnx", manifest="x.yaml"), cam(name="b", model="n.onnx")))
+    same = replace(a, sources=tuple(reversed(a.sources)), publish=replace(a.publish, topic="other"))
+    assert models(a) == models(same), "the sources' order and other keys load no model"
+    s0, s1 = a.sources
+    swapped = replace(a, sources=(replace(s0, manifest=""), replace(s1, manifest="x.yaml")))
+    assert models(a) != models(swapped), "each model with its own manifest"
+    small = LadderStep(name="small", model="s.onnx")
+    assert models(a) != models(replace(a, deadline=replace(a.deadline, ladder=(LadderStep(), small))))
+    assert models(a) != models(replace(a, model=replace(a.model, max_detections=5)))

@@ -9,12 +9,47 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Literal
 
 from edge_agent.core import configload
 from edge_agent.core.configload import check, path_field
 from edge_agent.core.stages import STAGES
+
+# How a running agent takes a change of a field, as field metadata ("reload"); the reload
+# code reads these marks instead of keeping its own lists of keys:
+LANE = "lane"  # a source's scheduling: its lane takes it, the capture keeps running
+REBIND = "rebind"  # the result socket is closed and bound again
+MODELS = "models"  # the models are loaded again (engines rebuilt where the key changed)
+
+
+def reloads(*kinds: str) -> dict[str, tuple[str, ...]]:
+    """Field metadata: a running agent takes a change of the field as ``kinds`` say."""
+    return {"reload": kinds}
+
+
+def marked_fields(cls: type, kind: str) -> tuple[str, ...]:
+    """The names of ``cls``'s fields marked ``kind``."""
+    return tuple(f.name for f in fields(cls) if kind in f.metadata.get("reload", ()))
+
+
+def marked_values(value: Any, kind: str) -> frozenset[tuple[tuple[str, str], ...]]:
+    """The fields marked ``kind`` of every section in a config tree (sections, and lists of
+    sources and ladder steps), one tuple of (name, value) per section that has any, as a
+    set: two configs with equal sets need no ``kind`` of reload."""
+    found: set[tuple[tuple[str, str], ...]] = set()
+    own = []
+    for f in fields(value):
+        v = getattr(value, f.name)
+        if kind in f.metadata.get("reload", ()):
+            own.append((f.name, repr(v)))
+            continue
+        for item in v if isinstance(v, tuple) else (v,):
+            if is_dataclass(item):
+                found |= marked_values(item, kind)
+    if own:
+        found.add(tuple(own))
+    return frozenset(found)
 
 
 def _name_ok(name: str) -> bool:
@@ -25,11 +60,15 @@ def _name_ok(name: str) -> bool:
 class _SourceBase:
     name: str = "cam0"
     # Scheduling, when several sources share the accelerator (see ``AgentConfig.sources``).
-    priority: int = 0  # higher is served first when the accelerator is contended
-    budget_ms: float = 0.0  # this source's end-to-end budget; 0: deadline.budget_ms
-    max_fps: float = 0.0  # frame-rate cap; frames a live source makes in between are skipped; 0: none
-    model: str = path_field("file")  # this source's own model (same thresholds); empty: the shared one
-    manifest: str = path_field("file")  # its manifest; empty: beside it
+    # priority: higher is served first when the accelerator is contended; budget_ms: this
+    # source's end-to-end budget (0: deadline.budget_ms); max_fps: a frame-rate cap, frames
+    # a live source makes in between are skipped (0: none).
+    priority: int = field(default=0, metadata=reloads(LANE))
+    budget_ms: float = field(default=0.0, metadata=reloads(LANE))
+    max_fps: float = field(default=0.0, metadata=reloads(LANE))
+    # this source's own model (same thresholds); empty: the shared one
+    model: str = path_field("file", reload=(LANE, MODELS))
+    manifest: str = path_field("file", reload=(LANE, MODELS))  # its manifest; empty: beside it
 
     def __post_init__(self) -> None:
         check(_name_ok(self.name), "name", "use letters, digits, '-' and '_' only (it is a topic)")
@@ -42,7 +81,7 @@ class _SourceBase:
 #: A source's settings that are its lane's, not its capture's (scheduling, and its own
 #: model): what a source keeps when it is played from other frames, and what changes
 #: without reopening it.
-SCHEDULING_FIELDS: tuple[str, ...] = ("priority", "budget_ms", "max_fps", "model", "manifest")
+SCHEDULING_FIELDS: tuple[str, ...] = marked_fields(_SourceBase, LANE)
 
 
 @dataclass(frozen=True)
@@ -256,15 +295,17 @@ BackendConfig = AutoBackendConfig | OnnxRuntimeConfig | TensorRTConfig
 
 @dataclass(frozen=True)
 class PublishConfig:
-    endpoint: str = "tcp://127.0.0.1:5556"
+    endpoint: str = field(default="tcp://127.0.0.1:5556", metadata=reloads(REBIND))
     topic: str = "det"  # messages go out as "<topic>.<source name>"
-    send_hwm: int = 100  # messages queued per subscriber before ZeroMQ drops for it
+    # messages queued per subscriber before ZeroMQ drops for it
+    send_hwm: int = field(default=100, metadata=reloads(REBIND))
     health_interval_s: float = 1.0  # heartbeat on topic "health"; also the ladder's clock
-    encoding: Literal["json", "msgpack"] = "json"  # msgpack (the msgpack extra) for bandwidth
+    # msgpack (the msgpack extra) for bandwidth
+    encoding: Literal["json", "msgpack"] = field(default="json", metadata=reloads(REBIND))
     # CURVE encryption and authentication: the server's secret certificate (written by
     # `edge-agent keys generate`) and a folder of the allowed clients' public ones.
-    curve_server_key: str = path_field("file")
-    curve_clients_dir: str = path_field("dir")
+    curve_server_key: str = path_field("file", reload=(REBIND,))
+    curve_clients_dir: str = path_field("dir", reload=(REBIND,))
     # ZeroMQ drops what is published before a subscriber's subscription arrives. At start,
     # wait for this many subscriptions (up to subscriber_timeout_s) before the first frame
     # is read. null: 1 when a source is a file (every result counts), 0 for live cameras.
@@ -295,8 +336,9 @@ class LadderStep:
 
     name: str = "full"
     frame_stride: int = 1  # process every Nth frame; the others are dropped as "ladder"
-    model: str = path_field("file")  # another ONNX (e.g. the same network at a smaller input); empty: main
-    manifest: str = path_field("file")  # its manifest; empty: beside it
+    # another ONNX (e.g. the same network at a smaller input); empty: main
+    model: str = path_field("file", reload=(MODELS,))
+    manifest: str = path_field("file", reload=(MODELS,))  # its manifest; empty: beside it
     infer: bool = True  # false: alert only (frames are counted and dropped, health goes on)
 
     def __post_init__(self) -> None:
@@ -496,8 +538,8 @@ class AgentConfig:
     source: SourceConfig = field(default_factory=SyntheticSourceConfig)
     # Several cameras on one accelerator: give ``sources`` instead of ``source``.
     sources: tuple[SourceConfig, ...] = ()
-    model: ModelConfig = field(default_factory=ModelConfig)
-    backend: BackendConfig = field(default_factory=AutoBackendConfig)
+    model: ModelConfig = field(default_factory=ModelConfig, metadata=reloads(MODELS))
+    backend: BackendConfig = field(default_factory=AutoBackendConfig, metadata=reloads(MODELS))
     publish: PublishConfig = field(default_factory=PublishConfig)
     deadline: DeadlineConfig = field(default_factory=DeadlineConfig)
     power: PowerConfig = field(default_factory=PowerConfig)

@@ -170,12 +170,13 @@ ENV_PREFIX = "EDGE_AGENT__"
 ENV_ORIGIN = "env "
 
 
-def path_field(kind: PathKind, default: str = "") -> Any:
+def path_field(kind: PathKind, default: str = "", reload: tuple[str, ...] = ()) -> Any:
     """A config field that names a file or folder. A relative value resolves against the
     folder of the config file that set it (an environment override: the working folder),
     and ``~`` is the home folder. ``file``/``dir``: an input that must exist when the loader
-    checks files; ``path``: created, or needed only in some modes (checked where used)."""
-    return dataclasses.field(default=default, metadata={"path": kind})
+    checks files; ``path``: created, or needed only in some modes (checked where used).
+    ``reload``: how a running agent takes a change (``config.reload_field``)."""
+    return dataclasses.field(default=default, metadata={"path": kind, "reload": reload})
 
 
 def _origin_dir(mark_file: str | None, fallback: str) -> str | None:
