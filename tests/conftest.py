@@ -24,6 +24,9 @@ from edge_agent.core.config import AgentConfig
 from edge_agent.models.testmodels import constant_detector, yolov8_output
 from edge_agent.runner import Agent
 
+#: The repository's root (tests live in folders that mirror its packages).
+REPO = Path(__file__).resolve().parent.parent
+
 LABELS = ["circle", "square", "triangle", "cross"]
 
 T = TypeVar("T")

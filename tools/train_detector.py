@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from edge_agent.pipelines.preprocess import Letterbox, boxes_to_input, letterbox_into
+from edge_agent.pipelines.preprocess import Letterbox, boxes_to_input, boxes_to_source, letterbox_into
 from edge_agent.pipelines.synthetic import CLASSES, SceneSpec, SyntheticScene
 
 NUM_CLASSES = len(CLASSES)
@@ -438,103 +438,23 @@ def ort_session(path: Path, threads: int):
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
-def decode(out: np.ndarray, geo: Letterbox, conf: float = 0.001, iou: float = 0.45):
-    """One image's [4 + C, A] output to (boxes xyxy source px, scores, classes), class-aware NMS."""
-    pred = out.T
-    scores = pred[:, 4:]
-    cls = scores.argmax(1)
-    sc = scores[np.arange(len(cls)), cls]
-    keep = sc >= conf
-    pred, cls, sc = pred[keep], cls[keep], sc[keep]
-    xyxy = np.concatenate([pred[:, :2] - pred[:, 2:4] / 2, pred[:, :2] + pred[:, 2:4] / 2], 1)
-    boxes, scs, clss = [], [], []
-    for c in np.unique(cls):
-        m = cls == c
-        b, s = xyxy[m], sc[m]
-        xywh = np.concatenate([b[:, :2], b[:, 2:] - b[:, :2]], 1)
-        idx = np.asarray(cv2.dnn.NMSBoxes(xywh.tolist(), s.tolist(), conf, iou)).reshape(-1)
-        boxes.append(b[idx])
-        scs.append(s[idx])
-        clss.append(np.full(len(idx), c))
-    if not boxes:
-        return np.zeros((0, 4), np.float32), np.zeros(0), np.zeros(0, int)
-    boxes = np.concatenate(boxes).astype(np.float32)
-    # Inverse of boxes_to_input: remove the padding, undo the scale.
-    boxes[:, 0::2] = (boxes[:, 0::2] - geo.pad_x) / geo.scale_x
-    boxes[:, 1::2] = (boxes[:, 1::2] - geo.pad_y) / geo.scale_y
-    return boxes, np.concatenate(scs), np.concatenate(clss)
-
-
-def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    lt = np.maximum(a[:, None, :2], b[None, :, :2])
-    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.clip(rb - lt, 0, None).prod(-1)
-    aa = (a[:, 2:] - a[:, :2]).prod(-1)
-    ab = (b[:, 2:] - b[:, :2]).prod(-1)
-    return inter / (aa[:, None] + ab[None, :] - inter + 1e-9)
-
-
-def voc_ap(rec: np.ndarray, prec: np.ndarray) -> float:
-    """All-point interpolated AP (VOC 2010+)."""
-    mrec = np.concatenate([[0.0], rec, [1.0]])
-    mpre = np.concatenate([[0.0], prec, [0.0]])
-    mpre = np.maximum.accumulate(mpre[::-1])[::-1]
-    i = np.where(mrec[1:] != mrec[:-1])[0]
-    return float(np.sum((mrec[i + 1] - mrec[i]) * mpre[i + 1]))
-
-
 def evaluate(onnx_path: Path, imgsz: int, threads: int) -> tuple[float, list[float]]:
-    """Held-out VOC mAP@0.5 of the exported model: seeds 1e6..1e6+9, frames 0, 7, ..., 343."""
+    """Held-out VOC mAP@0.5 of the exported model, scored as ``edge-agent eval`` scores it:
+    the package's held-out frames (seeds 1e6..1e6+9, frames 0, 7, ..., 343), its decoder
+    and class-aware NMS, its box mapping and its mAP (``edge_agent.evaluation``)."""
+    from edge_agent.evaluation import FrameResult, heldout_images, mean_average_precision
+    from edge_agent.pipelines.decode import DecodeParams, decode_yolov8
+
     sess = ort_session(onnx_path, threads)
-    dets = {c: [] for c in range(NUM_CLASSES)}  # (score, is_tp or -1 for ignore)
-    npos = np.zeros(NUM_CLASSES, int)
     inp = np.empty((1, imgsz, imgsz, 3), np.uint8)
     geo = Letterbox()
-    for k in range(10):
-        scene = SyntheticScene(SceneSpec(seed=HELD_OUT_SEED + k))
-        s = scene.spec
-        frame = np.empty((s.height, s.width, 3), np.uint8)
-        gt = np.empty((s.num_objects, 6), np.float32)
-        for idx in range(0, 350, 7):
-            scene.render(idx, frame, gt)
-            letterbox_into(frame, inp[0], PAD_VALUE, geo, area=True)
-            out = sess.run(None, {"images": inp})[0][0]
-            boxes, scores, classes = decode(out, geo)
-            for c in range(NUM_CLASSES):
-                g = gt[gt[:, 0] == c]
-                difficult = g[:, 5] < DIFFICULT_VIS
-                npos[c] += int((~difficult).sum())
-                m = classes == c
-                b, sc = boxes[m], scores[m]
-                order = np.argsort(-sc)
-                b, sc = b[order], sc[order]
-                used = np.zeros(len(g), bool)
-                ious = iou_matrix(b, g[:, 1:5]) if len(g) and len(b) else np.zeros((len(b), len(g)))
-                for j in range(len(b)):
-                    if len(g) == 0:
-                        dets[c].append((sc[j], 0))
-                        continue
-                    best = int(ious[j].argmax())
-                    if ious[j, best] >= 0.5:
-                        if difficult[best]:
-                            dets[c].append((sc[j], -1))
-                        elif not used[best]:
-                            used[best] = True
-                            dets[c].append((sc[j], 1))
-                        else:
-                            dets[c].append((sc[j], 0))
-                    else:
-                        dets[c].append((sc[j], 0))
-    aps = []
-    for c in range(NUM_CLASSES):
-        d = np.array([x for x in dets[c] if x[1] >= 0], np.float64).reshape(-1, 2)
-        d = d[np.argsort(-d[:, 0], kind="stable")]
-        tp = np.cumsum(d[:, 1])
-        fp = np.cumsum(1 - d[:, 1])
-        rec = tp / max(npos[c], 1)
-        prec = tp / np.maximum(tp + fp, 1e-9)
-        aps.append(voc_ap(rec, prec))
-    return float(np.mean(aps)), aps
+    params = DecodeParams(score_threshold=0.001, iou_threshold=0.45, max_detections=300)
+    results = []
+    for image, gt in heldout_images(500):
+        letterbox_into(image, inp[0], PAD_VALUE, geo, area=True)
+        xyxy, scores, classes = decode_yolov8(sess.run(None, {"images": inp})[0], params)
+        results.append(FrameResult(boxes_to_source(xyxy.copy(), geo), scores, classes, gt.copy()))
+    return mean_average_precision(results, NUM_CLASSES)
 
 
 def benchmark(onnx_path: Path, imgsz: int, threads: int, runs: int = 200) -> tuple[float, float]:

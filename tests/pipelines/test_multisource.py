@@ -19,8 +19,8 @@ from pathlib import Path
 import jsonschema
 import numpy as np
 import pytest
-from conftest import free_endpoint, started, wait_until, write_manifest
-from test_pipeline import Subscriber
+from conftest import REPO, free_endpoint, started, wait_until, write_manifest
+from helpers import Subscriber
 
 from edge_agent.core.config import (
     AgentConfig,
@@ -40,7 +40,7 @@ from edge_agent.pipelines.pipeline import Profile
 from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
 from edge_agent.runner import Agent
 
-SCHEMA = json.loads((Path(__file__).parent.parent / "pipelines/schema/message-v1.schema.json").read_text())
+SCHEMA = json.loads((REPO / "pipelines/schema/message-v1.schema.json").read_text())
 
 
 class CostedBackend:
@@ -386,7 +386,7 @@ def test_frame_rate_cap_limits_what_a_source_sends(const_model, endpoint):
 
 
 def test_metrics_have_every_source_and_the_batch_sizes(const_model, endpoint):
-    from test_operations import free_port, scrape, value
+    from helpers import free_port, scrape, value
 
     port = free_port()
     sources = [SyntheticSourceConfig(name=n, fps=30, seed=i) for i, n in enumerate(("north", "south"))]

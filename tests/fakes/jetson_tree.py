@@ -52,7 +52,7 @@ import os
 from pathlib import Path
 
 # Captured board output, kept in the repo so the tests need nothing outside it.
-DATA = Path(__file__).resolve().parent / "data" / "jetson"
+DATA = Path(__file__).resolve().parent.parent / "data" / "jetson"
 
 BOARDS = ("orin-nano", "xavier-nx", "not-jetson")
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from conftest import wait_until, write_manifest
-from test_pipeline import Subscriber
+from helpers import Subscriber
 
 from edge_agent.core.config import (
     AgentConfig,

@@ -23,8 +23,7 @@ import threading
 
 import pytest
 from conftest import wait_until
-from test_pipeline import Subscriber
-from test_sources import write_video
+from helpers import Subscriber, write_video
 
 from edge_agent.core.config import (
     AgentConfig,

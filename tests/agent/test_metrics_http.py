@@ -116,7 +116,7 @@ def test_hundreds_of_idle_connections_neither_pile_up_nor_delay_a_scrape(many_fd
 
 
 def test_a_running_agent_is_scraped_while_idle_connections_flood_its_port(const_model, endpoint):
-    from test_operations import free_port, running_agent
+    from helpers import free_port, running_agent
 
     port = free_port()
     with running_agent(const_model, endpoint, port) as agent:

@@ -3,7 +3,7 @@ watchdog, a hung backend at shutdown, a file read under an impossible budget, si
 at every phase of the start, the process's real thread count.
 
 Each test runs ``edge-agent run`` as a subprocess under a real notify socket (the one
-tests/test_service.py binds where systemd's would be) with the faults injected through
+tests/agent/test_service.py binds where systemd's would be) with the faults injected through
 the config (``faults:``, allowed by EDGE_AGENT_FAULTS=1).
 """
 
@@ -21,9 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import agent_command, spawn, wait_until
-from test_damaged_video import FRAMES, damage, write_video
-from test_pipeline import Subscriber
-from test_service import NotifySocket
+from helpers import FRAMES, NotifySocket, Subscriber, damage, write_numbered_video
 
 from edge_agent.core import resources
 
@@ -159,7 +157,7 @@ def test_a_hung_backend_is_abandoned_at_stop_with_every_frame_accounted(tmp_path
 
 
 def test_a_file_is_processed_whole_under_an_impossible_budget(tmp_path, endpoint):
-    video = write_video(tmp_path / "clip.avi", "MJPG", frames=200)
+    video = write_numbered_video(tmp_path / "clip.avi", "MJPG", frames=200)
     cfg = tmp_path / "a.yaml"
     cfg.write_text(
         f"source: {{type: video, path: '{video}'}}\n"
@@ -179,7 +177,7 @@ def test_a_file_is_processed_whole_under_an_impossible_budget(tmp_path, endpoint
 
 
 def test_a_damaged_video_is_reported_and_fails_the_run(tmp_path, endpoint):
-    video = damage(write_video(tmp_path / "clip.avi", "MJPG"), tmp_path / "damaged.avi", 0.40, 0.45)
+    video = damage(write_numbered_video(tmp_path / "clip.avi", "MJPG"), tmp_path / "damaged.avi", 0.40, 0.45)
     cfg = tmp_path / "a.yaml"
     cfg.write_text(
         f"source: {{type: video, path: '{video}'}}\n"

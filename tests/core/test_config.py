@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import REPO
 
 from edge_agent.core.config import (
     AgentConfig,
@@ -633,7 +634,7 @@ def test_non_finite_numbers_are_refused(value):
 
 
 @pytest.mark.parametrize(
-    "path", sorted((Path(__file__).parent.parent / "tools/bench").glob("*.yaml")), ids=str
+    "path", sorted((REPO / "tools/bench").glob("*.yaml")), ids=str
 )
 def test_bench_configs_validate(path):
     load_config(str(path))

@@ -13,7 +13,7 @@ import time
 import pytest
 import zmq
 from conftest import agent_command, run_process, started, wait_until, write_manifest
-from test_pipeline import Subscriber
+from helpers import Subscriber
 
 from edge_agent.core import resources
 from edge_agent.core.config import (

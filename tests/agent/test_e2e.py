@@ -13,7 +13,7 @@ import subprocess
 
 import numpy as np
 from conftest import agent_command, run_process, spawn
-from test_pipeline import Subscriber
+from helpers import Subscriber
 
 from edge_agent.core.stages import STAGES
 from edge_agent.pipelines.decode import box_iou

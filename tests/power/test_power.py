@@ -1,6 +1,6 @@
 """The power manager on Jetson-shaped trees, with fake nvpmodel / jetson_clocks on PATH.
 
-The trees (tests/jetson_tree.py) hold real files laid out like an Orin Nano's and a
+The trees (tests/fakes/jetson_tree.py) hold real files laid out like an Orin Nano's and a
 Xavier NX's; the two tools are fakes (they cannot exist here) that record their
 arguments and keep the power mode in a file, as the real nvpmodel does in the kernel.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import agent_command, run_process, spawn_run, started, wait_until
-from jetson_tree import make_tree
+from fakes.jetson_tree import make_tree
 
 from edge_agent.core.config import PowerConfig
 from edge_agent.power import controller, sysfs
@@ -337,7 +337,7 @@ def run_agent(cfg: Path, *args: str) -> subprocess.CompletedProcess:
 def wait_applied(root: Path, proc: subprocess.Popen, endpoint: str, timeout_s: float = 60.0) -> None:
     """Until the agent has locked the GPU and finished applying its power profile: it opens
     its result stream only after that, so its first result marks the end of the writes."""
-    from test_pipeline import Subscriber
+    from helpers import Subscriber
 
     sub = Subscriber(endpoint, "det")
     try:
@@ -443,7 +443,7 @@ def test_power_apply_and_restore_cli_on_a_tree(tools, tmp_path):
 
 def test_throttling_reaches_the_health_stream_and_each_result(tmp_path, const_model, endpoint):
     """manage: false (the unprivileged agent): telemetry is read, nothing is written."""
-    from test_pipeline import Subscriber
+    from helpers import Subscriber
 
     from edge_agent.core.config import AgentConfig, ModelConfig, PublishConfig, SyntheticSourceConfig
 

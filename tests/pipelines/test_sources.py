@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 import threading
 import time
-from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 from conftest import wait_until
+from helpers import write_video
 
 from edge_agent.core.config import (
     GStreamerSourceConfig,
@@ -32,18 +32,6 @@ from edge_agent.pipelines.file_sources import (
 from edge_agent.pipelines.source_base import BufferPolicy, EndOfStream, SourceError
 from edge_agent.pipelines.sources import MemorySource, SyntheticSource, create_source, source_rate
 from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
-
-
-def write_video(path: Path, frames: int, size=(160, 120)) -> Path:
-    w, h = size
-    vw = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 30.0, (w, h))
-    assert vw.isOpened(), "OpenCV cannot write MJPG here"
-    for i in range(frames):
-        img = np.full((h, w, 3), (i * 20) % 250, np.uint8)
-        cv2.putText(img, str(i), (10, 60), cv2.FONT_HERSHEY_SIMPLEX, 1.0, (255, 255, 255), 2)
-        vw.write(img)
-    vw.release()
-    return path
 
 
 def render(spec: SceneSpec, index: int):

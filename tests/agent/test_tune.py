@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import agent_command, run_process
-from jetson_tree import make_tree
+from fakes.jetson_tree import make_tree
 from onnx import helper, numpy_helper
 
 from edge_agent.core.config import (

@@ -1,6 +1,6 @@
 """edge_agent.power.sysfs: board detection, GPU/CPU discovery, CLI-output parsers and telemetry.
 
-Trees come from tests/jetson_tree.py; parser tests read the real captured files in
+Trees come from tests/fakes/jetson_tree.py; parser tests read the real captured files in
 tests/data/jetson (copies kept in the repo: a missing file fails its test, it is never skipped).
 """
 
@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from jetson_tree import (
+from fakes.jetson_tree import (
     DATA,
     ORIN_NANO_CPU_KHZ,
     ORIN_NANO_GPU_HZ,

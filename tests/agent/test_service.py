@@ -8,17 +8,15 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 from conftest import agent_command, run_process, spawn, started, wait_until
-from test_pipeline import Subscriber
+from helpers import NotifySocket, Subscriber
 
 from edge_agent.core.config import (
     AgentConfig,
@@ -30,43 +28,6 @@ from edge_agent.core.config import (
 from edge_agent.runner import Agent
 from edge_agent.sdnotify import Notifier
 from edge_agent.service import UNITS, Signals, Supervisor, install_steps, render_unit
-
-
-class NotifySocket:
-    """A real datagram socket standing where systemd's would; collects what arrives."""
-
-    def __init__(self, tmp_path: Path, abstract: bool) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        if abstract:
-            name = f"edge-agent-test-{uuid.uuid4().hex}"
-            self.sock.bind("\0" + name)
-            self.address = "@" + name
-        else:
-            path = str(tmp_path / "notify.sock")
-            self.sock.bind(path)
-            self.address = path
-        self.sock.settimeout(0.1)
-        self.messages: list[tuple[float, dict[str, str]]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                data = self.sock.recv(4096)
-            except OSError:
-                continue
-            fields = dict(line.split("=", 1) for line in data.decode().splitlines())
-            self.messages.append((time.monotonic(), fields))
-
-    def names(self) -> list[str]:
-        return [k for _, m in self.messages for k in m if k != "STATUS"]
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sock.close()
 
 
 @pytest.mark.parametrize("abstract", [False, True], ids=["path", "abstract"])
@@ -308,7 +269,7 @@ def test_logs_carry_journald_priorities_under_systemd(tmp_path, endpoint):
 def test_a_reload_that_fails_after_the_drain_resumes_the_old_config(tmp_path, const_model, endpoint):
     from dataclasses import replace
 
-    from jetson_tree import make_tree
+    from fakes.jetson_tree import make_tree
 
     from edge_agent.core.config import MetricsConfig, PowerConfig
     from edge_agent.power import sysfs

@@ -117,7 +117,7 @@ def test_bench_of_a_config_with_several_sources_keeps_their_rates(const_model, e
 def test_bench_runs_beside_an_agent_on_the_same_config(const_model, endpoint, tmp_path):
     """A service runs the config; bench on that same config must not need its socket."""
     from conftest import spawn_run, wait_until
-    from test_pipeline import Subscriber
+    from helpers import Subscriber
 
     cfg = tmp_path / "agent.yaml"
     cfg.write_text(

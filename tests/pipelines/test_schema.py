@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import jsonschema
 import pytest
-from conftest import free_endpoint, started, wait_until, write_manifest
-from test_pipeline import Subscriber
+from conftest import REPO, free_endpoint, started, wait_until, write_manifest
+from helpers import Subscriber
 
 from edge_agent.core.config import AgentConfig, ModelConfig, PublishConfig, SyntheticSourceConfig
 from edge_agent.core.stages import STAGES
@@ -18,7 +17,7 @@ from edge_agent.pipelines.deadline import DROP_REASONS
 from edge_agent.pipelines.publish import SCHEMA_VERSION
 from edge_agent.runner import Agent
 
-SCHEMA_PATH = Path(__file__).parent.parent / "pipelines/schema/message-v1.schema.json"
+SCHEMA_PATH = REPO / "pipelines/schema/message-v1.schema.json"
 
 
 @pytest.fixture(scope="module")

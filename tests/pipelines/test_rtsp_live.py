@@ -7,7 +7,7 @@ consumer would have seen: watchdog pings all along (the outage included: a camer
 is no reason for systemd to restart the agent), results again soon after the camera
 returns, every frame accounted for, sequence numbers without gaps, a clean exit.
 
-``pytest -s -m slow tests/test_rtsp_live.py`` prints a timeline of the run; with
+``pytest -s -m slow tests/pipelines/test_rtsp_live.py`` prints a timeline of the run; with
 EDGE_AGENT_TIMELINE=FILE it is also written to FILE.
 """
 
@@ -24,12 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import agent_command, free_endpoint, spawn, wait_until
-from test_pipeline import Subscriber
-from test_service import NotifySocket
+from conftest import REPO, agent_command, free_endpoint, spawn, wait_until
+from helpers import NotifySocket, Subscriber
 
 SYSTEM_PYTHON = "/usr/bin/python3"
-SERVER = Path(__file__).resolve().parent.parent / "tools" / "rtsp_server.py"
+SERVER = REPO / "tools" / "rtsp_server.py"
 
 WATCHDOG_USEC = 10_000_000
 # systemd's watchdog fires after WATCHDOG_USEC without a ping; the agent pings every third

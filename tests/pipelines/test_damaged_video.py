@@ -14,22 +14,11 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from helpers import FRAMES, damage, write_numbered_video
 
 from edge_agent.core.config import VideoSourceConfig
 from edge_agent.pipelines.file_sources import VideoFileSource
 from edge_agent.pipelines.source_base import EndOfStream, SourceError
-
-FRAMES = 600
-W, H = 160, 120
-
-
-def frame(i: int) -> np.ndarray:
-    img = np.full((H, W, 3), (i * 7) % 200 + 20, np.uint8)
-    x = (i * 3) % (W - 20)
-    img[60:80, x : x + 20] = (0, 0, 255)
-    for bit in range(10):
-        img[0:16, bit * 16 : (bit + 1) * 16] = 255 if (i >> bit) & 1 else 0
-    return img
 
 
 def number_of(img: np.ndarray) -> int:
@@ -38,22 +27,8 @@ def number_of(img: np.ndarray) -> int:
     return sum(1 << bit for bit in range(10) if levels[bit * 16 + 3 : bit * 16 + 13].mean() > 127)
 
 
-def write_video(path: Path, fourcc: str, frames: int = FRAMES, fps: float = 30.0) -> Path:
-    vw = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), fps, (W, H))
-    assert vw.isOpened(), f"OpenCV cannot write {fourcc} here"
-    for i in range(frames):
-        vw.write(frame(i))
-    vw.release()
-    return path
 
 
-def damage(src: Path, dst: Path, start: float, end: float) -> Path:
-    """``src`` with the bytes from ``start`` to ``end`` (fractions of its size) overwritten."""
-    data = bytearray(src.read_bytes())
-    lo, hi = int(len(data) * start), int(len(data) * end)
-    data[lo:hi] = np.random.default_rng(7).integers(0, 256, hi - lo, dtype=np.uint8).tobytes()
-    dst.write_bytes(bytes(data))
-    return dst
 
 
 def truncate(src: Path, dst: Path, keep: float) -> Path:
@@ -94,8 +69,8 @@ def open_source(path: Path, **options) -> VideoFileSource:
 def videos(tmp_path_factory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("videos")
     return {
-        "avi": write_video(folder / "clip.avi", "MJPG"),
-        "mp4": write_video(folder / "clip.mp4", "mp4v"),
+        "avi": write_numbered_video(folder / "clip.avi", "MJPG"),
+        "mp4": write_numbered_video(folder / "clip.mp4", "mp4v"),
     }
 
 
@@ -187,7 +162,7 @@ def test_a_healthy_file_looped_is_not_damaged_at_the_pass_boundaries(videos, cap
 @pytest.mark.parametrize("kind", ["avi", "mp4"])
 def test_realtime_skipped_frames_are_not_lost(tmp_path, caplog, kind):
     # 60 frames at 300 fps: a pass takes 0.2 s; a slow reader skips frames with grab().
-    path = write_video(tmp_path / f"fast.{kind}", "MJPG" if kind == "avi" else "mp4v", 60, 300.0)
+    path = write_numbered_video(tmp_path / f"fast.{kind}", "MJPG" if kind == "avi" else "mp4v", 60, 300.0)
     caplog.set_level(logging.WARNING)
     src = open_source(path, realtime=True, loop=True)
     passes, last_id = 0, -1
@@ -207,7 +182,7 @@ def test_realtime_skipped_frames_are_not_lost(tmp_path, caplog, kind):
 
 def test_realtime_reading_of_a_damaged_file_counts_what_was_lost(videos, tmp_path):
     # Real time at 600 fps: grab() meets the damage as often as read() does.
-    fast = write_video(tmp_path / "fast.mp4", "mp4v", FRAMES, 600.0)
+    fast = write_numbered_video(tmp_path / "fast.mp4", "mp4v", FRAMES, 600.0)
     path = damage(fast, tmp_path / "damaged.mp4", 0.40, 0.45)
     src = open_source(path, realtime=True)
     ids, _ = read_to_end(src)

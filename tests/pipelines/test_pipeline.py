@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import tracemalloc
 
 import pytest
-import zmq
 from conftest import started, wait_until
-from test_sources import write_video
+from helpers import Subscriber, write_video
 
 from edge_agent.core.config import (
     AgentConfig,
@@ -23,51 +21,6 @@ from edge_agent.core.config import (
 from edge_agent.core.stages import STAGES
 from edge_agent.pipelines.handoff import Closed, FrameQueue
 from edge_agent.runner import Agent
-
-
-class Subscriber:
-    """Collects result messages on a background thread (real SUB socket)."""
-
-    def __init__(self, endpoint: str, topic: str = "", keep_all: bool = False) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.SUB)
-        self.sock.linger = 0
-        self.sock.rcvtimeo = 100
-        if keep_all:  # no high-water mark: a test counting seq gaps must not cause them
-            self.sock.rcvhwm = 0
-        self.sock.subscribe(topic)
-        self.sock.connect(endpoint)
-        self.messages: list[dict] = []
-        self.topics: list[str] = []
-        self.arrivals: list[float] = []  # time.monotonic() as each message arrived
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                raw = self.sock.recv()
-            except zmq.Again:
-                continue
-            topic, _, body = raw.partition(b" ")
-            self.arrivals.append(time.monotonic())
-            self.topics.append(topic.decode())
-            self.messages.append(json.loads(body))
-
-    def wait_for(self, n: int, timeout_s: float = 30.0) -> None:
-        """Until ``n`` messages have arrived; AssertionError after ``timeout_s``."""
-        wait_until(
-            lambda: len(self.messages) >= n,
-            timeout_s,
-            message=f"{n} messages expected, {len(self.messages)} arrived",
-        )
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.sock.close()
-        self.ctx.term()
 
 
 def make_agent(model, endpoint, source=None, frames=0) -> Agent:

@@ -17,8 +17,8 @@ import yaml
 from conftest import agent_command, run_process, started, wait_until
 from fakes.fake_pycuda import FakeCudaDriver
 from fakes.fake_tensorrt import FakeTensorRT
+from helpers import Subscriber
 from onnx import TensorProto, helper
-from test_pipeline import Subscriber
 
 from edge_agent.core.config import (
     AgentConfig,

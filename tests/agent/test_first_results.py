@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import zmq
 from conftest import agent_command, read_line, spawn, spawn_run, wait_until
-from test_sources import write_video
+from helpers import write_video
 
 from edge_agent.client import GapTracker, connect, decode
 from edge_agent.core.config import (

@@ -4,20 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import stat
 import subprocess
 import time
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import zmq
-from conftest import agent_command, run_process, spawn, started, wait_until
-from prometheus_client.parser import text_string_to_metric_families
-from test_pipeline import Subscriber
-from test_sources import write_video
+from conftest import REPO, agent_command, run_process, spawn, started, wait_until
+from helpers import Subscriber, free_port, running_agent, scrape, value, write_video
 
 from edge_agent.client import GapTracker, Result, connect, decode, subscribe
 from edge_agent.core.config import (
@@ -29,37 +25,6 @@ from edge_agent.core.config import (
     VideoSourceConfig,
 )
 from edge_agent.runner import Agent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def scrape(port: int) -> dict[str, list]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    return {f.name: f.samples for f in text_string_to_metric_families(text)}
-
-
-@contextlib.contextmanager
-def running_agent(const_model: Path, endpoint: str, metrics_port: int):
-    """A started agent on the synthetic camera with metrics on ``metrics_port``."""
-    cfg = AgentConfig(
-        source=SyntheticSourceConfig(fps=30),
-        model=ModelConfig(path=str(const_model)),
-        publish=PublishConfig(endpoint=endpoint),
-        metrics=MetricsConfig(port=metrics_port),
-    )
-    with started(cfg) as agent:
-        yield agent
-
-
-def value(families: dict, family: str, sample: str, **labels) -> float:
-    for s in families[family]:
-        if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
-            return s.value
-    raise KeyError((family, sample, labels))
 
 
 def test_metrics_over_http_agree_with_the_health_stream(tmp_path, const_model, endpoint):
@@ -318,7 +283,7 @@ def test_default_metrics_bind_loopback_only():
 def test_grafana_dashboard_uses_only_metrics_the_agent_exports(tmp_path, const_model, endpoint):
     import re
 
-    dashboard = json.loads((Path(__file__).parent.parent / "tools" / "grafana-dashboard.json").read_text())
+    dashboard = json.loads((REPO / "tools" / "grafana-dashboard.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
     used = {
         re.sub(r"_(bucket|count|sum)$", "", m)
