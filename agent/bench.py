@@ -307,11 +307,11 @@ def inference_alone(
     """
     assert agent.pipeline is not None
     p = agent.pipeline
-    p.source.open()
+    p.lanes[0].source.open()
     try:
-        frame = p.source.read(1.0)
+        frame = p.lanes[0].source.read(1.0)
         if frame is None:
-            raise BenchError(f"source {p.source.name!r} gave no frame within 1 s")
+            raise BenchError(f"source {p.lanes[0].source.name!r} gave no frame within 1 s")
         slot = p.prepare(frame)
         original_io = None
         if original is not None:
@@ -319,7 +319,7 @@ def inference_alone(
             original.preprocessor(frame.image, original_io.inputs[original.input_name], Letterbox())
             original.backend.upload(original_io)
     finally:
-        p.source.close()
+        p.lanes[0].source.close()
     assert slot is not None
     runners = [(slot.profile.model.backend, slot.io, LatencyHistogram())]
     if original is not None and original_io is not None:
@@ -414,8 +414,8 @@ def sequential(
         p = agent.pipeline
         agent.publisher.open()
         stack.callback(agent.publisher.close)
-        p.source.open()
-        stack.callback(p.source.close)
+        p.lanes[0].source.open()
+        stack.callback(p.lanes[0].source.close)
         hist = LatencyHistogram()
         t0 = time.monotonic()
         for _ in range(frames):
@@ -426,7 +426,7 @@ def sequential(
                 p.publish_one(slot)
             hist.record(time.perf_counter_ns() - t)
         elapsed = time.monotonic() - t0
-    return SequentialRun(hist, elapsed, p.stats, agent.detections)
+    return SequentialRun(hist, elapsed, p.lanes[0].stats, agent.detections)
 
 
 def onnxruntime_settings(config: AgentConfig, running: str = "") -> OnnxRuntimeConfig:
@@ -643,7 +643,7 @@ def _run_bench(
     runs = max(frames // 2, 100)
     with BenchAgent(saturated_cfg, played=played) as probe, contextlib.ExitStack() as models:
         assert probe.pipeline is not None
-        model = probe.pipeline.primary.model  # the source's own model, else the main one
+        model = probe.pipeline.lanes[0].primary.model  # the source's own model, else the main one
         settings = onnxruntime_settings(config, model.backend.name) if compare_bare else None
         adapted_from = model.adapted_from
         ort = onnxruntime_of(config.backend, model.backend.name)
@@ -664,15 +664,15 @@ def _run_bench(
     # The backend was warmed up when its slots were allocated: every frame counts.
     progress(f"3/{steps} pipelined at full speed ({frames} frames)")
     sat, sat_s = _run_agent(saturated_cfg, frames, played)
-    sat_stats = sat.pipeline.stats  # type: ignore[union-attr]
+    sat_stats = sat.pipeline.lanes[0].stats  # type: ignore[union-attr]
 
     progress(
         f"4/{steps} live camera at {live_fps:g} fps ({live_frames} frames, ~{live_frames / live_fps:.0f} s)"
     )
     live_cfg = bench_config(config, live_fps, 0, file_src)
     live, live_elapsed = _run_agent(live_cfg, live_frames, played, live_fps)
-    live_stats = live.pipeline.stats  # type: ignore[union-attr]
-    monitor = live.pipeline.monitor  # type: ignore[union-attr]
+    live_stats = live.pipeline.lanes[0].stats  # type: ignore[union-attr]
+    monitor = live.pipeline.lanes[0].monitor  # type: ignore[union-attr]
 
     pure_p50 = pure.percentile_ms(50)
     slowest = _slowest_thread_ms(sat_stats)
@@ -962,7 +962,7 @@ def _inference_per_frame(config: AgentConfig, runs: int) -> dict[str, float]:
     batching saves on this accelerator, before the rest of the pipeline shares it)."""
     with Agent(config) as agent:
         assert agent.pipeline is not None
-        profile = agent.pipeline.primary
+        profile = agent.pipeline.lanes[0].primary
         sets = {1: next(iter(profile.pools.values())).slots[0].io, **profile.batches}
         out = {}
         for size, io in sets.items():

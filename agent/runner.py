@@ -220,7 +220,7 @@ class Agent:
                 )
             )
         b = cfg.batching
-        return Pipeline(
+        pipeline = Pipeline(
             lanes,
             self.publisher,
             self.max_frames,
@@ -229,6 +229,8 @@ class Agent:
             b.max_wait_ms,
             b.margin_ms,
         )
+        pipeline.warm_up()
+        return pipeline
 
     def build(self) -> None:
         cfg = self.config

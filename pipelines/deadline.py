@@ -158,6 +158,10 @@ class DeadlineMonitor:
             return True
         return False
 
+    def late(self, end_to_end_ns: int) -> bool:
+        """The one definition of a missed deadline: capture to publish over the budget."""
+        return end_to_end_ns > self.budget_ns
+
     def published(self, stamps: np.ndarray, now_ns: int, profile: str = "") -> bool:
         """After publishing (the post stage): update estimates; True if the frame was late."""
         durations = np.diff(stamps)
@@ -170,7 +174,7 @@ class DeadlineMonitor:
         for name, budget in self.stage_budget_ns.items():
             if durations[STAGES.index(name)] > budget:
                 self.stage_overruns[name] += 1
-        late = int(stamps[PUBLISH] - stamps[CAPTURED]) > self.budget_ns
+        late = self.late(int(stamps[PUBLISH] - stamps[CAPTURED]))
         with self._lock:
             self._window.add(now_ns, late)
         return late

@@ -365,30 +365,20 @@ class Pipeline:
             margin_ms,
             Profile.batch_limit,
         )
-        prepare_buffers([(lane.name, lane.profiles) for lane in lanes], max_batch)
+        self._max_batch = max_batch
         self._slowest_ns = 0  # the longest inference run so far (warm-ups included)
+        self._to_post = FrameQueue("post")
+
+    def warm_up(self) -> None:
+        """Allocate every buffer set the lanes need and warm up those not warmed yet, then
+        seed the scheduler's estimates with the warm-up times. Runs inferences: call it
+        before ``start``, while no other pipeline runs these models (a reload: after the
+        drain)."""
+        prepare_buffers([(lane.name, lane.profiles) for lane in self.lanes], self._max_batch)
         for profile in self.profiles.values():
             for size, ns in profile.warm_ns.items():
                 self.scheduler.seed(profile, size, ns)
                 self._slowest_ns = max(self._slowest_ns, ns)
-        self._to_post = FrameQueue("post")
-
-    # The first lane, for the single-source callers (the run summary, tune, bench).
-    @property
-    def source(self) -> Source:
-        return self.lanes[0].source
-
-    @property
-    def stats(self) -> PipelineStats:
-        return self.lanes[0].stats
-
-    @property
-    def monitor(self) -> DeadlineMonitor:
-        return self.lanes[0].monitor
-
-    @property
-    def primary(self) -> Profile:
-        return self.lanes[0].primary
 
     @property
     def profiles(self) -> dict[str, Profile]:
@@ -793,7 +783,7 @@ class Pipeline:
         st[PUBLISH] = time.monotonic_ns()
         total = int(st[PUBLISH] - st[CAPTURED])
         message["latency_ms"] = lane.builder.latencies(slot)
-        message["deadline_missed"] = total > lane.builder.budget_ns
+        message["deadline_missed"] = lane.monitor.late(total)
         self.publisher.send(lane.topic, lane.builder.encode(message, slot))
         lane.seq += 1
         return total

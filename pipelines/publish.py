@@ -442,8 +442,7 @@ class MessageBuilder:
         self.device_id = device_id
         self.power = power  # its ``throttled`` reasons tie a latency spike to a throttle
         self.labels = labels
-        self.budget_ms = budget_ms
-        self.budget_ns = int(budget_ms * 1e6)
+        self.budget_ms = budget_ms  # the message's deadline_ms (the monitor decides "late")
         self.encoding = encoding
         self._pack = _packer(encoding)
         self._heads = [_detection_head(label, c) for c, label in enumerate(labels)]

@@ -59,6 +59,8 @@ class PowerController(ABC):
     def __init__(self, root: str = "/") -> None:
         self.root = root
         self.info = sysfs.detect(root)
+        # The GPU frequency the last apply locked (0: none), for the throttling check.
+        self.locked_gpu_hz = 0
 
     @abstractmethod
     def snapshot(self, cfg: PowerConfig) -> PowerState:
@@ -287,7 +289,7 @@ class SysfsController(PowerController):
     def restore(self, state: PowerState) -> list[str]:
         done: list[str] = []
         errors: list[str] = []
-        if state.fan and not self.restores_service_state:
+        if state.jtop and not self.restores_service_state:
             log.warning(
                 "power: fan/jetson_clocks were set through jetson-stats; its service must restore them"
             )
@@ -394,9 +396,9 @@ class JtopController(SysfsController):
             if cfg.nvpmodel and j.nvpmodel is not None:
                 state.nvpmodel_id = int(j.nvpmodel.id)
             if cfg.jetson_clocks is not None and j.jetson_clocks is not None:
-                state.fan["jetson_clocks"] = bool(j.jetson_clocks)
+                state.jtop["jetson_clocks"] = bool(j.jetson_clocks)
             if (cfg.fan_mode or cfg.fan_speed >= 0) and j.fan is not None:
-                state.fan.update(profile=j.fan.profile, speed=j.fan.speed)
+                state.jtop.update(profile=j.fan.profile, speed=j.fan.speed)
         return state
 
     def apply(self, cfg: PowerConfig) -> list[str]:
@@ -432,7 +434,7 @@ class JtopController(SysfsController):
 
     def _restore_steps(self, state: PowerState) -> list[tuple[str, Callable[[], None]]]:
         steps = super()._restore_steps(state)
-        fan = dict(state.fan)
+        fan = dict(state.jtop)
         if "jetson_clocks" in fan:
 
             def clocks() -> None:

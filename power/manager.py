@@ -111,7 +111,7 @@ class PowerManager:
 
     def sample(self) -> sysfs.Telemetry:
         t = sysfs.read_telemetry(self.cfg.root, self._gpu)
-        reasons = throttle_reasons(t, self.cfg, getattr(self.controller, "locked_gpu_hz", 0))
+        reasons = throttle_reasons(t, self.cfg, self.controller.locked_gpu_hz)
         if reasons and not self.throttled:
             log.warning("power: throttling: %s", "; ".join(reasons))
         self.latest, self.throttled = t, reasons

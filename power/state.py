@@ -23,7 +23,8 @@ class PowerState:
     jetson_clocks_store: str = ""  # file written by `jetson_clocks --store`, for --restore
     gpu: dict[str, str] = field(default_factory=dict)  # devfreq file name -> value
     cpus: dict[str, dict[str, str]] = field(default_factory=dict)  # cpuN -> cpufreq file -> value
-    fan: dict[str, object] = field(default_factory=dict)  # jtop fan profile/speed
+    # What was set through the jetson-stats service: jetson_clocks, the fan's profile and speed.
+    jtop: dict[str, object] = field(default_factory=dict)
     backend: str = ""
 
 
@@ -47,6 +48,8 @@ def load_state(path: str | os.PathLike) -> PowerState | None:
         return None
     try:
         data = json.loads(p.read_text())
+        if isinstance(data, dict) and "fan" in data:  # written before 0.1.0's rename
+            data["jtop"] = data.pop("fan")
         return PowerState(**data)
     except (ValueError, TypeError) as e:
         raise ValueError(f"{p}: unreadable power state file ({e}); inspect it, then delete it") from None

@@ -48,7 +48,7 @@ def run_once(fps: float, seconds: float, model: str | None) -> dict[str, tuple[f
         time.sleep(seconds)
     finally:
         agent.stop()
-    stats = agent.pipeline.stats
+    stats = agent.pipeline.lanes[0].stats
     rows = {name: stats.stages[name] for name in STAGES}
     rows["end_to_end"] = stats.total
     out = {k: (h.percentile_ms(50), h.percentile_ms(90), h.percentile_ms(99)) for k, h in rows.items()}

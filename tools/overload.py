@@ -53,7 +53,7 @@ def run_mode(mode: str, fps: float, delay_ms: float, seconds: float, budget_ms: 
     finally:
         agent.stop()
     elapsed = time.monotonic() - t0
-    stats = agent.pipeline.stats
+    stats = agent.pipeline.lanes[0].stats
     st = stats.stages
     parts = {k: st[k].percentile_ms(50) for k in ("preprocess", "infer", "postprocess")}
     work = sum(parts.values())

@@ -348,7 +348,7 @@ def test_frames_that_reach_an_abandoned_inference_thread_are_counted_once(const_
         slots = [pipeline.prepare(pipeline.read_frame()) for _ in range(2)]
         pipeline._abandon()  # the thread was not inside the backend: nothing in flight yet
         assert pipeline.infer_batch(slots[:1]) == [], "a batch taken after the abandon never runs"
-        c = pipeline.stats.counts()
+        c = pipeline.lanes[0].stats.counts()
         assert c["dropped_by_reason"]["shutdown"] == 1 and c["in_flight"] == 1, c
     finally:
         agent.sources["cam0"].close()

@@ -144,10 +144,12 @@ def test_watchdog_pings_through_a_camera_outage_and_stops_for_a_stuck_stage(tmp_
     unblock = threading.Event()
     try:
         wait_until(lambda: sock.names().count("WATCHDOG") >= 3, 30, message="three watchdog pings")
-        source = agent.pipeline.source
+        source = agent.pipeline.lanes[0].source
         read = source.read
         source.read = lambda timeout_s: (time.sleep(timeout_s), None)[1]  # the camera is gone
-        wait_until(lambda: agent.pipeline.stats.counts()["in_flight"] == 0, 10, message="frames drain")
+        wait_until(
+            lambda: agent.pipeline.lanes[0].stats.counts()["in_flight"] == 0, 10, message="frames drain"
+        )
         outage_at = sock.names().count("WATCHDOG")
         # Nothing is published, yet the agent does its job (the camera is the one at fault).
         wait_until(
@@ -166,7 +168,7 @@ def test_watchdog_pings_through_a_camera_outage_and_stops_for_a_stuck_stage(tmp_
         t.join(5)
         wait_until(lambda: "STOPPING" in sock.names(), 10, message="STOPPING=1")
         assert not agent.stop(), "a stuck inference is abandoned, not joined"
-        c = agent.pipeline.stats.counts()
+        c = agent.pipeline.lanes[0].stats.counts()
     finally:
         unblock.set()
         signals.stop.set()

@@ -55,7 +55,7 @@ def build(model: Path, endpoint: str, deadline: DeadlineConfig, fps: float, dela
     )
     agent = Agent(cfg)
     agent.build()
-    primary = agent.pipeline.primary.model
+    primary = agent.pipeline.lanes[0].primary.model
     primary.backend = DelayedBackend(primary.backend, delay_s)
     return agent
 
@@ -75,7 +75,10 @@ def run_until(agent: Agent, condition, message: str, timeout_s: float = 60.0) ->
     agent.start()
     try:
         wait_until(
-            lambda: condition(agent.pipeline.stats.counts()), timeout_s, interval_s=0.05, message=message
+            lambda: condition(agent.pipeline.lanes[0].stats.counts()),
+            timeout_s,
+            interval_s=0.05,
+            message=message,
         )
     finally:
         assert agent.stop()
@@ -83,7 +86,7 @@ def run_until(agent: Agent, condition, message: str, timeout_s: float = 60.0) ->
 
 
 def assert_accounted(agent: Agent) -> dict:
-    c = agent.pipeline.stats.counts()
+    c = agent.pipeline.lanes[0].stats.counts()
     assert c["in_flight"] == 0, c
     assert c["captured"] == c["on_time"] + c["late"] + c["dropped"], c
     return c
@@ -107,7 +110,7 @@ def test_late_frames_are_published_as_misses_never_as_on_time(const_model, endpo
 def test_stale_frames_are_dropped_before_inference(const_model, endpoint):
     deadline = DeadlineConfig(budget_ms=20, miss_window_s=1.0)
     agent = build(const_model, endpoint, deadline, fps=20, delay_s=0.04)
-    backend = agent.pipeline.primary.model.backend
+    backend = agent.pipeline.lanes[0].primary.model.backend
     elapsed = run_until(agent, lambda c: c["dropped_by_reason"]["stale"] >= 10, "10 stale frames")
     c = assert_accounted(agent)
     assert c["dropped_by_reason"]["stale"] >= 10, c
@@ -135,7 +138,7 @@ def test_ladder_switches_to_the_light_model_under_overload_and_back_after_recove
     health = Subscriber(endpoint, "health")
     results = Subscriber(endpoint, "det")
     agent = build(const_model, endpoint, deadline, fps=20, delay_s=0.08)
-    monitor = agent.pipeline.monitor
+    monitor = agent.pipeline.lanes[0].monitor
     agent.start()
     try:
         wait_until(
@@ -154,7 +157,7 @@ def test_ladder_switches_to_the_light_model_under_overload_and_back_after_recove
             [m["latency_ms"]["total"] for m in on_light],
             on_full,
         )
-        agent.pipeline.primary.model.backend.delay_s = 0.0  # the main model recovers
+        agent.pipeline.lanes[0].primary.model.backend.delay_s = 0.0  # the main model recovers
         wait_until(lambda: monitor.current.name == "full", 30, message="a healthy period steps the ladder up")
         time.sleep(1.5)  # the test's input: 1.5 s healthy on full, in which nothing may change
     finally:
@@ -166,7 +169,7 @@ def test_ladder_switches_to_the_light_model_under_overload_and_back_after_recove
     moves = [(h["from"], h["to"]) for h in monitor.history]
     assert moves == [("full", "light"), ("light", "full")], (
         list(monitor.history),
-        agent.pipeline.stats.counts(),
+        agent.pipeline.lanes[0].stats.counts(),
     )
     events = [m["event"] for m in health.messages if "event" in m]
     assert [(e["from"], e["to"]) for e in events] == [("full", "light"), ("light", "full")]

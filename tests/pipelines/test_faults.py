@@ -66,8 +66,8 @@ def test_camera_loss_and_return_is_recovered_without_restart(faults_allowed, con
         wait_until(
             lambda: source.failures == 1 and source.connected, 30, message="the camera goes and returns"
         )
-        back_at = pipeline.stats.published
-        wait_until(lambda: pipeline.stats.published >= back_at + 30, 30, message="frames flow again")
+        back_at = pipeline.lanes[0].stats.published
+        wait_until(lambda: pipeline.lanes[0].stats.published >= back_at + 30, 30, message="frames flow again")
     finally:
         agent.stop()
         sub.close()
@@ -79,7 +79,7 @@ def test_camera_loss_and_return_is_recovered_without_restart(faults_allowed, con
     assert len([t for t in times if t > times[0] + 0.6]) > 25, "frames flow again after the camera returns"
     states = [m["source_state"] for m in sub.messages if m.get("type") == "health"]
     assert any(not s["connected"] for s in states) and states[-1]["connected"] and states[-1]["failures"] == 1
-    c = agent.pipeline.stats.counts()
+    c = agent.pipeline.lanes[0].stats.counts()
     assert c["in_flight"] == 0 and c["captured"] == c["on_time"] + c["late"] + c["dropped"]
 
 
@@ -92,8 +92,8 @@ def test_backend_errors_on_one_percent_drop_only_those_frames(faults_allowed, co
         assert agent.pipeline.finished.wait(60)
     finally:
         agent.stop()
-    backend = agent.pipeline.primary.model.backend
-    c = agent.pipeline.stats.counts()
+    backend = agent.pipeline.lanes[0].primary.model.backend
+    c = agent.pipeline.lanes[0].stats.counts()
     reasons = c["dropped_by_reason"]
     injected, stale = reasons["error"], reasons["stale"]
     assert 3 <= injected <= 40, f"~1 % of 1500: {injected}"
@@ -144,9 +144,13 @@ def test_a_backend_that_no_longer_loads_escalates_straight_to_the_fallback(tmp_p
         assert agent.recover() == "fell back to ONNX Runtime on the CPU"
         assert agent.config.model.path == str(fb / "model.onnx") and agent.config.model.manifest == ""
         assert isinstance(agent.config.backend, OnnxRuntimeConfig)
-        assert agent.pipeline.primary.name == "fallback"
-        before = agent.pipeline.stats.published
-        wait_until(lambda: agent.pipeline.stats.published > before, 30, message="frames flow on the fallback")
+        assert agent.pipeline.lanes[0].primary.name == "fallback"
+        before = agent.pipeline.lanes[0].stats.published
+        wait_until(
+            lambda: agent.pipeline.lanes[0].stats.published > before,
+            30,
+            message="frames flow on the fallback",
+        )
         assert agent.pipeline.error is None
 
 
@@ -169,7 +173,7 @@ def test_a_slow_subscriber_never_slows_the_agent(const_model, endpoint):
             time.sleep(0.1)  # the test's input: the reader takes 10 messages a second at most
 
     reader = threading.Thread(target=read_slowly)
-    stats = agent.pipeline.stats
+    stats = agent.pipeline.lanes[0].stats
     agent.start()
     reader.start()
     try:
@@ -197,6 +201,6 @@ def test_a_slow_subscriber_never_slows_the_agent(const_model, endpoint):
     assert stats.send.percentile_ms(50) < 20, stats.send.percentile_ms(50)
     # Drops, if any, come from the CPU (stale/overrun/source gap under load), never from
     # the subscriber: there is no drop reason for a subscriber, and sending fails nothing.
-    assert agent.pipeline.stats.counts()["dropped_by_reason"]["error"] == 0
+    assert agent.pipeline.lanes[0].stats.counts()["dropped_by_reason"]["error"] == 0
     if rss_before and rss_after:
         assert rss_after - rss_before < 20 * 2**20, "memory stays flat: the queue per subscriber is bounded"

@@ -134,7 +134,7 @@ def test_latency_mode_runs_only_fresh_frames_under_overload_and_throughput_mode_
         # 300 frames of camera time (5 s), and enough inferences either way.
         run_side_by_side(
             [latency, throughput],
-            lambda a: a.pipeline.stats.captured >= 300 and a.pipeline.stats.published >= 20,
+            lambda a: a.pipeline.lanes[0].stats.captured >= 300 and a.pipeline.lanes[0].stats.published >= 20,
         )
     finally:
         results.close()
@@ -162,7 +162,7 @@ def test_latency_mode_runs_only_fresh_frames_under_overload_and_throughput_mode_
     lat_waits = waits_when_inference_freed(results.messages)
     too_long = [w for w in lat_waits if w > INTERVAL_MS / 2 + SLACK_MS]
     assert len(too_long) <= latency.pipeline.scheduler.fresh_fallbacks, (too_long, lat_waits)
-    est = latency.pipeline.monitor.estimates_ms()
+    est = latency.pipeline.lanes[0].monitor.estimates_ms()
     work_ms = sum(v for k, v in next(iter(est.values())).items() if not k.startswith("wait"))
     assert FRESH_SHARE * work_ms < INTERVAL_MS / 2, est
     # The same measure in throughput mode: it runs frames the rule would have passed over.
@@ -181,7 +181,7 @@ def test_latency_mode_at_light_load_infers_every_frame(const_model, endpoint):
     # 20 fps and a 10 ms model: inference is idle whenever a frame comes, so no frame
     # ever waits for it, and none is passed over: exactly throughput mode's behaviour.
     agent = build(const_model, endpoint, "latency", [camera(fps=20)], delay_ms=10.0)
-    run_side_by_side([agent], lambda a: a.pipeline.stats.published >= 40)
+    run_side_by_side([agent], lambda a: a.pipeline.lanes[0].stats.published >= 40)
     c = counts(agent)["cam0"]
     assert c["dropped"] == 0 and c["on_time"] == c["captured"], c
 
@@ -218,6 +218,8 @@ def test_latency_mode_keeps_batching_cameras_in_step(const_model, endpoint):
 
 def test_latency_mode_stops_cleanly_while_waiting_for_a_fresh_frame(const_model, endpoint):
     agent = build(const_model, endpoint, "latency", [camera()])
-    run_side_by_side([agent], lambda a: a.pipeline.stats.counts()["dropped_by_reason"]["not_fresh"] >= 3)
+    run_side_by_side(
+        [agent], lambda a: a.pipeline.lanes[0].stats.counts()["dropped_by_reason"]["not_fresh"] >= 3
+    )
     counts(agent)
     assert not [t for t in threading.enumerate() if t.name in ("infer", "post", "capture-cam0")]

@@ -70,7 +70,7 @@ class CostedBackend:
 def with_cost(agent: Agent, base_ms: float, per_frame_ms: float) -> Agent:
     """``agent`` (built) with its model's cost fixed; the scheduler's warm-up estimates
     (taken at build, on the bare model) are replaced by the costs it will see."""
-    profile = agent.pipeline.primary
+    profile = agent.pipeline.lanes[0].primary
     backend = profile.model.backend = CostedBackend(profile.model.backend, base_ms, per_frame_ms)
     scheduler = agent.pipeline.scheduler
     for size in range(1, scheduler.max_batch + 1):
@@ -308,7 +308,7 @@ def test_a_fixed_batch_model_is_padded(tmp_path, endpoint):
     sub = Subscriber(endpoint, "det")
     agent = make_agent(Path(model), endpoint, sources)
     assert agent.pipeline.scheduler.max_batch == 2
-    assert agent.pipeline.primary.batches[2].inputs["images"].shape[0] == 4  # padded to 4
+    assert agent.pipeline.lanes[0].primary.batches[2].inputs["images"].shape[0] == 4  # padded to 4
     with running(agent, lambda: all(published(agent, f"c{i}") >= 15 for i in range(2)), sub):
         pass
     counts(agent)

@@ -45,7 +45,7 @@ def test_frames_flow_to_subscribers_with_accounting(const_model, endpoint):
     agent = make_agent(const_model, endpoint, source=SyntheticSourceConfig(fps=100, seed=1, name="front"))
     with started(agent, sub, clean=True):
         sub.wait_for(20)
-    stats = agent.pipeline.stats
+    stats = agent.pipeline.lanes[0].stats
     assert len(sub.messages) >= 20
     assert stats.captured == stats.published + stats.dropped_total(), "every frame ends exactly once"
     seqs = [m["seq"] for m in sub.messages]
@@ -71,7 +71,7 @@ def test_file_source_publishes_every_frame_in_order(const_model, endpoint, tmp_p
     agent.start()
     assert agent.pipeline.finished.wait(20), "a finite source must finish"
     assert agent.stop()
-    stats = agent.pipeline.stats
+    stats = agent.pipeline.lanes[0].stats
     assert stats.captured == 40 and stats.published == 40 and stats.dropped_total() == 0
 
 
@@ -80,14 +80,16 @@ def test_max_frames_stops_after_that_many(const_model, endpoint):
     agent.start()
     assert agent.pipeline.finished.wait(20)
     assert agent.stop()
-    assert agent.pipeline.stats.captured == 25
-    assert agent.pipeline.stats.published == 25
+    assert agent.pipeline.lanes[0].stats.captured == 25
+    assert agent.pipeline.lanes[0].stats.published == 25
 
 
 def test_stop_is_bounded_and_leaves_no_thread(const_model, endpoint):
     agent = make_agent(const_model, endpoint, source=SyntheticSourceConfig(fps=30))
     agent.start()
-    wait_until(lambda: agent.pipeline.stats.published >= 3, 30, message="frames must flow before the stop")
+    wait_until(
+        lambda: agent.pipeline.lanes[0].stats.published >= 3, 30, message="frames must flow before the stop"
+    )
     t = time.monotonic()
     assert agent.stop(timeout_s=1.5)
     elapsed = time.monotonic() - t
@@ -109,7 +111,7 @@ def test_steady_state_allocates_nothing_per_frame(const_model, endpoint):
     whatever the frame count; a leak grows with the frames.
     """
     agent = make_agent(const_model, endpoint, frames=4300)
-    stats = agent.pipeline.stats
+    stats = agent.pipeline.lanes[0].stats
     agent.start()
     try:
         # Warm-up: caches, first-use allocations.
@@ -132,7 +134,7 @@ def test_steady_state_allocates_nothing_per_frame(const_model, endpoint):
 
 def test_slots_are_preallocated_and_reused(const_model, endpoint):
     agent = make_agent(const_model, endpoint, frames=50)
-    pool = agent.pipeline.primary.pools["cam0"]
+    pool = agent.pipeline.lanes[0].primary.pools["cam0"]
     tensors = {id(s.tensor) for s in pool.slots}
     outputs = {id(o) for s in pool.slots for o in s.io.outputs}
     agent.start()
@@ -161,7 +163,7 @@ def test_bind_failure_is_reported_and_nothing_is_left_running(const_model, endpo
 
 def test_an_unexpected_source_error_stops_the_pipeline_with_the_error(const_model, endpoint):
     agent = make_agent(const_model, endpoint)
-    source = agent.pipeline.source
+    source = agent.pipeline.lanes[0].source
     real_read = source.read
 
     def read(timeout_s):
@@ -174,7 +176,7 @@ def test_an_unexpected_source_error_stops_the_pipeline_with_the_error(const_mode
     assert agent.pipeline.finished.wait(10), "the pipeline must drain and finish"
     assert agent.stop()
     assert "ValueError: driver returned garbage" in agent.pipeline.error
-    c = agent.pipeline.stats.counts()
+    c = agent.pipeline.lanes[0].stats.counts()
     assert c["captured"] == 10 and c["on_time"] + c["late"] == 10 and c["in_flight"] == 0, c
     assert pipeline_threads() == []
 
@@ -220,7 +222,7 @@ def test_at_light_load_the_inference_thread_publishes_itself(const_model, endpoi
     publisher.send = send
     with started(agent, clean=True):
         wait_until(lambda: len(senders) >= 20, 30, message="20 results")
-    c = agent.pipeline.stats.counts()
+    c = agent.pipeline.lanes[0].stats.counts()
     assert c["in_flight"] == 0 and c["captured"] == c["on_time"] + c["late"] + c["dropped"], c
     # A loaded machine may stretch an inference past the next frame now and then.
     assert senders.count("infer") >= 0.8 * len(senders), senders
