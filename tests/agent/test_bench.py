@@ -283,7 +283,9 @@ def test_sequential_and_bare_loop_play_the_same_frames_in_order(tmp_path):
     """Frame by frame: the sequential phase and the plain ONNX Runtime loop play the
     preloaded folder from its first frame, looped, and (the same model, the same
     thresholds) find the same number of objects in each frame as evaluation.detect."""
-    from edge_agent.bench import bare_loop, bench_source, onnxruntime_settings, sequential
+    from edge_agent.bench.bare import bare_loop, onnxruntime_settings
+    from edge_agent.bench.configs import bench_source
+    from edge_agent.bench.phases import sequential
     from edge_agent.core.config import AgentConfig, OnnxRuntimeConfig
     from edge_agent.pipelines.file_sources import preload
     from edge_agent.pipelines.model import load_model
@@ -366,7 +368,7 @@ def test_bench_compare_bare_on_a_video_compares_the_sequential_phase(endpoint, t
     import cv2
     import numpy as np
 
-    from edge_agent.bench import format_report
+    from edge_agent.bench.report import format_report
     from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
 
     video = tmp_path / "clip.avi"

@@ -543,3 +543,14 @@ def test_not_a_jetson_starts_where_the_state_file_could_never_be_written(tmp_pat
     pm.start()
     pm.close()
     assert any("not a Jetson" in line for line in pm.applied)
+
+
+def test_a_state_file_written_before_the_jtop_rename_still_loads(tmp_path):
+    """A crash before an upgrade leaves the old key behind; the new agent must restore it."""
+    from edge_agent.power.state import load_state
+
+    path = tmp_path / "state.json"
+    path.write_text('{"nvpmodel_id": 2, "fan": {"jetson_clocks": true, "profile": "quiet"}}')
+    state = load_state(path)
+    assert state is not None and state.nvpmodel_id == 2
+    assert state.jtop == {"jetson_clocks": True, "profile": "quiet"}

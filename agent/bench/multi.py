@@ -1,0 +1,134 @@
+"""``edge-agent bench --sources N``: several cameras on one accelerator, with and without
+batching, then live."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any
+
+from edge_agent.bench.configs import BENCH_SCHEMA, raw_config, started, synthetic_config
+from edge_agent.bench.phases import hist_ms, run_agent
+from edge_agent.bench.single import Progress, quiet
+from edge_agent.core.config import (
+    AgentConfig,
+    SyntheticSourceConfig,
+)
+from edge_agent.core.latency import LatencyHistogram
+from edge_agent.core.stages import STAGES
+from edge_agent.pipelines.model import model_notes_once
+from edge_agent.runner import Agent
+
+
+def published_fps(agent: Agent, elapsed_s: float) -> float:
+    assert agent.pipeline is not None
+    return agent.pipeline.published() / elapsed_s if elapsed_s else 0.0
+
+
+def run_multi_bench(
+    config: AgentConfig,
+    sources: int = 0,
+    frames: int = 500,
+    source_fps: float | None = None,
+    live_s: float = 10.0,
+    progress: Progress = quiet,
+) -> dict[str, Any]:
+    """Several cameras on one model (schema in the README); ``progress`` as in ``run_bench``.
+
+    The cameras: ``sources`` copies of the config's first source, or (0) the config's own
+    sources, all made synthetic. Saturated phases (unpaced, ``frames`` per camera): one
+    camera; all cameras with batching off; the same batched. Live phase: the cameras at
+    ``source_fps`` (None: each its own rate) for ``live_s`` seconds, each with its own
+    latency and counts.
+    """
+    with model_notes_once():
+        return _run_multi_bench(config, sources, frames, source_fps, live_s, progress)
+
+
+def _run_multi_bench(
+    config: AgentConfig,
+    sources: int,
+    frames: int,
+    source_fps: float | None,
+    live_s: float,
+    progress: Progress,
+) -> dict[str, Any]:
+    n = sources or len(config.source_list())
+    progress(f"1/5 inference alone per frame, batches of 1..{n}")
+    per_frame = _inference_per_frame(raw_config(config, sources), max(frames // 5, 20))
+    progress(f"2/5 one camera at full speed ({frames} frames)")
+    single, single_s = run_agent(raw_config(config, 1), frames)
+    unbatched_cfg = raw_config(config, sources)
+    unbatched_cfg = replace(unbatched_cfg, batching=replace(config.batching, max_batch=1))
+    progress(f"3/5 {n} cameras at full speed, unbatched ({frames} frames each)")
+    unbatched, unbatched_s = run_agent(unbatched_cfg, frames)
+    progress(f"4/5 {n} cameras at full speed, batched ({frames} frames each)")
+    batched, batched_s = run_agent(raw_config(config, sources), frames)
+    live_cfg = synthetic_config(config, source_fps, sources)
+    fps = {s.name: s.fps for s in live_cfg.source_list() if isinstance(s, SyntheticSourceConfig)}
+    # Cameras at different rates: the phase lasts live_s, not a number of frames.
+    progress(f"5/5 {n} live cameras for {live_s:g} s")
+    with Agent(live_cfg) as live, started(live):
+        t0 = time.monotonic()
+        time.sleep(live_s)
+    live_elapsed = time.monotonic() - t0
+    assert live.pipeline is not None and batched.pipeline is not None and live.model is not None
+    single_fps = published_fps(single, single_s)
+    unbatched_fps = published_fps(unbatched, unbatched_s)
+    batched_fps = published_fps(batched, batched_s)
+    per_source = {}
+    for lane in live.pipeline.lanes:
+        st = lane.stats
+        per_source[lane.name] = {
+            "source_fps": fps.get(lane.name),
+            "priority": lane.priority,
+            "budget_ms": lane.monitor.config.budget_ms,
+            "throughput_fps": round(st.published / live_elapsed, 2) if live_elapsed else 0.0,
+            "end_to_end_ms": hist_ms(st.total),
+            "stages_p99_ms": {name: round(st.stages[name].percentile_ms(99), 3) for name in STAGES},
+            "counts": st.counts(),
+        }
+    model = live.model
+    return {
+        "schema": BENCH_SCHEMA,
+        "mode": "multi-source",
+        "model": model.resolved.path,
+        "model_input_hw": [model.manifest.input.height, model.manifest.input.width],
+        "backend": model.backend.describe(),
+        "sources": n,
+        "frames_per_source": frames,
+        "inference_per_frame_ms": per_frame,
+        "saturated": {
+            "single_source_fps": round(single_fps, 2),
+            "unbatched_fps": round(unbatched_fps, 2),
+            "batched_fps": round(batched_fps, 2),
+            "gain_from_batching": round(batched_fps / unbatched_fps, 3) if unbatched_fps else None,
+            "gain_over_single_source": round(batched_fps / single_fps, 3) if single_fps else None,
+            "batches": batched.pipeline.scheduler.summary(),
+        },
+        "live": {
+            "source_fps": source_fps,
+            "seconds": round(live_elapsed, 2),
+            "throughput_fps": round(published_fps(live, live_elapsed), 2),
+            "batches": live.pipeline.scheduler.summary(),
+            "per_source": per_source,
+        },
+    }
+
+
+def _inference_per_frame(config: AgentConfig, runs: int) -> dict[str, float]:
+    """The model alone on its preallocated sets: p50 ms per frame, by batch size (what
+    batching saves on this accelerator, before the rest of the pipeline shares it)."""
+    with Agent(config) as agent:
+        assert agent.pipeline is not None
+        profile = agent.pipeline.lanes[0].primary
+        sets = {1: next(iter(profile.pools.values())).slots[0].io, **profile.batches}
+        out = {}
+        for size, io in sets.items():
+            hist = LatencyHistogram()
+            for _ in range(runs):
+                t = time.perf_counter_ns()
+                profile.model.backend.infer(io)
+                hist.record(time.perf_counter_ns() - t)
+            out[str(size)] = round(hist.percentile_ms(50) / size, 3)
+    return out

@@ -1,0 +1,126 @@
+"""The bench's results as the text a terminal shows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _pq(h: dict[str, float]) -> str:
+    return f"p50 {h['p50']:8.3f} ms   p99 {h['p99']:8.3f} ms   max {h['max']:8.3f} ms"
+
+
+def _det(d: dict[str, Any]) -> str:
+    return f"mean {d['mean']:.2f}, p50 {d['p50']:g}, max {d['max']} ({d['frames']} frames)"
+
+
+def format_report(r: dict[str, Any]) -> str:
+    """The human-readable form of a ``run_bench`` result."""
+    pure, seq, pipe, live = r["pure_inference_ms"], r["sequential"], r["pipelined"], r["live"]
+    h, w = r["model_input_hw"]
+    backend = r["backend"]
+    src = r["source"]
+    if src["type"] != "synthetic":
+        kind = "image folder" if src["type"] == "images" else "video file"
+        frames_from = f"{kind} {src['path']}: {src['frames']} frames preloaded ({src['mib']:g} MiB), looped"
+    elif src["config_source"] != "synthetic":
+        frames_from = f"synthetic camera (in place of the config's {src['config_source']} source)"
+    else:
+        frames_from = "synthetic camera"
+    adapter = r["input_adapter"]
+    adapted = adapter["adapted"]
+    oh = live["overhead_with_adapter_ms"]
+    lines = [
+        f"model {r['model']} ({w}x{h}), {backend.get('backend')} {backend.get('providers', '')}",
+        f"source: {frames_from}",
+        f"pure inference            {_pq(pure)}",
+    ]
+    if adapted:
+        prefix, orig = adapter["prefix_ms"], adapter["original_inference_ms"]
+        lines += [
+            f"  input adapter in the graph (Transpose + Cast, timed alone): {_pq(prefix)}",
+            f"    whole model, alternating blocks (information only: the difference of two p50s is"
+            f" noise): adapted p50 {pure['p50']:.3f} ms, original p50 {orig['p50']:.3f} ms",
+        ]
+    what = "total - capture - infer, + in-graph adapter prefix" if adapted else "total - capture - infer"
+    p99_note = " (an upper bound: the two p99s added)" if adapted else ""
+    lines += [
+        f"sequential, per frame     {_pq(seq['per_frame_ms'])}   {seq['throughput_fps']:.1f} fps",
+        f"pipelined, saturated      {pipe['throughput_fps']:.1f} fps"
+        f" = {pipe['gain_over_sequential']}x sequential; slowest stage"
+        f" thread {pipe['slowest_thread_ms']:.3f} ms/frame, {pipe['efficiency']:.0%} of its bound",
+        f"  end to end (queueing)   {_pq(pipe['end_to_end_ms'])}",
+        f"live at {live['source_fps']:g} fps, end to end {_pq(live['end_to_end_ms'])}",
+        f"  overhead around model ({what})   p50 {oh['p50']:8.3f} ms   p99 {oh['p99']:8.3f} ms{p99_note}",
+    ]
+    if adapted:
+        measured, prefix = live["overhead_ms"], adapter["prefix_ms"]
+        lines.append(
+            f"    = measured p50 {measured['p50']:.3f} / p99 {measured['p99']:.3f} ms"
+            f" + the prefix's p50 {prefix['p50']:.3f} / p99 {prefix['p99']:.3f} ms"
+        )
+    lines += [
+        f"  detections per published frame: {_det(live['detections_per_frame'])}",
+        f"  p99 / (pre + infer + post p50) = {live['p99_over_pre_infer_post_p50']}",
+        f"  frames: {live['counts']}",
+        f"  ladder: final step {live['ladder']['final_step']!r}, {live['ladder']['changes']} change(s)",
+        "",
+        f"{'stage (live)':<14}{'p50 ms':>9}{'p99 ms':>9}{'share':>8}",
+    ]
+    for name, st in live["stages"].items():
+        lines.append(f"{name:<14}{st['p50_ms']:9.3f}{st['p99_ms']:9.3f}{st['share']:8.1%}")
+    for name, h in live["end_to_end_ms_by_profile"].items():
+        if len(live["end_to_end_ms_by_profile"]) > 1:
+            lines.append(f"published by {name:<12} {h['count']:5d} frames, end to end {_pq(h)}")
+    for change in live["ladder"]["history"]:
+        lines.append(f"ladder: {change['from']} -> {change['to']} ({change['reason']})")
+    bare = r.get("bare")
+    if bare:
+        match = bare["detections_match_sequential"]
+        less = " less the in-graph prefix" if adapted else ""
+        lines += [
+            "",
+            f"bare ONNX Runtime loop, one thread, {bare['frames']} frames ({bare['preprocessing']}):"
+            f" {bare['throughput_fps']:.1f} fps",
+        ]
+        for name in ("pre", "infer", "post", "pre_post", "total"):
+            label = {"pre_post": "pre + post"}.get(name, name)
+            lines.append(f"  {label:<12}{_pq(bare[f'{name}_ms'])}")
+        lines += [
+            f"  detections per frame: bare {_det(bare['detections_per_frame'])}",
+            f"                        sequential (the same frames) {_det(seq['detections_per_frame'])};"
+            f" the same count on {match['same_count']} of {match['frames']} frames",
+            f"  agent (sequential) overhead p50 / bare (pre + post) p50 ="
+            f" {bare['agent_overhead_p50_ms']:.3f} / {bare['pre_post_ms']['p50']:.3f}"
+            f" = {bare['overhead_over_bare_pre_post_p50']}",
+            f"  agent (sequential) infer p50{less} / bare infer p50 = {bare['agent_infer_p50_ms']:.3f} /"
+            f" {bare['infer_ms']['p50']:.3f} = {bare['infer_over_bare_infer_p50']}",
+            f"  for information, live at {live['source_fps']:g} fps: overhead p50"
+            f" {bare['live_overhead_p50_ms']:.3f} ms, infer p50{less} {bare['live_infer_p50_ms']:.3f} ms",
+        ]
+    return "\n".join(lines)
+
+
+def format_multi_report(r: dict[str, Any]) -> str:
+    """The human-readable form of a ``run_multi_bench`` result."""
+    sat, live = r["saturated"], r["live"]
+    h, w = r["model_input_hw"]
+    n = r["sources"]
+    lines = [
+        f"model {r['model']} ({w}x{h}), {r['backend'].get('backend')}, {n} sources",
+        "inference alone, ms per frame by batch size: "
+        + ", ".join(f"{b}: {ms:.2f}" for b, ms in r["inference_per_frame_ms"].items()),
+        f"saturated: 1 source {sat['single_source_fps']:.1f} fps; {n} sources unbatched"
+        f" {sat['unbatched_fps']:.1f} fps, batched {sat['batched_fps']:.1f} fps"
+        f" ({sat['gain_from_batching']}x from batching, {sat['gain_over_single_source']}x one source)",
+        f"  batches: mean {sat['batches']['mean_size']} frames, by size {sat['batches']['sizes']}",
+        f"live: {n} sources at {live['source_fps'] or 'their own'} fps for {live['seconds']:.1f} s,"
+        f" {live['throughput_fps']:.1f} fps published; batches: mean {live['batches']['mean_size']},"
+        f" by size {live['batches']['sizes']}",
+    ]
+    for name, src in live["per_source"].items():
+        c = src["counts"]
+        lines.append(
+            f"  {name:<10} {src['source_fps']:g} fps prio {src['priority']:>3} budget {src['budget_ms']:g} ms"
+            f"  {_pq(src['end_to_end_ms'])}  on time {c['on_time']} late {c['late']} dropped {c['dropped']}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,255 @@
+"""``edge-agent bench`` on one source: the phases in order, and the result as a dict (the
+``--json`` schema in the README)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from edge_agent.bench.bare import bare_loop, onnxruntime_settings
+from edge_agent.bench.configs import (
+    BENCH_SCHEMA,
+    BenchAgent,
+    BenchError,
+    Played,
+    bench_config,
+    bench_source,
+    raw_config,
+)
+from edge_agent.bench.phases import (
+    adapter_prefix,
+    detections_summary,
+    hist_ms,
+    inference_alone,
+    run_agent,
+    sequential,
+    slowest_thread_ms,
+    stage_table,
+)
+from edge_agent.core.config import (
+    AgentConfig,
+    TensorRTConfig,
+)
+from edge_agent.core.latency import LatencyHistogram
+from edge_agent.pipelines.file_sources import FileSourceConfig, preload
+from edge_agent.pipelines.model import LoadedModel, load_model, model_notes_once
+from edge_agent.pipelines.sources import source_rate
+from edge_agent.runner import model_at, onnxruntime_of
+
+Progress = Callable[[str], None]
+
+
+def quiet(_line: str) -> None:
+    pass
+
+
+def source_info(
+    config: AgentConfig, file_source: FileSourceConfig | None, images: list[np.ndarray] | None
+) -> dict[str, Any]:
+    """Where the frames came from, the type of the config's own (first) source, and the
+    frames preloaded from a file (how many, how much memory)."""
+    own = config.source_list()[0].type
+    if file_source is None or not images:
+        return {"type": "synthetic", "path": "", "config_source": own, "frames": 0, "mib": 0.0}
+    mib = round(sum(i.nbytes for i in images) / (1 << 20), 1)
+    return {
+        "type": file_source.type,
+        "path": file_source.path,
+        "config_source": own,
+        "frames": len(images),
+        "mib": mib,
+    }
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return round(a / b, 3) if b else None
+
+
+def _p(h: LatencyHistogram | None, q: float) -> float:
+    """A percentile as reported (rounded to the µs; 0 without a histogram), so that the
+    figures printed add up."""
+    return round(h.percentile_ms(q), 3) if h is not None else 0.0
+
+
+def with_prefix(overhead: LatencyHistogram, prefix: LatencyHistogram | None) -> dict[str, float]:
+    """The overhead with the adapter's in-graph work added: p50 to p50, p99 to p99 (an
+    upper bound: the two tails need not coincide)."""
+    return {q: round(_p(overhead, n) + _p(prefix, n), 3) for q, n in (("p50", 50), ("p99", 99))}
+
+
+def run_bench(
+    config: AgentConfig,
+    frames: int = 1000,
+    source_fps: float | None = None,
+    live_s: float = 10.0,
+    progress: Progress = quiet,
+    source: str | None = None,
+    compare_bare: bool = False,
+) -> dict[str, Any]:
+    """All four phases (five with ``compare_bare``); returns the result documented in the
+    README (schema 1).
+
+    ``frames`` sizes the inference, sequential, saturated and bare phases; the live phase
+    lasts ``live_s`` seconds of source time at ``source_fps`` (None: the rate of the source
+    played, ``sources.source_rate``). ``source``: a video file or an image folder to
+    measure on (None: the config's source, see ``bench_source``). ``progress`` is told the
+    name of each phase as it begins. The model measured throughout is the one the source
+    runs: its own when it has one, else the config's.
+    """
+    with model_notes_once():
+        return _run_bench(config, frames, source_fps, live_s, progress, source, compare_bare)
+
+
+def _run_bench(
+    config: AgentConfig,
+    frames: int,
+    source_fps: float | None,
+    live_s: float,
+    progress: Progress,
+    source: str | None,
+    compare_bare: bool,
+) -> dict[str, Any]:
+    if source_fps is not None and source_fps <= 0:
+        raise BenchError(f"--source-fps must be > 0 (got {source_fps:g})")
+    if compare_bare and isinstance(config.backend, TensorRTConfig):
+        onnxruntime_settings(config)  # raises: before minutes of measuring
+    file_src = bench_source(config, source)
+    live_fps = source_fps or source_rate(file_src or config.source_list()[0])
+    live_frames = max(1, round(live_fps * live_s))
+    images = None
+    played: Played | None = None
+    if file_src is not None:
+        progress(f"decoding {file_src.path}")
+        images = preload(file_src, max(frames, live_frames))
+        played = {file_src.name: images}
+    steps = 5 if compare_bare else 4
+    saturated_cfg = raw_config(config, file_source=file_src)
+    measured = saturated_cfg.source_list()[0]
+    model_cfg = model_at(config, measured.model, measured.manifest)  # what the source runs
+    progress("loading the model")
+    original: LoadedModel | None = None
+    runs = max(frames // 2, 100)
+    with BenchAgent(saturated_cfg, played=played) as probe, contextlib.ExitStack() as models:
+        assert probe.pipeline is not None
+        model = probe.pipeline.lanes[0].primary.model  # the source's own model, else the main one
+        settings = onnxruntime_settings(config, model.backend.name) if compare_bare else None
+        adapted_from = model.adapted_from
+        ort = onnxruntime_of(config.backend, model.backend.name)
+        if adapted_from:
+            assert ort is not None, "the input adapter runs on ONNX Runtime only"
+            # Same settings, same input: only the adapter differs.
+            original = models.enter_context(load_model(replace(model_cfg, input_adapter="off"), ort))
+        both = ", the adapted and the original model in alternating blocks" if original else ""
+        progress(f"1/{steps} inference alone ({runs} runs{both})")
+        pure, original_hist = inference_alone(probe, runs, original)
+    prefix = None
+    if adapted_from and ort is not None:
+        progress(f"1/{steps} the input adapter's Transpose + Cast alone ({runs} runs)")
+        prefix = adapter_prefix(ort, model.manifest.input, runs)
+
+    progress(f"2/{steps} sequential, one frame at a time ({frames} frames)")
+    seq = sequential(config, frames, file_src, played)
+    # The backend was warmed up when its slots were allocated: every frame counts.
+    progress(f"3/{steps} pipelined at full speed ({frames} frames)")
+    sat, sat_s = run_agent(saturated_cfg, frames, played)
+    sat_stats = sat.pipeline.lanes[0].stats  # type: ignore[union-attr]
+
+    progress(
+        f"4/{steps} live camera at {live_fps:g} fps ({live_frames} frames, ~{live_frames / live_fps:.0f} s)"
+    )
+    live_cfg = bench_config(config, live_fps, 0, file_src)
+    live, live_elapsed = run_agent(live_cfg, live_frames, played, live_fps)
+    live_stats = live.pipeline.lanes[0].stats  # type: ignore[union-attr]
+    monitor = live.pipeline.lanes[0].monitor  # type: ignore[union-attr]
+
+    pure_p50 = pure.percentile_ms(50)
+    slowest = slowest_thread_ms(sat_stats)
+    sat_fps = sat_stats.published / sat_s if sat_s else 0.0
+    seq_fps = frames / seq.seconds if seq.seconds else 0.0
+    pre_inf_post = sum(live_stats.stages[s].percentile_ms(50) for s in ("preprocess", "infer", "postprocess"))
+    in_graph = _p(prefix, 50)
+    live_overhead = with_prefix(live_stats.overhead, prefix)
+    seq_overhead = with_prefix(seq.stats.overhead, prefix)
+
+    bare = None
+    if settings is not None:
+        progress(f"5/{steps} plain ONNX Runtime loop, one thread ({frames} frames)")
+        run = bare_loop(config, model_cfg, settings, frames, model.params, images)
+        bare = run.summary
+        # The same frames one at a time: the sequential phase. The adapter's in-graph work
+        # is the agent's preprocessing: counted in its overhead, taken out of its inference.
+        seq_infer = round(_p(seq.stats.stages["infer"], 50) - in_graph, 3)
+        bare.update(
+            {
+                "agent_phase": "sequential",
+                "agent_overhead_p50_ms": seq_overhead["p50"],
+                "agent_infer_p50_ms": seq_infer,
+                "overhead_over_bare_pre_post_p50": _ratio(seq_overhead["p50"], bare["pre_post_ms"]["p50"]),
+                "infer_over_bare_infer_p50": _ratio(seq_infer, bare["infer_ms"]["p50"]),
+                "live_overhead_p50_ms": live_overhead["p50"],
+                "live_infer_p50_ms": round(_p(live_stats.stages["infer"], 50) - in_graph, 3),
+                "detections_match_sequential": {
+                    "frames": min(len(run.detections), len(seq.detections)),
+                    "same_count": sum(a == b for a, b in zip(run.detections, seq.detections)),
+                },
+            }
+        )
+    return {
+        "schema": BENCH_SCHEMA,
+        "model": adapted_from or model.resolved.path,
+        "model_input_hw": [model.manifest.input.height, model.manifest.input.width],
+        "backend": model.backend.describe(),
+        "source": source_info(config, file_src, images),
+        "frames": frames,
+        "pure_inference_ms": hist_ms(pure),
+        "input_adapter": {
+            "adapted": bool(adapted_from),
+            "original_inference_ms": hist_ms(original_hist) if original_hist is not None else None,
+            "prefix_ms": hist_ms(prefix) if prefix is not None else None,
+            "in_graph_ms": in_graph,
+        },
+        "sequential": {
+            "per_frame_ms": hist_ms(seq.per_frame),
+            "throughput_fps": round(seq_fps, 2),
+            "stages": stage_table(seq.stats),
+            "overhead_ms": hist_ms(seq.stats.overhead),
+            "overhead_with_adapter_ms": seq_overhead,
+            "detections_per_frame": detections_summary(seq.detections),
+        },
+        "pipelined": {
+            "throughput_fps": round(sat_fps, 2),
+            "gain_over_sequential": round(sat_fps / seq_fps, 3) if seq_fps else None,
+            "slowest_thread_ms": round(slowest, 3),
+            "efficiency": round(sat_fps * slowest / 1000.0, 3),
+            "end_to_end_ms": hist_ms(sat_stats.total),
+            "stages": stage_table(sat_stats),
+            "detections_per_frame": detections_summary(sat.detections),
+        },
+        "live": {
+            "source_fps": live_fps,
+            "seconds": round(live_elapsed, 2),
+            "throughput_fps": round(live_stats.published / live_elapsed, 2) if live_elapsed else 0.0,
+            "end_to_end_ms": hist_ms(live_stats.total),
+            "end_to_end_ms_by_profile": {k: hist_ms(h) for k, h in live_stats.by_profile.items()},
+            "overhead_ms": hist_ms(live_stats.overhead),
+            "overhead_with_adapter_ms": live_overhead,
+            "overhead_minus_pure_p50_ms": round(live_stats.total.percentile_ms(50) - pure_p50, 3),
+            "p99_over_pre_infer_post_p50": round(live_stats.total.percentile_ms(99) / pre_inf_post, 3)
+            if pre_inf_post
+            else None,
+            "detections_per_frame": detections_summary(live.detections),
+            "stages": stage_table(live_stats),
+            "backend_parts_ms": {k: hist_ms(h) for k, h in live_stats.backend_parts.items()},
+            "counts": live_stats.counts(),
+            "ladder": {
+                "final_step": monitor.current.name,
+                "changes": monitor.changes,
+                "history": list(monitor.history),
+            },
+        },
+        "bare": bare,
+    }

@@ -1,0 +1,1 @@
+"""The commands of ``edge-agent``, one module per group; ``cli`` parses and dispatches."""

@@ -1,0 +1,137 @@
+"""The result stream from the other side: ``edge-agent listen`` and CURVE key pairs
+(``edge-agent keys generate``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+from edge_agent.commands.common import EXIT_OK, EXIT_USAGE, fail
+
+log = logging.getLogger("edge_agent")
+
+
+def _format_result(msg: Any) -> str:
+    dets = " ".join(
+        f"{d.label}:{d.score:.2f}@[{','.join(f'{v:.0f}' for v in d.box_xyxy)}]" for d in msg.detections
+    )
+    late = " LATE" if msg.deadline_missed else ""
+    gap = f" (lost {msg.gap})" if msg.gap else ""
+    e2e = msg.latency_ms.get("total", 0.0)
+    return f"{msg.source} seq={msg.seq}{gap} frame={msg.frame_id} e2e={e2e:.2f}ms{late} {dets}"
+
+
+def _joined(gaps: Any, topic: str) -> str:
+    seq = gaps.joined.get(topic, 0)
+    return f"joined at seq {seq}" + (f": {seq} earlier not received" if seq else "")
+
+
+def cmd_listen(args: argparse.Namespace) -> int:
+    import numpy as np
+    import zmq
+
+    from edge_agent.client import GapTracker, Health, connect, decode, parse
+
+    topics = tuple(args.topic or [""])
+    sock = connect(args.endpoint, topics, args.server_key, args.client_cert)
+    sock.rcvtimeo = 200
+    gaps = GapTracker()
+    per_topic: dict[str, list[float]] = {}  # result latencies since the last stats line
+    count, t_last, t_start = 0, time.monotonic(), time.monotonic()
+    nothing_yet_s = 3.0  # then say where we listen: a wrong endpoint looks like a quiet agent
+    try:
+        while not args.count or count < args.count:
+            try:
+                frame = sock.recv()
+            except zmq.Again:
+                silent_s = time.monotonic() - t_last
+                if args.timeout and silent_s > args.timeout:
+                    return fail(f"no message from {args.endpoint} within {args.timeout} s")
+                if not count and nothing_yet_s and silent_s > nothing_yet_s:
+                    print(
+                        f"listen: nothing received yet from {args.endpoint} (topics: "
+                        f"{', '.join(repr(t) for t in topics)}); is an agent publishing there?",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    nothing_yet_s = 0.0
+                continue
+            t_last = time.monotonic()
+            topic, body = decode(frame)
+            first = topic not in gaps.last
+            msg = parse(topic, body, gaps.update(topic, int(body["seq"])) if "seq" in body else 0)
+            count += 1
+            if args.stats:
+                if not isinstance(msg, Health):
+                    per_topic.setdefault(topic, []).append(msg.latency_ms.get("total", 0.0))
+                if t_last - t_start >= 1.0:
+                    for name, lat in per_topic.items():
+                        a = np.asarray(lat)
+                        print(
+                            f"{name.partition('.')[2] or name}: {len(a) / (t_last - t_start):6.1f} msg/s"
+                            f"  e2e p50 {np.percentile(a, 50):6.2f} ms "
+                            f"p99 {np.percentile(a, 99):6.2f} ms  lost {gaps.lost.get(name, 0)}"
+                            f" ({_joined(gaps, name)})",
+                            flush=True,
+                        )
+                    per_topic, t_start = {}, t_last
+            elif args.json:
+                print(json.dumps(body), flush=True)
+            elif isinstance(msg, Health):
+                c = msg.counts
+                print(
+                    f"{topic} fps={msg.fps:.1f} captured={c.get('captured')} late={c.get('late')} "
+                    f"dropped={c.get('dropped')}{' final' if msg.final else ''}",
+                    flush=True,
+                )
+            else:
+                if first and gaps.joined[topic]:
+                    print(f"{topic}: {_joined(gaps, topic)}", flush=True)
+                print(_format_result(msg), flush=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sock.close()
+    return EXIT_OK
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import zmq.auth
+
+    name = args.name
+    if not name or name.startswith(".") or not all(c.isalnum() or c in "._-" for c in name):
+        return fail(
+            f"key name {name!r}: use a plain file name (letters, digits, '.', '_', '-'; not starting "
+            "with '.'); the folder goes in --dir",
+            EXIT_USAGE,
+        )
+    folder = Path(args.dir)
+    public, secret = folder / f"{name}.key", folder / f"{name}.key_secret"
+    existing = [str(p) for p in (public, secret) if p.exists()]
+    if existing and not args.force:
+        return fail(
+            f"{' and '.join(existing)}: already there; a new key pair replaces the identity that "
+            "the other side trusts (use --force to replace it)",
+            EXIT_USAGE,
+        )
+    if not folder.is_dir():
+        folder.mkdir(parents=True)
+        folder.chmod(0o700)  # a folder made for keys; an existing one (".") keeps its mode
+    # The secret certificate is the identity: readable by its owner only, from its first byte.
+    old_umask = os.umask(0o077)
+    try:
+        zmq.auth.create_certificates(str(folder), name)
+    finally:
+        os.umask(old_umask)
+    os.chmod(secret, 0o600)
+    os.chmod(public, 0o644)
+    print(f"public key (give it to the other side): {public}")
+    print(f"secret key (keep it here, mode 600): {secret}")
+    return EXIT_OK

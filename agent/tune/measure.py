@@ -1,0 +1,92 @@
+"""One candidate measured: its model alone first (pruned when that cannot fit the budget),
+then its pipeline on the workload, stopped early once it cannot win."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from edge_agent.bench.configs import BenchAgent, started
+from edge_agent.bench.phases import pure_inference
+from edge_agent.core.config import (
+    AgentConfig,
+)
+from edge_agent.core.latency import LatencyHistogram
+from edge_agent.core.stages import STAGES
+from edge_agent.tune.candidates import Candidate, TuneSettings
+from edge_agent.tune.workload import Workload, measured_config
+
+log = logging.getLogger(__name__)
+
+
+def _combined(hists: list[LatencyHistogram]) -> LatencyHistogram:
+    """One histogram of every source's frames (a candidate must hold the deadline for all)."""
+    out = LatencyHistogram()
+    for h in hists:
+        out.merge(h)
+    return out
+
+
+def _pure_p50_ms(cfg: AgentConfig, runs: int, played: dict[str, list[np.ndarray]]) -> float:
+    with BenchAgent(cfg, played=played) as agent:
+        return pure_inference(agent, runs).percentile_ms(50)
+
+
+def measure(c: Candidate, s: TuneSettings, work: Workload, best_p99: float | None) -> None:
+    """Run the candidate's pipeline: warm-up, then a measured window (or an early stop)."""
+    cfg = measured_config(c.config, s, work.fps)
+    unpaced = measured_config(c.config, s, 0.0)
+    c.pure_p50_ms = _pure_p50_ms(unpaced, 30 if s.quick else 100, work.played)
+    limit = s.budget_ms * (1 - s.margin)
+    if c.pure_p50_ms > limit:
+        c.status, c.reason = "pruned", f"inference alone takes {c.pure_p50_ms:.1f} ms > {limit:.1f} ms"
+        return
+    with BenchAgent(cfg, played=work.played, pace_fps=work.fps) as agent, started(agent):
+        time.sleep(s.warmup_s)
+        pipeline = agent.pipeline
+        assert pipeline is not None
+        lanes = pipeline.lanes
+        c.sources = [lane.source.describe() for lane in lanes]
+        t0, start_published = time.monotonic(), pipeline.published()
+        window = LatencyHistogram()
+        stats_total_before = _combined([x.stats.total for x in lanes]).counts
+        while time.monotonic() - t0 < s.window_s:
+            time.sleep(0.1)
+            window.counts[:] = _combined([x.stats.total for x in lanes]).counts - stats_total_before
+            window.count = int(window.counts.sum())
+            median = window.percentile_ms(50) if window.count >= 20 else 0.0
+            if median > s.budget_ms:
+                c.status, c.reason = "early stop", f"running median {median:.1f} ms > budget"
+                break
+            if best_p99 and median > 2 * best_p99:
+                # A clear loser: its typical frame already takes twice the best one's worst.
+                c.status, c.reason = (
+                    "early stop",
+                    f"running median {median:.1f} ms > 2x best p99 {best_p99:.1f}",
+                )
+                break
+        elapsed = time.monotonic() - t0
+        c.fps = (pipeline.published() - start_published) / elapsed if elapsed > 0 else 0.0
+        window.max_ns = max(x.stats.total.max_ns for x in lanes)
+        c.e2e = {
+            "p50": round(window.percentile_ms(50), 3),
+            "p99": round(window.percentile_ms(99), 3),
+            "max": round(window.max_ns / 1e6, 3),
+            "spread": round(window.percentile_ms(99) - window.percentile_ms(50), 3),
+        }
+        c.stages_p50_ms = {
+            k: round(_combined([x.stats.stages[k] for x in lanes]).percentile_ms(50), 3) for k in STAGES
+        }
+        c.samples_ms = _quantiles(window)
+        if agent.power is not None and agent.power.latest is not None and agent.power.latest.total_mw:
+            c.power_mw = agent.power.latest.total_mw
+    if c.status == "pending":
+        c.status = "over budget" if c.e2e["p99"] > limit else "feasible"
+        if c.status == "over budget":
+            c.reason = f"p99 {c.e2e['p99']:.1f} ms > {limit:.1f} ms (budget {s.budget_ms:g} - {s.margin:.0%})"
+
+
+def _quantiles(h: LatencyHistogram) -> list[float]:
+    return [round(h.percentile_ms(q), 3) for q in (1, 5, 10, 25, 50, 75, 90, 95, 99)]
