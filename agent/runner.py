@@ -9,86 +9,33 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
 from dataclasses import fields, replace
 from typing import Any
 
 from edge_agent.core.config import (
-    MODELS,
-    REBIND,
-    SCHEDULING_FIELDS,
     AgentConfig,
-    AutoBackendConfig,
-    BackendConfig,
     LadderStep,
-    ModelConfig,
     OnnxRuntimeConfig,
     PublishConfig,
-    SourceConfig,
-    TensorRTConfig,
-    marked_fields,
-    marked_values,
 )
 from edge_agent.core.lifecycle import Parts
+from edge_agent.core.plan import capture_part, model_at, model_batches, source_models, with_batch
+from edge_agent.core.reloads import MODELS, REBIND, marked_fields, marked_values
+from edge_agent.core.source_config import SourceConfig
 from edge_agent.models.manifest import (
     ModelError,
 )
 from edge_agent.pipelines.deadline import DeadlineMonitor
 from edge_agent.pipelines.health import HealthReporter
+from edge_agent.pipelines.lane import Lane
 from edge_agent.pipelines.model import LoadedModel, load_model
-from edge_agent.pipelines.pipeline import Lane, Pipeline, Profile, prepare_buffers
+from edge_agent.pipelines.pipeline import Pipeline
+from edge_agent.pipelines.profile import Profile, prepare_buffers
 from edge_agent.pipelines.publish import MessageBuilder, ZmqPublisher
 from edge_agent.pipelines.sources import create_source
 from edge_agent.power.manager import PowerManager
 
 log = logging.getLogger(__name__)
-
-def _capture_part(src: SourceConfig) -> SourceConfig:
-    """A source's config without its scheduling settings: what needs a reopen to change."""
-    return replace(src, **{f.name: f.default for f in fields(src) if f.name in SCHEDULING_FIELDS})
-
-
-def model_at(cfg: AgentConfig, path: str, manifest: str = "") -> ModelConfig:
-    """The settings of the model at ``path`` (a ladder step's or a source's own, with the
-    config's thresholds); the main model for an empty ``path``."""
-    return replace(cfg.model, path=path, manifest=manifest) if path else cfg.model
-
-
-def onnxruntime_of(backend: BackendConfig, running: str = "") -> OnnxRuntimeConfig | None:
-    """The ONNX Runtime settings a backend config runs a model with: its own, or an
-    ``auto`` backend's ONNX Runtime part (unless ``running``, the backend ``auto`` chose
-    when the model was loaded, is another); None for TensorRT."""
-    if isinstance(backend, OnnxRuntimeConfig):
-        return backend
-    if isinstance(backend, AutoBackendConfig) and running in ("", "onnxruntime"):
-        return backend.onnxruntime
-    return None
-
-
-def source_models(cfg: AgentConfig) -> list[tuple[SourceConfig, tuple[str, ...]]]:
-    """Per source, the models (by path; the main one is "") it may run, its own first: a
-    source's own model, or the main one and the ladder's lighter ones."""
-    ladder = tuple(dict.fromkeys(step.model for step in cfg.deadline.ladder if step.model))
-    return [(src, (src.model,) if src.model else ("", *ladder)) for src in cfg.source_list()]
-
-
-def model_batches(cfg: AgentConfig) -> dict[str, int]:
-    """Per model path, the largest batch it can be given: the number of sources that may
-    run it, within ``batching.max_batch`` (the main model is loaded even when no source
-    runs it)."""
-    users = Counter(path for _, paths in source_models(cfg) for path in paths)
-    users.setdefault("", 0)
-    cap = cfg.batching.max_batch
-    return {k: max(1, min(n, cap) if cap else n) for k, n in users.items()}
-
-
-def with_batch(backend: BackendConfig, batch: int) -> BackendConfig:
-    """``backend`` with TensorRT's ``max_batch: 0`` (one per source) resolved to ``batch``."""
-    if isinstance(backend, TensorRTConfig) and not backend.max_batch:
-        return replace(backend, max_batch=batch)
-    if isinstance(backend, AutoBackendConfig) and not backend.tensorrt.max_batch:
-        return replace(backend, tensorrt=replace(backend.tensorrt, max_batch=batch))
-    return backend
 
 
 class _FinalBeat:
@@ -311,11 +258,11 @@ class Agent:
         profiles, models = self._load_profiles(new) if models_changed else (self.profiles, self.models)
         # A source whose capture settings did not change keeps running (its scheduling
         # settings live in its lane); new or changed ones open now.
-        kept = {_capture_part(s): s.name for s in old.source_list()}
+        kept = {capture_part(s): s.name for s in old.source_list()}
         sources: dict[str, Any] = {}
         try:
             for src in new.source_list():
-                if kept.get(_capture_part(src)) == src.name:
+                if kept.get(capture_part(src)) == src.name:
                     sources[src.name] = self.sources[src.name]
                 else:
                     sources[src.name] = self._source(new, src)

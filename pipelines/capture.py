@@ -20,7 +20,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from edge_agent.core.config import GStreamerSourceConfig, RtspSourceConfig, V4L2SourceConfig
+from edge_agent.core.source_config import GStreamerSourceConfig, RtspSourceConfig, V4L2SourceConfig
 from edge_agent.pipelines.source_base import BufferPolicy, Source, SourceError, SourceFrame, open_video
 
 log = logging.getLogger(__name__)

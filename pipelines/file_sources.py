@@ -16,10 +16,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from edge_agent.core.config import (
-    ImageFolderSourceConfig,
-    VideoSourceConfig,
-)
+from edge_agent.core.source_config import ImageFolderSourceConfig, VideoSourceConfig
 from edge_agent.pipelines.source_base import (
     BufferPolicy,
     EndOfStream,

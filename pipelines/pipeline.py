@@ -37,285 +37,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
-from edge_agent.core.latency import LatencyHistogram
-from edge_agent.core.stages import (
-    CAPTURED,
-    INFER_END,
-    INFER_START,
-    POST_END,
-    POST_START,
-    PRE_END,
-    PRE_START,
-    PUBLISH,
-    STAGES,
-)
-from edge_agent.pipelines.backends.base import IOSet
-from edge_agent.pipelines.deadline import DROP_REASONS, DeadlineMonitor
-from edge_agent.pipelines.handoff import Closed, FrameQueue, FrameSlot, SlotPool
-from edge_agent.pipelines.model import LoadedModel
-from edge_agent.pipelines.preprocess import boxes_to_source
-from edge_agent.pipelines.publish import MessageBuilder, ZmqPublisher
+from edge_agent.pipelines.frame_steps import POLL_S, FrameSteps
+from edge_agent.pipelines.handoff import Closed, FrameQueue, FrameSlot
+from edge_agent.pipelines.lane import Lane
+from edge_agent.pipelines.profile import Profile, prepare_buffers
+from edge_agent.pipelines.publish import ZmqPublisher
 from edge_agent.pipelines.scheduler import BatchScheduler, LaneSpec
-from edge_agent.pipelines.source_base import BufferPolicy, EndOfStream, Source, SourceError
+from edge_agent.pipelines.source_base import EndOfStream, SourceError
 
 log = logging.getLogger(__name__)
 
-#: Per source and model: capture+preprocess, the scheduler's cell, inference, the post
-#: queue, postprocess: one slot each.
-SLOTS = 5
-_POLL_S = 0.1
-_UNLIMITED = 1 << 30
 
-
-@dataclass
-class Profile:
-    """A loaded model with its preallocated buffers: frame slots per source, and one
-    input/output set per batch size for batches of several sources.
-
-    The degradation ladder may switch models at a frame boundary; each frame carries the
-    profile it was preprocessed for, so frames already in flight finish on their model.
-    Buffers are kept across reloads that keep the model.
-    """
-
-    name: str
-    model: LoadedModel
-    pools: dict[str, SlotPool] = field(default_factory=dict)  # by source name
-    batches: dict[int, IOSet] = field(default_factory=dict)  # by batch size (2 and up)
-    warm_ns: dict[int, int] = field(default_factory=dict)  # last warm-up run, by batch size
-
-    def pool(self, source: str, slots: int = SLOTS, max_gt: int = 64) -> SlotPool:
-        """The source's frame slots, allocated (and the backend warmed up) on first use."""
-        pool = self.pools.get(source)
-        if pool is None:
-            m = self.model
-            made = [
-                FrameSlot(i, m.backend.allocate(), m.input_name, m.params.max_detections, max_gt, self)
-                for i in range(slots)
-            ]
-            if not self.pools:
-                self.warm_ns[1] = _warm(m.backend, made[0].io)
-            pool = self.pools[source] = SlotPool(made)
-        return pool
-
-    def batch_limit(self) -> int:
-        """The largest batch the model runs (its fixed batch, or unlimited)."""
-        n, _ = self.model.backend.batch_axis()
-        return n or _UNLIMITED
-
-    def prepare_batches(self, largest: int, warm: bool = True) -> None:
-        """Allocate the sets for batches of 2..``largest`` frames (a model with a fixed batch
-        axis gets one set of its size, which smaller batches pad) and, with ``warm``, warm
-        up those not warmed yet; their times seed the scheduler's estimates."""
-        backend = self.model.backend
-        _, fixed = backend.batch_axis()
-        for size in range(2, min(largest, self.batch_limit()) + 1):
-            if size not in self.batches:
-                shared = fixed and self.batches
-                self.batches[size] = next(iter(self.batches.values())) if shared else backend.allocate(size)
-            if warm and size not in self.warm_ns:
-                io = self.batches[size]
-                same = [ns for s, ns in self.warm_ns.items() if s > 1 and self.batches[s] is io]
-                self.warm_ns[size] = same[0] if same else _warm(backend, io)
-
-    def infer(self, slots: list[FrameSlot]) -> None:
-        """Run one batch: a single frame on its own buffers, several through the batch set
-        (inputs copied in, outputs and the backend's timings copied back to each frame)."""
-        backend = self.model.backend
-        if len(slots) == 1:
-            backend.infer(slots[0].io)
-            return
-        io = self.batches[len(slots)]
-        batch_in = io.inputs[self.model.input_name]
-        for k, s in enumerate(slots):
-            batch_in[k] = s.tensor[0]
-        backend.infer(io)
-        for o, out in enumerate(io.outputs):
-            for k, s in enumerate(slots):
-                s.io.outputs[o][0] = out[k]
-        if io.extra:
-            for s in slots:
-                s.io.extra.update(io.extra)
-
-
-def prepare_buffers(lanes: list[tuple[str, dict[str, Profile]]], max_batch: int, warm: bool = True) -> None:
-    """Allocate every source's frame slots in each profile it may use, and each profile's
-    batch sets up to the number of sources that use it (and ``max_batch``).
-
-    ``warm``: also warm up batch sets not warmed yet. A reload prepares its buffers while
-    the old pipeline still runs, with ``warm`` off for profiles that pipeline is using
-    (one backend must not run two inferences at once); the new pipeline warms them after
-    the drain.
-    """
-    users: dict[int, list[Any]] = {}
-    for name, profiles in lanes:
-        for p in {id(p): p for p in profiles.values()}.values():
-            p.pool(name)
-            users.setdefault(id(p), [p, 0])[1] += 1
-    cap = min(max_batch or len(lanes), len(lanes))
-    for p, n in users.values():
-        p.prepare_batches(min(cap, n), warm)
-
-
-def _warm(backend: Any, io: IOSet) -> int:
-    """Warm ``io`` up; returns the last run's ns (a first estimate for the scheduler)."""
-    backend.warmup(io, runs=2)
-    t = time.monotonic_ns()
-    backend.warmup(io, runs=1)
-    return time.monotonic_ns() - t
-
-
-class PipelineStats:
-    """Frame counts and latency histograms.
-
-    Counts change under one lock so that a snapshot (``counts``) is consistent while
-    frames move: captured == on time + late + dropped + in flight, with in flight
-    bounded by the number of frame slots. Each histogram has one writer at a time (the
-    frame's histograms: the post thread, or the inference thread publishing while the
-    post thread is idle; the post queue's claim keeps them apart).
-    """
-
-    def __init__(self) -> None:
-        self.captured = 0  # frames the source produced, including those it skipped
-        self.published = 0  # on time + late
-        self.late = 0  # published after the deadline
-        self.dropped: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
-        self.stages = {name: LatencyHistogram() for name in STAGES}
-        self.total = LatencyHistogram()
-        self.send = LatencyHistogram()  # JSON encoding + socket send, after the publish stamp
-        # The agent's own cost around the model: end to end (through the send) minus the
-        # capture and inference stages.
-        self.overhead = LatencyHistogram()
-        self.window = LatencyHistogram()  # end-to-end since the health thread last took it
-        self.by_profile: dict[str, LatencyHistogram] = {}  # end-to-end per model profile
-        # Parts the backend timed inside its inference stage (CUDA events on TensorRT).
-        self.backend_parts: dict[str, LatencyHistogram] = {}
-        self._lock = threading.Lock()
-
-    def drop(self, reason: str, n: int = 1) -> None:
-        with self._lock:
-            self.dropped[reason] += n
-
-    def add_captured(self, n: int = 1, gap: int = 0, stale: int = 0) -> None:
-        """``n`` frames taken from the source, ``gap`` frames it skipped and ``stale`` ones
-        it drained as too old (both dropped)."""
-        with self._lock:
-            self.captured += n + gap + stale
-            self.dropped["source_gap"] += gap
-            self.dropped["stale"] += stale
-
-    def add_published(self, total_ns: int, late: bool) -> None:
-        with self._lock:
-            self.published += 1
-            self.late += late
-            self.window.record(total_ns)
-
-    def dropped_total(self) -> int:
-        with self._lock:
-            return sum(self.dropped.values())
-
-    def counts(self) -> dict[str, Any]:
-        with self._lock:
-            dropped = dict(self.dropped)
-            captured, published, late = self.captured, self.published, self.late
-        n_dropped = sum(dropped.values())
-        return {
-            "captured": captured,
-            "on_time": published - late,
-            "late": late,
-            "dropped": n_dropped,
-            "in_flight": captured - published - n_dropped,  # 0 once the pipeline has drained
-            "dropped_by_reason": dropped,
-        }
-
-    def backend_part(self, name: str) -> LatencyHistogram:
-        hist = self.backend_parts.get(name)
-        if hist is None:
-            hist = self.backend_parts[name] = LatencyHistogram()
-        return hist
-
-    def take_window(self) -> LatencyHistogram:
-        with self._lock:
-            window, self.window = self.window, LatencyHistogram()
-        return window
-
-
-class Lane:
-    """One source's share of the pipeline: its capture thread, deadline monitor (with its
-    own budget and ladder), counts, result topic and sequence numbers."""
-
-    def __init__(
-        self,
-        index: int,
-        source: Source,
-        profiles: dict[str, Profile],
-        monitor: DeadlineMonitor,
-        builder: MessageBuilder,
-        topic: str,
-        priority: int = 0,
-        max_fps: float = 0.0,
-    ) -> None:
-        """``profiles``: by the ladder's model path, the lane's own model under ""."""
-        self.index = index
-        self.source = source
-        self.name = source.name
-        self.profiles = profiles
-        self.primary = profiles[""]
-        self.monitor = monitor
-        self.builder = builder
-        self.topic = f"{topic}.{source.name}".encode()
-        self.priority = priority
-        # A file (or an unpaced source) hands over every frame and waits for the pipeline:
-        # each one is processed, late or not; the ladder never skips its frames.
-        self.every_frame = source.policy is BufferPolicy.WAIT
-        self.period_ns = int(1e9 / max_fps) if max_fps > 0 else 0
-        self.stats = PipelineStats()
-        for p in profiles.values():
-            self.stats.by_profile.setdefault(p.name, LatencyHistogram())
-        self.seq = 0
-        self.stale_seen = source.stale  # the source's stale count already accounted
-        self.error: str | None = None  # why the source ended early, if it did
-        self._stride_count = 0
-        self._next_read_ns = 0
-
-    def current(self) -> Profile | None:
-        """The profile of the ladder's current step (None at an alert-only step)."""
-        step = self.monitor.current
-        if not step.infer:
-            return None
-        return self.profiles.get(step.model, self.primary)  # the main model is under ""
-
-    def profile(self) -> Profile | None:
-        """The profile for the next frame, or None when it is not processed (ladder)."""
-        step = self.monitor.current
-        self._stride_count += 1
-        if step.frame_stride > 1 and self._stride_count % step.frame_stride:
-            return None
-        return self.current()
-
-    def around_ns(self) -> tuple[float, float]:
-        """Estimated ns before the inference stage and after it, for the scheduler."""
-        est = self.monitor.estimates(self.primary.name)
-        return float(est[:2].sum()), float(est[INFER_END:PUBLISH].sum())
-
-    def adopt(self, old: Lane) -> None:
-        """Continue where ``old`` (the same source before a reload) stopped."""
-        self.seq = old.seq
-        # A file's ladder never steps: a camera's step is not carried over to it.
-        if self.monitor.config == old.monitor.config and not self.every_frame:
-            # Same deadline settings: the ladder's step, backoff and estimates carry over,
-            # so a reload under overload does not start again from the top.
-            self.monitor = old.monitor
-        old.stats.by_profile.update(
-            {k: v for k, v in self.stats.by_profile.items() if k not in old.stats.by_profile}
-        )
-        self.stats = old.stats
-
-
-class Pipeline:
+class Pipeline(FrameSteps):
     def __init__(
         self,
         lanes: list[Lane],
@@ -511,7 +245,7 @@ class Pipeline:
                 self._progress[name] = time.monotonic_ns()
                 if self.max_frames and lane.stats.captured >= self.max_frames:
                     break
-                if not read_ahead and not self.scheduler.wait_room(lane.index, _POLL_S):
+                if not read_ahead and not self.scheduler.wait_room(lane.index, POLL_S):
                     continue
                 if lane.period_ns and not self._pace(lane):
                     continue
@@ -541,8 +275,8 @@ class Pipeline:
         now = time.monotonic_ns()
         if lane._next_read_ns > now:
             wait = (lane._next_read_ns - now) / 1e9
-            if wait > _POLL_S:
-                self._stop.wait(_POLL_S)
+            if wait > POLL_S:
+                self._stop.wait(POLL_S)
                 return False
             if self._stop.wait(wait):
                 return False
@@ -563,7 +297,7 @@ class Pipeline:
             while True:
                 self._progress["infer"] = time.monotonic_ns()
                 try:
-                    batch = self.scheduler.next_batch(_POLL_S)
+                    batch = self.scheduler.next_batch(POLL_S)
                     if batch is None:
                         continue
                     self.infer_batch(batch, self._hand_on)
@@ -597,7 +331,7 @@ class Pipeline:
             while True:
                 self._progress["post"] = time.monotonic_ns()
                 try:
-                    slot = self._to_post.get(_POLL_S)
+                    slot = self._to_post.get(POLL_S)
                 except Closed:
                     break
                 if slot is None:
@@ -621,181 +355,3 @@ class Pipeline:
         self._stop.set()
 
     # -- one frame, one stage (the threads above, and the sequential benchmark) ----
-
-    def read_frame(self, lane: Lane | None = None) -> Any:
-        """The next source frame (or None on timeout); counts frames the source skipped."""
-        lane = lane or self.lanes[0]
-        source = lane.source
-        before = source.skipped
-        frame = source.read(_POLL_S)
-        gap = source.skipped - before
-        # A camera's reader drains stale frames on its own thread, whenever it reconnects.
-        drained = source.stale
-        stale, lane.stale_seen = drained - lane.stale_seen, drained
-        if self.max_frames:  # --frames N counts source frames, skipped ones included
-            room = max(self.max_frames - lane.stats.captured - (frame is not None), 0)
-            gap = min(gap, room)
-            stale = min(stale, room - gap)
-        lane.stats.add_captured(int(frame is not None), gap, stale)
-        return frame
-
-    def prepare(self, frame: Any, lane: Lane | None = None) -> FrameSlot | None:
-        """Take a slot of the lane's current profile and preprocess ``frame`` into it.
-
-        Returns None when the frame is not processed (ladder, error, shutdown).
-        """
-        lane = lane or self.lanes[0]
-        profile = lane.profile()
-        if profile is None:
-            self._drop(lane, None, "ladder")
-            return None
-        pool = profile.pools[lane.name]
-        # Try at least once: a frame read just before stop is still processed.
-        slot = pool.acquire(_POLL_S)
-        while slot is None and not self._stop.is_set():
-            slot = pool.acquire(_POLL_S)
-        if slot is None:
-            self._drop(lane, None, "shutdown")
-            return None
-        st = slot.stamps
-        st[CAPTURED] = frame.capture_ns
-        st[PRE_START] = time.monotonic_ns()
-        slot.lane = lane.index
-        slot.source = lane.name
-        slot.frame_id = frame.frame_id
-        slot.gt_count = 0
-        if frame.gt is not None:
-            n = min(len(frame.gt), len(slot.gt))
-            slot.gt[:n] = frame.gt[:n]
-            slot.gt_count = n
-        try:
-            profile.model.preprocessor(frame.image, slot.tensor, slot.geo)
-            profile.model.backend.upload(slot.io)
-        except Exception:
-            log.exception("pipeline: preprocessing failed for frame %d of %s", frame.frame_id, lane.name)
-            self._drop(lane, slot, "error")
-            return None
-        st[PRE_END] = time.monotonic_ns()
-        return slot
-
-    def infer_one(self, slot: FrameSlot) -> bool:
-        """Admit and infer one frame; False if it was dropped (stale or error)."""
-        return bool(self.infer_batch([slot]))
-
-    def infer_batch(
-        self, batch: list[FrameSlot], hand_on: Callable[[list[FrameSlot]], None] | None = None
-    ) -> list[FrameSlot]:
-        """Admit a batch's frames and infer those admitted; returns the frames that ran
-        (the others are accounted as dropped).
-
-        ``hand_on``: called with the frames that ran as soon as they are stamped, before
-        the bookkeeping of the run (they are then no longer this caller's: the returned
-        list is for counting only)."""
-        now = time.monotonic_ns()
-        ran = []
-        # Judged by what a batch of this size is expected to take (an estimate only once a
-        # batch of this model has run: until then each source's own times judge).
-        expected = self.scheduler.estimate_ns(batch[0].profile, len(batch), measured_only=True) or None
-        for slot in batch:
-            lane = self.lanes[slot.lane]
-            # A file's frames are all processed: lateness is recorded, never a drop.
-            if lane.every_frame or lane.monitor.admit(slot.stamps, now, slot.profile.name, expected):
-                ran.append(slot)
-            else:
-                self._drop(lane, slot, "stale")
-        if not ran:
-            return ran
-        batch = ran
-        profile = batch[0].profile
-        with self._batch_lock:
-            abandoned = self._abandoned
-            if not abandoned:
-                self._running = batch
-        if abandoned:  # stop() gave up on this thread: these frames never reach the backend
-            for slot in batch:
-                self._drop(self.lanes[slot.lane], slot, "shutdown")
-            return []
-        try:
-            profile.infer(batch)
-        except Exception as e:
-            if not self._took_back():
-                return []  # abandoned by stop() meanwhile: already accounted
-            self._consecutive_errors += 1
-            # One line per failure, not a traceback per frame: a broken backend can fail
-            # hundreds of times a second.
-            ids = ", ".join(f"{s.source}:{s.frame_id}" for s in batch)
-            log.error("pipeline: inference failed for frame(s) %s: %s", ids, e)
-            for slot in batch:
-                self._drop(self.lanes[slot.lane], slot, "error")
-            if self._consecutive_errors >= self.max_consecutive_errors and not self.breaker.is_set():
-                log.error("pipeline: %d inferences in a row failed: breaker open", self._consecutive_errors)
-                self.breaker.set()
-            return []
-        if not self._took_back():
-            return []
-        end = time.monotonic_ns()
-        n = len(batch)
-        for slot in batch:
-            slot.stamps[INFER_START] = now
-            slot.stamps[INFER_END] = end
-            slot.batch = n
-        if hand_on is not None:  # the frames first, the bookkeeping after
-            hand_on(batch)
-        self._consecutive_errors = 0
-        self.scheduler.record(profile, n, end - now)
-        self._slowest_ns = max(self._slowest_ns, end - now)
-        return batch
-
-    def _took_back(self) -> bool:
-        """The backend returned: the batch is the inference thread's again, unless stop()
-        abandoned it meanwhile (then its frames are accounted and its slots are lost)."""
-        with self._batch_lock:
-            self._running = []
-            return not self._abandoned
-
-    def publish_one(self, slot: FrameSlot) -> None:
-        """Decode, publish and account one frame, then give its slot back."""
-        lane = self.lanes[slot.lane]
-        try:
-            total = self._publish(lane, slot)
-        except Exception:
-            log.exception("pipeline: postprocessing failed for frame %d of %s", slot.frame_id, lane.name)
-            self._drop(lane, slot, "error")
-            return
-        # Accounted only once the message is out, so a frame is never both sent and dropped.
-        self._account(lane, slot, total, time.monotonic_ns())
-        slot.pool.release(slot)  # type: ignore[union-attr]
-
-    def _publish(self, lane: Lane, slot: FrameSlot) -> int:
-        """Decode, build and send the result message; returns the end-to-end ns."""
-        st = slot.stamps
-        st[POST_START] = time.monotonic_ns()
-        model = slot.profile.model
-        xyxy, scores, classes = model.decode(slot.io.outputs, model.params)
-        n = min(len(scores), len(slot.det_score))
-        slot.det_xyxy[:n] = xyxy[:n]
-        slot.det_score[:n] = scores[:n]
-        slot.det_class[:n] = classes[:n]
-        slot.det_count = n
-        boxes_to_source(slot.det_xyxy[:n], slot.geo)
-        st[POST_END] = time.monotonic_ns()
-        message = lane.builder.build(slot, lane.seq, slot.profile.name)
-        st[PUBLISH] = time.monotonic_ns()
-        total = int(st[PUBLISH] - st[CAPTURED])
-        message["latency_ms"] = lane.builder.latencies(slot)
-        message["deadline_missed"] = lane.monitor.late(total)
-        self.publisher.send(lane.topic, lane.builder.encode(message, slot))
-        lane.seq += 1
-        return total
-
-    def _account(self, lane: Lane, slot: FrameSlot, total: int, end: int) -> None:
-        st, stats = slot.stamps, lane.stats
-        stats.send.record(end - int(st[PUBLISH]))
-        for i, hist in enumerate(stats.stages.values()):
-            hist.record(int(st[i + 1] - st[i]))
-        stats.total.record(total)
-        stats.by_profile[slot.profile.name].record(total)
-        stats.overhead.record(end - int(st[PRE_START]) - int(st[INFER_END] - st[INFER_START]))
-        for part, ms in slot.profile.model.backend.timings(slot.io).items():
-            stats.backend_part(part).record(int(ms * 1e6))
-        stats.add_published(total, lane.monitor.published(st, end, slot.profile.name))

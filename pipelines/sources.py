@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.core.config import (
+from edge_agent.core.source_config import (
     SourceConfig,
     SyntheticSourceConfig,
     V4L2SourceConfig,

@@ -22,13 +22,8 @@ import zmq
 from conftest import started, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
-from edge_agent.core.config import (
-    AgentConfig,
-    MetricsConfig,
-    ModelConfig,
-    PublishConfig,
-    SyntheticSourceConfig,
-)
+from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig
+from edge_agent.core.source_config import SyntheticSourceConfig
 
 # -- the result stream ---------------------------------------------------------------------
 

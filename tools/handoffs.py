@@ -20,13 +20,8 @@ import argparse
 import time
 from dataclasses import replace
 
-from edge_agent.core.config import (
-    AgentConfig,
-    MetricsConfig,
-    ModelConfig,
-    PublishConfig,
-    SyntheticSourceConfig,
-)
+from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig
+from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.core.stages import STAGES
 from edge_agent.runner import Agent
 

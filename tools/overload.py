@@ -23,14 +23,8 @@ import os
 import sys
 import time
 
-from edge_agent.core.config import (
-    AgentConfig,
-    DeadlineConfig,
-    FaultsConfig,
-    MetricsConfig,
-    PublishConfig,
-    SyntheticSourceConfig,
-)
+from edge_agent.core.config import AgentConfig, DeadlineConfig, FaultsConfig, MetricsConfig, PublishConfig
+from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.runner import Agent
 
 

@@ -11,17 +11,13 @@ import numpy as np
 
 from edge_agent.bench.configs import BenchError, raw_config
 from edge_agent.bench.phases import detections_summary, hist_ms
-from edge_agent.core.config import (
-    AgentConfig,
-    ModelConfig,
-    OnnxRuntimeConfig,
-)
+from edge_agent.core.config import AgentConfig, ModelConfig, OnnxRuntimeConfig
 from edge_agent.core.latency import LatencyHistogram
+from edge_agent.core.plan import onnxruntime_of
 from edge_agent.pipelines.model import check_io
 from edge_agent.pipelines.preprocess import Letterbox, Preprocessor, boxes_to_source
 from edge_agent.pipelines.source_base import Source
 from edge_agent.pipelines.sources import MemorySource, create_source
-from edge_agent.runner import onnxruntime_of
 
 
 def onnxruntime_settings(config: AgentConfig, running: str = "") -> OnnxRuntimeConfig:

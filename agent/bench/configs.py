@@ -12,11 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.core.config import (
+from edge_agent.core.config import AgentConfig, LadderStep
+from edge_agent.core.source_config import (
     SCHEDULING_FIELDS,
-    AgentConfig,
     ImageFolderSourceConfig,
-    LadderStep,
     SourceConfig,
     SyntheticSourceConfig,
     VideoSourceConfig,

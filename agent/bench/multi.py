@@ -10,11 +10,9 @@ from typing import Any
 from edge_agent.bench.configs import BENCH_SCHEMA, raw_config, started, synthetic_config
 from edge_agent.bench.phases import hist_ms, run_agent
 from edge_agent.bench.single import Progress, quiet
-from edge_agent.core.config import (
-    AgentConfig,
-    SyntheticSourceConfig,
-)
+from edge_agent.core.config import AgentConfig
 from edge_agent.core.latency import LatencyHistogram
+from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.core.stages import STAGES
 from edge_agent.pipelines.model import model_notes_once
 from edge_agent.runner import Agent

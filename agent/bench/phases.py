@@ -13,17 +13,14 @@ from typing import Any
 import numpy as np
 
 from edge_agent.bench.configs import BenchAgent, BenchError, Played, raw_config, started
-from edge_agent.core.config import (
-    AgentConfig,
-    OnnxRuntimeConfig,
-)
+from edge_agent.core.config import AgentConfig, OnnxRuntimeConfig
 from edge_agent.core.latency import LatencyHistogram
 from edge_agent.core.stages import STAGES
 from edge_agent.models.manifest import InputSpec
 from edge_agent.pipelines.file_sources import FileSourceConfig
 from edge_agent.pipelines.model import LoadedModel
-from edge_agent.pipelines.pipeline import PipelineStats
 from edge_agent.pipelines.preprocess import Letterbox
+from edge_agent.pipelines.stats import PipelineStats
 from edge_agent.runner import Agent
 
 

@@ -30,15 +30,12 @@ from edge_agent.bench.phases import (
     slowest_thread_ms,
     stage_table,
 )
-from edge_agent.core.config import (
-    AgentConfig,
-    TensorRTConfig,
-)
+from edge_agent.core.config import AgentConfig, TensorRTConfig
 from edge_agent.core.latency import LatencyHistogram
+from edge_agent.core.plan import model_at, onnxruntime_of
 from edge_agent.pipelines.file_sources import FileSourceConfig, preload
 from edge_agent.pipelines.model import LoadedModel, load_model, model_notes_once
 from edge_agent.pipelines.sources import source_rate
-from edge_agent.runner import model_at, onnxruntime_of
 
 Progress = Callable[[str], None]
 

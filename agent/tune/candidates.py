@@ -9,13 +9,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from edge_agent.core.config import (
-    AgentConfig,
-    AutoBackendConfig,
-    OnnxRuntimeConfig,
-    PowerConfig,
-)
-from edge_agent.runner import onnxruntime_of
+from edge_agent.core.config import AgentConfig, AutoBackendConfig, OnnxRuntimeConfig, PowerConfig
+from edge_agent.core.plan import onnxruntime_of
 
 log = logging.getLogger(__name__)
 

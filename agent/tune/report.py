@@ -13,9 +13,7 @@ import cv2
 import numpy as np
 import yaml
 
-from edge_agent.core.config import (
-    AgentConfig,
-)
+from edge_agent.core.config import AgentConfig
 from edge_agent.core.configload import to_plain
 from edge_agent.tune.candidates import Candidate, TuneSettings
 

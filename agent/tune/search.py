@@ -9,9 +9,7 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from edge_agent.core.config import (
-    AgentConfig,
-)
+from edge_agent.core.config import AgentConfig
 from edge_agent.pipelines.model import model_notes_once
 from edge_agent.tune.accuracy import judge, judge_reference, make_reference
 from edge_agent.tune.candidates import Candidate, TuneSettings, candidates, jetson_power_axes

@@ -15,8 +15,8 @@ import cv2
 import numpy as np
 
 from edge_agent.bench.configs import lane_settings, private_config
-from edge_agent.core.config import (
-    AgentConfig,
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.source_config import (
     ImageFolderSourceConfig,
     SourceConfig,
     SyntheticSourceConfig,
@@ -210,9 +210,14 @@ def make_workload(base: AgentConfig, s: TuneSettings) -> Workload:
 def measured_config(cfg: AgentConfig, s: TuneSettings, fps: float) -> AgentConfig:
     """The candidate's config as measured: each source as ``measured_source`` makes it, its
     results on a private loopback port and no metrics endpoint (it runs beside the agent
-    on the same config; see ``bench.private_config``), power read-only."""
+    on the same config; see ``bench.private_config``), power read-only, and the tuning
+    budget as its deadline: admission drops a frame as stale by the budget being tuned for,
+    not by the config's (a slow candidate measured against a tighter one would publish
+    nothing to judge)."""
     made = tuple(measured_source(src, fps, s.frames) for src in cfg.source_list())
     power = replace(cfg.power, manage=False)
+    if s.budget_ms > 0:
+        cfg = replace(cfg, deadline=replace(cfg.deadline, budget_ms=s.budget_ms))
     if len(made) == 1:
         return private_config(replace(cfg, source=made[0], sources=(), power=power))
     return private_config(replace(cfg, source=SyntheticSourceConfig(), sources=made, power=power))

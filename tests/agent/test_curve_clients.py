@@ -22,7 +22,7 @@ from zmq.utils.monitor import recv_monitor_message
 from edge_agent.client import connect
 from edge_agent.pipelines.publish import ZmqPublisher
 
-PUBLISH_LOG = "edge_agent.pipelines.publish"
+PUBLISH_LOG = "edge_agent.pipelines"  # the publisher and its CURVE allow-list (curve.py)
 QUIET_S = 1.5  # how long a refused client must receive nothing
 
 
@@ -145,7 +145,11 @@ def receives_nothing_after(client: Client, seq: int, seconds: float = QUIET_S) -
 
 
 def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == PUBLISH_LOG and r.levelno == logging.WARNING]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name.startswith(PUBLISH_LOG) and r.levelno == logging.WARNING
+    ]
 
 
 def test_a_malformed_key_file_is_named_and_skipped(keys, ctx, caplog):
@@ -252,14 +256,14 @@ def test_a_refused_client_is_logged_once_not_per_attempt(keys, ctx, caplog):
 
 
 def test_refusals_not_logged_are_counted_in_the_next_warning(keys, ctx, caplog, monkeypatch):
-    from edge_agent.pipelines import publish
+    from edge_agent.pipelines import curve
 
     keys.allow("a")
     caplog.set_level(logging.WARNING, logger=PUBLISH_LOG)
     with streaming(keys) as (pub, _):
         for _ in range(3):  # one warning, two refusals held back
             refused_attempt(ctx, keys, "c", pub.endpoint)
-        monkeypatch.setattr(publish, "REFUSED_LOG_INTERVAL_S", 0.0)  # as if a minute passed
+        monkeypatch.setattr(curve, "REFUSED_LOG_INTERVAL_S", 0.0)  # as if a minute passed
         refused_attempt(ctx, keys, "c", pub.endpoint)
     about_c = [m for m in warnings(caplog) if keys.z85("c")[:8] in m]
     assert len(about_c) == 2, about_c

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.core.config import AgentConfig, ImageFolderSourceConfig, VideoSourceConfig
+from edge_agent.core.config import AgentConfig
 from edge_agent.core.configload import ConfigError
+from edge_agent.core.source_config import ImageFolderSourceConfig, VideoSourceConfig
 from edge_agent.fleet import load_effective
 
 

@@ -20,10 +20,9 @@ from conftest import agent_command, read_line, spawn, spawn_run, wait_until
 from helpers import write_video
 
 from edge_agent.client import GapTracker, connect, decode
-from edge_agent.core.config import (
-    AgentConfig,
+from edge_agent.core.config import AgentConfig, PublishConfig
+from edge_agent.core.source_config import (
     ImageFolderSourceConfig,
-    PublishConfig,
     SyntheticSourceConfig,
     V4L2SourceConfig,
     VideoSourceConfig,

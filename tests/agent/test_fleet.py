@@ -10,15 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.core.config import (
-    AutoBackendConfig,
-    OnnxRuntimeConfig,
-    RtspSourceConfig,
-    SyntheticSourceConfig,
-    TensorRTConfig,
-    VideoSourceConfig,
-)
+from edge_agent.core.config import AutoBackendConfig, OnnxRuntimeConfig, TensorRTConfig
 from edge_agent.core.configload import ConfigError, Problem
+from edge_agent.core.source_config import RtspSourceConfig, SyntheticSourceConfig, VideoSourceConfig
 from edge_agent.fleet import DeviceFacts, diff_configs, load_fleet, validate_fleet
 
 

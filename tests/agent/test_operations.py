@@ -16,14 +16,8 @@ from conftest import REPO, agent_command, run_process, spawn, started, wait_unti
 from helpers import Subscriber, free_port, running_agent, scrape, value, write_video
 
 from edge_agent.client import GapTracker, Result, connect, decode, subscribe
-from edge_agent.core.config import (
-    AgentConfig,
-    MetricsConfig,
-    ModelConfig,
-    PublishConfig,
-    SyntheticSourceConfig,
-    VideoSourceConfig,
-)
+from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig
+from edge_agent.core.source_config import SyntheticSourceConfig, VideoSourceConfig
 from edge_agent.runner import Agent
 
 

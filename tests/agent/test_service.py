@@ -18,13 +18,8 @@ import pytest
 from conftest import agent_command, run_process, spawn, started, wait_until
 from helpers import NotifySocket, Subscriber
 
-from edge_agent.core.config import (
-    AgentConfig,
-    ModelConfig,
-    PublishConfig,
-    ServiceConfig,
-    SyntheticSourceConfig,
-)
+from edge_agent.core.config import AgentConfig, ModelConfig, PublishConfig, ServiceConfig
+from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.runner import Agent
 from edge_agent.sdnotify import Notifier
 from edge_agent.service import UNITS, Signals, Supervisor, install_steps, render_unit

@@ -14,15 +14,8 @@ from conftest import agent_command, run_process
 from fakes.jetson_tree import make_tree
 from onnx import helper, numpy_helper
 
-from edge_agent.core.config import (
-    AgentConfig,
-    ImageFolderSourceConfig,
-    ModelConfig,
-    OnnxRuntimeConfig,
-    PowerConfig,
-    SyntheticSourceConfig,
-    VideoSourceConfig,
-)
+from edge_agent.core.config import AgentConfig, ModelConfig, OnnxRuntimeConfig, PowerConfig
+from edge_agent.core.source_config import ImageFolderSourceConfig, SyntheticSourceConfig, VideoSourceConfig
 from edge_agent.models.manifest import resolve_model
 from edge_agent.models.testmodels import write_load_model
 from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene

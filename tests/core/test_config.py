@@ -20,18 +20,20 @@ from edge_agent.core.config import (
     AgentConfig,
     AutoBackendConfig,
     DeadlineConfig,
-    GStreamerSourceConfig,
-    ImageFolderSourceConfig,
     ModelConfig,
     OnnxRuntimeConfig,
     PublishConfig,
+    load_config,
+)
+from edge_agent.core.configload import ConfigError, Problem, dump, load
+from edge_agent.core.source_config import (
+    GStreamerSourceConfig,
+    ImageFolderSourceConfig,
     RtspSourceConfig,
     SyntheticSourceConfig,
     V4L2SourceConfig,
     VideoSourceConfig,
-    load_config,
 )
-from edge_agent.core.configload import ConfigError, Problem, dump, load
 
 FILE = "agent.yaml"
 
@@ -644,17 +646,9 @@ def test_reload_kinds_come_from_the_fields_marks():
     """Reload decides from field metadata, not from lists kept beside the config."""
     from dataclasses import replace
 
-    from edge_agent.core.config import (
-        LANE,
-        MODELS,
-        REBIND,
-        AgentConfig,
-        LadderStep,
-        PublishConfig,
-        SyntheticSourceConfig,
-        marked_fields,
-        marked_values,
-    )
+    from edge_agent.core.config import AgentConfig, LadderStep, PublishConfig
+    from edge_agent.core.reloads import LANE, MODELS, REBIND, marked_fields, marked_values
+    from edge_agent.core.source_config import SyntheticSourceConfig
 
     rebind = ("endpoint", "send_hwm", "encoding", "curve_server_key", "curve_clients_dir")
     assert marked_fields(PublishConfig, REBIND) == rebind, "a topic change needs no new socket"

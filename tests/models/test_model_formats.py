@@ -22,20 +22,20 @@ from onnx import TensorProto, helper
 
 from edge_agent.core.config import (
     AgentConfig,
-    ImageFolderSourceConfig,
     MetricsConfig,
     ModelConfig,
     OnnxRuntimeConfig,
     PublishConfig,
     TensorRTConfig,
 )
+from edge_agent.core.source_config import ImageFolderSourceConfig
 from edge_agent.models.manifest import ModelError, resolve_model
 from edge_agent.models.testmodels import brightness_detector
 from edge_agent.pipelines.backends import registry
 from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
 from edge_agent.pipelines.model import load_model
-from edge_agent.pipelines.pipeline import Profile
 from edge_agent.pipelines.preprocess import Letterbox, boxes_to_source
+from edge_agent.pipelines.profile import Profile
 from edge_agent.runner import Agent
 
 F, I32 = TensorProto.FLOAT, TensorProto.INT32

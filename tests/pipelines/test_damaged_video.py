@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from helpers import FRAMES, damage, write_numbered_video
 
-from edge_agent.core.config import VideoSourceConfig
+from edge_agent.core.source_config import VideoSourceConfig
 from edge_agent.pipelines.file_sources import VideoFileSource
 from edge_agent.pipelines.source_base import EndOfStream, SourceError
 

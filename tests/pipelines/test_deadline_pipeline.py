@@ -21,8 +21,8 @@ from edge_agent.core.config import (
     MetricsConfig,
     ModelConfig,
     PublishConfig,
-    SyntheticSourceConfig,
 )
+from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.models.testmodels import constant_detector, yolov8_output
 from edge_agent.runner import Agent
 

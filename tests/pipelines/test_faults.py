@@ -24,9 +24,9 @@ from edge_agent.core.config import (
     OnnxRuntimeConfig,
     PublishConfig,
     ResilienceConfig,
-    SyntheticSourceConfig,
 )
 from edge_agent.core.configload import FieldError
+from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.runner import Agent
 
 

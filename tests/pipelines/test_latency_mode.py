@@ -32,9 +32,8 @@ from edge_agent.core.config import (
     MetricsConfig,
     ModelConfig,
     PublishConfig,
-    SyntheticSourceConfig,
-    VideoSourceConfig,
 )
+from edge_agent.core.source_config import SyntheticSourceConfig, VideoSourceConfig
 from edge_agent.pipelines.scheduler import FRESH_SHARE
 from edge_agent.runner import Agent
 

@@ -25,18 +25,16 @@ from helpers import Subscriber
 from edge_agent.core.config import (
     AgentConfig,
     BatchingConfig,
-    ImageFolderSourceConfig,
     MetricsConfig,
     ModelConfig,
     OnnxRuntimeConfig,
     PublishConfig,
-    SyntheticSourceConfig,
-    V4L2SourceConfig,
 )
 from edge_agent.core.configload import ConfigError, load
+from edge_agent.core.source_config import ImageFolderSourceConfig, SyntheticSourceConfig, V4L2SourceConfig
 from edge_agent.models.testmodels import constant_detector, yolov8_output
 from edge_agent.pipelines.model import load_model
-from edge_agent.pipelines.pipeline import Profile
+from edge_agent.pipelines.profile import Profile
 from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
 from edge_agent.runner import Agent
 

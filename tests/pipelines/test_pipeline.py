@@ -10,14 +10,8 @@ import pytest
 from conftest import started, wait_until
 from helpers import Subscriber, write_video
 
-from edge_agent.core.config import (
-    AgentConfig,
-    MetricsConfig,
-    ModelConfig,
-    PublishConfig,
-    SyntheticSourceConfig,
-    VideoSourceConfig,
-)
+from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig
+from edge_agent.core.source_config import SyntheticSourceConfig, VideoSourceConfig
 from edge_agent.core.stages import STAGES
 from edge_agent.pipelines.handoff import Closed, FrameQueue
 from edge_agent.runner import Agent

@@ -15,7 +15,7 @@ import time
 import cv2
 import pytest
 
-from edge_agent.core.config import RtspSourceConfig
+from edge_agent.core.source_config import RtspSourceConfig
 from edge_agent.pipelines import capture
 from edge_agent.pipelines.source_base import SourceError
 

@@ -10,7 +10,8 @@ import pytest
 from conftest import REPO, free_endpoint, started, wait_until, write_manifest
 from helpers import Subscriber
 
-from edge_agent.core.config import AgentConfig, ModelConfig, PublishConfig, SyntheticSourceConfig
+from edge_agent.core.config import AgentConfig, ModelConfig, PublishConfig
+from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.core.stages import STAGES
 from edge_agent.models.testmodels import constant_detector, yolov8_output
 from edge_agent.pipelines.deadline import DROP_REASONS

@@ -12,7 +12,7 @@ import pytest
 from conftest import wait_until
 from helpers import write_video
 
-from edge_agent.core.config import (
+from edge_agent.core.source_config import (
     GStreamerSourceConfig,
     ImageFolderSourceConfig,
     RtspSourceConfig,

@@ -455,14 +455,9 @@ def test_batch_stays_one_where_batching_is_not_supported(const_model, float_mode
 
 
 def test_agent_resolves_each_engine_batch_to_the_sources_that_run_it():
-    from edge_agent.core.config import (
-        AgentConfig,
-        BatchingConfig,
-        DeadlineConfig,
-        LadderStep,
-        SyntheticSourceConfig,
-    )
-    from edge_agent.runner import model_batches, with_batch
+    from edge_agent.core.config import AgentConfig, BatchingConfig, DeadlineConfig, LadderStep
+    from edge_agent.core.plan import model_batches, with_batch
+    from edge_agent.core.source_config import SyntheticSourceConfig
 
     shared = tuple(SyntheticSourceConfig(name=f"c{i}") for i in range(3))
     own = SyntheticSourceConfig(name="dock", model="dock.onnx")

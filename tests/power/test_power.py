@@ -445,7 +445,8 @@ def test_throttling_reaches_the_health_stream_and_each_result(tmp_path, const_mo
     """manage: false (the unprivileged agent): telemetry is read, nothing is written."""
     from helpers import Subscriber
 
-    from edge_agent.core.config import AgentConfig, ModelConfig, PublishConfig, SyntheticSourceConfig
+    from edge_agent.core.config import AgentConfig, ModelConfig, PublishConfig
+    from edge_agent.core.source_config import SyntheticSourceConfig
 
     root = make_tree(tmp_path / "root", "orin-nano")
     before = gpu_range(root)

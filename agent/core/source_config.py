@@ -1,0 +1,158 @@
+"""The config of each kind of source (synthetic camera, video file, image folder, V4L2,
+RTSP, GStreamer), and the settings every source has (its name and its lane's scheduling)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from edge_agent.core.configload import check, path_field
+from edge_agent.core.reloads import LANE, MODELS, marked_fields, reloads
+
+# How a running agent takes a change of a field, as field metadata ("reload"); the reload
+# code reads these marks instead of keeping its own lists of keys:
+
+
+def _name_ok(name: str) -> bool:
+    return bool(name) and all(c.isalnum() or c in "-_" for c in name)
+
+
+@dataclass(frozen=True)
+class _SourceBase:
+    name: str = "cam0"
+    # Scheduling, when several sources share the accelerator (see ``AgentConfig.sources``).
+    # priority: higher is served first when the accelerator is contended; budget_ms: this
+    # source's end-to-end budget (0: deadline.budget_ms); max_fps: a frame-rate cap, frames
+    # a live source makes in between are skipped (0: none).
+    priority: int = field(default=0, metadata=reloads(LANE))
+    budget_ms: float = field(default=0.0, metadata=reloads(LANE))
+    max_fps: float = field(default=0.0, metadata=reloads(LANE))
+    # this source's own model (same thresholds); empty: the shared one
+    model: str = path_field("file", reload=(LANE, MODELS))
+    manifest: str = path_field("file", reload=(LANE, MODELS))  # its manifest; empty: beside it
+
+    def __post_init__(self) -> None:
+        check(_name_ok(self.name), "name", "use letters, digits, '-' and '_' only (it is a topic)")
+        check(-1000 <= self.priority <= 1000, "priority", "must be within -1000..1000")
+        check(0 <= self.budget_ms <= 60_000, "budget_ms", "must be within 0..60000 (0: deadline.budget_ms)")
+        check(0 <= self.max_fps <= 1000, "max_fps", "must be within 0..1000 (0: no cap)")
+        check(bool(self.model) or not self.manifest, "manifest", "a manifest needs a model")
+
+
+#: A source's settings that are its lane's, not its capture's (scheduling, and its own
+#: model): what a source keeps when it is played from other frames, and what changes
+#: without reopening it.
+SCHEDULING_FIELDS: tuple[str, ...] = marked_fields(_SourceBase, LANE)
+
+
+@dataclass(frozen=True)
+class SyntheticSourceConfig(_SourceBase):
+    """Generated scene with ground truth; paced like a camera unless ``fps`` is 0."""
+
+    type: Literal["synthetic"] = "synthetic"
+    width: int = 640
+    height: int = 480
+    fps: float = 30.0  # 0: a new frame whenever the pipeline asks (benchmarks)
+    seed: int = 0
+    num_objects: int = 6
+    noise_sigma: float = 6.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(16 <= self.width <= 8192, "width", "must be within 16..8192")
+        check(16 <= self.height <= 8192, "height", "must be within 16..8192")
+        check(0 <= self.fps <= 1000, "fps", "must be within 0..1000")
+        check(0 <= self.num_objects <= 64, "num_objects", "must be within 0..64")
+        check(0 <= self.noise_sigma <= 100, "noise_sigma", "must be within 0..100")
+
+
+@dataclass(frozen=True)
+class VideoSourceConfig(_SourceBase):
+    """A video file. Every frame is processed (the pipeline waits) unless ``realtime``."""
+
+    type: Literal["video"] = "video"
+    path: str = path_field("file")
+    loop: bool = False
+    realtime: bool = False  # pace at the file's frame rate and keep only the newest frame
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(bool(self.path), "path", "a video file path is required")
+
+
+@dataclass(frozen=True)
+class ImageFolderSourceConfig(_SourceBase):
+    """Images of a folder in name order; every image is processed."""
+
+    type: Literal["images"] = "images"
+    path: str = path_field("dir")
+    patterns: tuple[str, ...] = ("*.jpg", "*.jpeg", "*.png", "*.bmp")
+    loop: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(bool(self.path), "path", "an image folder is required")
+
+
+@dataclass(frozen=True)
+class _LiveBase(_SourceBase):
+    # A camera that fails to open or stops delivering is reopened with exponential backoff.
+    retry_initial_s: float = 0.5
+    retry_max_s: float = 10.0
+    stall_timeout_s: float = 2.0  # no new frame for this long counts as a failure
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(0 < self.retry_initial_s <= 3600, "retry_initial_s", "must be within (0, 3600]")
+        check(
+            self.retry_initial_s <= self.retry_max_s <= 3600,
+            "retry_max_s",
+            "must be within retry_initial_s..3600",
+        )
+        check(0 < self.stall_timeout_s <= 3600, "stall_timeout_s", "must be within (0, 3600]")
+
+
+@dataclass(frozen=True)
+class V4L2SourceConfig(_LiveBase):
+    """A USB/V4L2 camera through OpenCV's V4L2 backend."""
+
+    type: Literal["v4l2"] = "v4l2"
+    device: str = "/dev/video0"
+    width: int = 0  # 0: the camera's default
+    height: int = 0
+    fps: float = 0.0
+
+
+@dataclass(frozen=True)
+class RtspSourceConfig(_LiveBase):
+    """An RTSP stream through OpenCV (FFmpeg backend by default)."""
+
+    type: Literal["rtsp"] = "rtsp"
+    url: str = ""
+    transport: Literal["tcp", "udp"] = "tcp"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(self.url.startswith(("rtsp://", "rtsps://")), "url", "must start with rtsp://")
+
+
+@dataclass(frozen=True)
+class GStreamerSourceConfig(_LiveBase):
+    """A GStreamer pipeline string ending in appsink (CSI cameras via nvarguscamerasrc)."""
+
+    type: Literal["gstreamer"] = "gstreamer"
+    pipeline: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check("appsink" in self.pipeline, "pipeline", "must end in an appsink element")
+
+
+SourceConfig = (
+    SyntheticSourceConfig
+    | VideoSourceConfig
+    | ImageFolderSourceConfig
+    | V4L2SourceConfig
+    | RtspSourceConfig
+    | GStreamerSourceConfig
+)
