@@ -13,7 +13,8 @@ log = logging.getLogger("edge_agent")
 
 def cmd_config(args: argparse.Namespace) -> int:
     from edge_agent.core.configload import ConfigError, dump, to_plain
-    from edge_agent.fleet import diff_configs, load_fleet
+    from edge_agent.fleet.diff import diff_configs
+    from edge_agent.fleet.render import load_fleet
 
     if args.config_command == "validate":
         try:
@@ -40,7 +41,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 def _validate(path: str) -> int:
     from edge_agent.core.configload import ConfigError
-    from edge_agent.fleet import is_fleet, load_effective, load_fleet, validate_fleet
+    from edge_agent.fleet.render import is_fleet, load_effective, load_fleet, validate_fleet
 
     if is_fleet(path):
         problems = validate_fleet(path)

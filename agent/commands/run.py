@@ -45,7 +45,7 @@ def _summary(stats: Any, elapsed_s: float) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from edge_agent.fleet import load_effective
+    from edge_agent.fleet.render import load_effective
     from edge_agent.runner import Agent
     from edge_agent.sdnotify import Notifier
     from edge_agent.service import Signals, Supervisor

@@ -218,7 +218,7 @@ def _type_name(t: Any) -> str:
     )
 
 
-def _is_union(t: Any) -> bool:
+def is_union(t: Any) -> bool:
     return typing.get_origin(t) in (Union, types.UnionType)
 
 
@@ -245,7 +245,7 @@ class Builder:
         origin = typing.get_origin(t)
         if dataclasses.is_dataclass(t):
             return self._dataclass(t, node, path)
-        if _is_union(t):
+        if is_union(t):
             return self._union(t, node, path)
         if origin in (list, tuple):
             return self._sequence(t, node, path)
@@ -321,7 +321,7 @@ class Builder:
             hint = typing.get_type_hints(cls)["type"]
             for tag in typing.get_args(hint):
                 by_tag[tag] = cls
-        tag_node = _lookup(node, "type")
+        tag_node = lookup(node, "type")
         tags = ", ".join(repr(k) for k in by_tag)
         if tag_node is None:
             return self._dataclass(options[0], node, path)
@@ -416,11 +416,16 @@ class Builder:
         return _MISSING if errors else value
 
 
-def _lookup(node: yaml.MappingNode, key: str) -> yaml.Node | None:
+def lookup(node: yaml.MappingNode, key: str, last: bool = False) -> yaml.Node | None:
+    """The value node of ``key`` in a mapping node: the first, or with ``last`` the last one
+    (a merged mapping may hold a key twice; the later layer wins)."""
+    found = None
     for k_node, v_node in node.value:
         if isinstance(k_node, yaml.ScalarNode) and k_node.value == key:
-            return v_node
-    return None
+            if not last:
+                return v_node
+            found = v_node
+    return found
 
 
 def _join(path: str, key: str) -> str:

@@ -13,7 +13,9 @@ import pytest
 from edge_agent.core.config import AutoBackendConfig, OnnxRuntimeConfig, TensorRTConfig
 from edge_agent.core.configload import ConfigError, Problem
 from edge_agent.core.source_config import RtspSourceConfig, SyntheticSourceConfig, VideoSourceConfig
-from edge_agent.fleet import DeviceFacts, diff_configs, load_fleet, validate_fleet
+from edge_agent.fleet.diff import diff_configs
+from edge_agent.fleet.parse import DeviceFacts
+from edge_agent.fleet.render import load_fleet, validate_fleet
 
 
 def doc(text: str) -> str:
