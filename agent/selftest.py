@@ -24,10 +24,9 @@ import numpy as np
 
 from edge_agent import __version__
 from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig, TensorRTConfig
-from edge_agent.evaluation import FrameResult, heldout_frames, mean_average_precision
+from edge_agent.evaluation import FrameResult, heldout_images, mean_average_precision
 from edge_agent.pipelines.decode import box_iou
 from edge_agent.pipelines.preprocess import Letterbox, boxes_to_source
-from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
 
 # FP16 engines against the FP32 CPU model: scores are sigmoid outputs in 0..1, boxes are
 # input pixels; these bounds are loose enough for FP16 rounding, tight enough for a bug.
@@ -63,14 +62,14 @@ def _run(cmd: list[str], timeout_s: float = 5.0) -> str:
 def platform_check() -> Check:
     import cv2
 
-    from edge_agent.pipelines.backends.tensorrt import jetson_release
     from edge_agent.pipelines.capture import has_gstreamer
+    from edge_agent.power import sysfs
 
     data = {
         "edge_agent": __version__,
         "python": platform.python_version(),
         "machine": platform.machine(),
-        "l4t": jetson_release(),
+        "l4t": sysfs.detect().l4t,
         "model": _read("/proc/device-tree/model"),
         "opencv": cv2.__version__,
         "opencv_gstreamer": has_gstreamer(),
@@ -92,24 +91,13 @@ def clocks_check() -> Check:
     return Check("clocks", "pass", "; ".join(f"{k}: {v}" for k, v in data.items())[:300], data)
 
 
-def _frames(n: int):
-    spec = SceneSpec()
-    image = np.empty((spec.height, spec.width, 3), np.uint8)
-    gt = np.zeros((spec.num_objects, 6), np.float32)
-    scenes: dict[int, SyntheticScene] = {}
-    for seed, index in heldout_frames(n):
-        scene = scenes.get(seed) or scenes.setdefault(seed, SyntheticScene(replace(spec, seed=seed)))
-        scene.render(index, image, gt)
-        yield image, gt
-
-
 def _run_model(model: Any, frames: int) -> tuple[list[np.ndarray], list[FrameResult], list[float], dict]:
     io = model.backend.allocate()
     model.backend.warmup(io)
     geo = Letterbox()
     raw, results, times = [], [], []
     parts: dict[str, list[float]] = {}
-    for image, gt in _frames(frames):
+    for image, gt in heldout_images(frames):
         t = time.perf_counter()
         xyxy, scores, classes = model.run_one(image, io, geo)
         times.append((time.perf_counter() - t) * 1000)

@@ -34,6 +34,7 @@ from edge_agent.models.manifest import InputFormat
 from edge_agent.pipelines.backends import trt_build
 from edge_agent.pipelines.backends.base import BackendError, InferenceBackend, IOSet, TensorSpec
 from edge_agent.pipelines.backends.engine_cache import EngineCache, EngineKey
+from edge_agent.power import sysfs
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +58,6 @@ def import_tensorrt() -> tuple[Any, Any]:
             f"the tensorrt backend needs pycuda ({e}): pip install 'edge-agent[jetson]'"
         ) from None
     return trt, cuda
-
-
-def jetson_release(root: str = "/") -> str:
-    """The L4T release line of a Jetson (``/etc/nv_tegra_release``), or '' elsewhere."""
-    try:
-        with open(os.path.join(root, "etc/nv_tegra_release")) as f:
-            return f.readline().strip().lstrip("# ")
-    except OSError:
-        return ""
 
 
 @dataclass
@@ -137,7 +129,7 @@ class TensorRTBackend(InferenceBackend):
         # The primary context is the one TensorRT (through the CUDA runtime) uses.
         self._cuda_ctx = dev.retain_primary_context()
         major, minor = dev.compute_capability()
-        release = jetson_release()
+        release = sysfs.detect().l4t
         self._device = f"{dev.name()} sm_{major}{minor}" + (f" {release}" if release else "")
         self._model_path = model_path
         self._logger = trt.Logger(trt.Logger.WARNING)
