@@ -78,72 +78,7 @@ class AgentCollector:
         if pipeline is None:
             return
         now = time.monotonic_ns()
-        captured = CounterMetricFamily(
-            "edge_agent_frames_captured", "Frames the source produced", labels=["source"]
-        )
-        published = CounterMetricFamily(
-            "edge_agent_frames_published",
-            "Frames published, by deadline outcome",
-            labels=["source", "outcome"],
-        )
-        dropped = CounterMetricFamily(
-            "edge_agent_frames_dropped", "Frames dropped, by reason", labels=["source", "reason"]
-        )
-        up = GaugeMetricFamily(
-            "edge_agent_source_connected", "Live source delivering (1) or not", labels=["source"]
-        )
-        fails = CounterMetricFamily(
-            "edge_agent_source_failures",
-            "Camera failures (lost, errors, stalls, frozen)",
-            labels=["source"],
-        )
-        in_flight = GaugeMetricFamily(
-            "edge_agent_frames_in_flight", "Frames in the pipeline now", labels=["source"]
-        )
-        stage = HistogramMetricFamily(
-            "edge_agent_stage_latency_seconds", "Time per pipeline stage", labels=["source", "stage"]
-        )
-        e2e = HistogramMetricFamily(
-            "edge_agent_end_to_end_latency_seconds",
-            "Capture to publish, per published frame",
-            labels=["source"],
-        )
-        budget = GaugeMetricFamily(
-            "edge_agent_deadline_budget_seconds", "The end-to-end budget", labels=["source"]
-        )
-        miss = GaugeMetricFamily(
-            "edge_agent_deadline_miss_ratio", "Misses in the sliding window", labels=["source"]
-        )
-        step = GaugeMetricFamily(
-            "edge_agent_ladder_step", "Degradation ladder step (0: normal)", labels=["source", "step"]
-        )
-        live = False
-        for lane in pipeline.lanes:
-            src, stats, monitor = lane.name, lane.stats, lane.monitor
-            c = stats.counts()
-            captured.add_metric([src], c["captured"])
-            published.add_metric([src, "on_time"], c["on_time"])
-            published.add_metric([src, "late"], c["late"])
-            for reason, n in c["dropped_by_reason"].items():
-                dropped.add_metric([src, reason], n)
-            state = lane.source.describe()
-            if "connected" in state:
-                live = True
-                up.add_metric([src], float(bool(state["connected"])))
-                fails.add_metric([src], state.get("failures", 0))
-            in_flight.add_metric([src], c["in_flight"])
-            for name, h in stats.stages.items():
-                buckets, total = histogram_buckets(h)
-                stage.add_metric([src, name], buckets, total)
-            buckets, total = histogram_buckets(stats.total)
-            e2e.add_metric([src], buckets, total)
-            budget.add_metric([src], monitor.config.budget_ms / 1e3)
-            miss.add_metric([src], monitor.miss_rate(now)[0])
-            step.add_metric([src, monitor.current.name], monitor.step)
-        yield from (captured, published, dropped)
-        if live:
-            yield from (up, fails)
-        yield from (in_flight, stage, e2e, budget, miss, step)
+        yield from self._lanes(pipeline.lanes, now)
         batches = CounterMetricFamily(
             "edge_agent_inference_batches", "Inference batches run, by size (frames)", labels=["size"]
         )
@@ -160,6 +95,83 @@ class AgentCollector:
             )
             yield model
         yield from self._power(agent.power)
+
+    @staticmethod
+    def _lane_families() -> dict[str, Any]:
+        """The per-source families, empty, in the order they are filled."""
+        return {
+            "captured": CounterMetricFamily(
+                "edge_agent_frames_captured", "Frames the source produced", labels=["source"]
+            ),
+            "published": CounterMetricFamily(
+                "edge_agent_frames_published",
+                "Frames published, by deadline outcome",
+                labels=["source", "outcome"],
+            ),
+            "dropped": CounterMetricFamily(
+                "edge_agent_frames_dropped", "Frames dropped, by reason", labels=["source", "reason"]
+            ),
+            "up": GaugeMetricFamily(
+                "edge_agent_source_connected", "Live source delivering (1) or not", labels=["source"]
+            ),
+            "fails": CounterMetricFamily(
+                "edge_agent_source_failures",
+                "Camera failures (lost, errors, stalls, frozen)",
+                labels=["source"],
+            ),
+            "in_flight": GaugeMetricFamily(
+                "edge_agent_frames_in_flight", "Frames in the pipeline now", labels=["source"]
+            ),
+            "stage": HistogramMetricFamily(
+                "edge_agent_stage_latency_seconds", "Time per pipeline stage", labels=["source", "stage"]
+            ),
+            "e2e": HistogramMetricFamily(
+                "edge_agent_end_to_end_latency_seconds",
+                "Capture to publish, per published frame",
+                labels=["source"],
+            ),
+            "budget": GaugeMetricFamily(
+                "edge_agent_deadline_budget_seconds", "The end-to-end budget", labels=["source"]
+            ),
+            "miss": GaugeMetricFamily(
+                "edge_agent_deadline_miss_ratio", "Misses in the sliding window", labels=["source"]
+            ),
+            "step": GaugeMetricFamily(
+                "edge_agent_ladder_step", "Degradation ladder step (0: normal)", labels=["source", "step"]
+            ),
+        }
+
+    @classmethod
+    def _lanes(cls, lanes: Any, now: int):
+        """The per-source families filled from every lane (the live-source ones only if any)."""
+        f = cls._lane_families()
+        live = False
+        for lane in lanes:
+            src, stats, monitor = lane.name, lane.stats, lane.monitor
+            c = stats.counts()
+            f["captured"].add_metric([src], c["captured"])
+            f["published"].add_metric([src, "on_time"], c["on_time"])
+            f["published"].add_metric([src, "late"], c["late"])
+            for reason, n in c["dropped_by_reason"].items():
+                f["dropped"].add_metric([src, reason], n)
+            state = lane.source.describe()
+            if "connected" in state:
+                live = True
+                f["up"].add_metric([src], float(bool(state["connected"])))
+                f["fails"].add_metric([src], state.get("failures", 0))
+            f["in_flight"].add_metric([src], c["in_flight"])
+            for name, h in stats.stages.items():
+                buckets, total = histogram_buckets(h)
+                f["stage"].add_metric([src, name], buckets, total)
+            buckets, total = histogram_buckets(stats.total)
+            f["e2e"].add_metric([src], buckets, total)
+            f["budget"].add_metric([src], monitor.config.budget_ms / 1e3)
+            f["miss"].add_metric([src], monitor.miss_rate(now)[0])
+            f["step"].add_metric([src, monitor.current.name], monitor.step)
+        yield from (f["captured"], f["published"], f["dropped"])
+        if live:
+            yield from (f["up"], f["fails"])
+        yield from (f[k] for k in ("in_flight", "stage", "e2e", "budget", "miss", "step"))
 
     @staticmethod
     def _power(power: Any):

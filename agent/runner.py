@@ -247,15 +247,55 @@ class Agent:
         self.publisher.refresh_clients()
         if not changed and not force:
             return []
-        models_changed = (
+        models_changed = self._models_changed(old, new, force)
+        if not force:
+            self._breaker_trips = 0  # a new config starts the breaker's escalation afresh
+        profiles, models = self._load_profiles(new) if models_changed else (self.profiles, self.models)
+        sources = self._prepare_sources(old, new, profiles, models, models_changed)
+        # The swap: drain the old pipeline, then start the new one on the same socket.
+        old_pipeline = self.pipeline
+        drained = old_pipeline.stop()
+        if not drained:  # its stuck thread still counts when the agent stops
+            self._undrained.append(old_pipeline)
+        try:
+            self._swap_parts(old, new)
+            pipeline = self._pipeline(new, sources, profiles)
+        except BaseException:
+            self._resume_old(old, new, sources, models if models_changed else {}, old_pipeline)
+            raise
+        self._adopt_sources(sources, old_pipeline)
+        self.config = new
+        self._start_pipeline(pipeline, old_pipeline)
+        if models_changed:
+            if drained:
+                for m in self.models.values():
+                    m.close()
+            else:  # a stage is stuck inside the old backend: never pull it from under it
+                log.warning("reload: the old pipeline did not drain; its models stay open")
+            self.models, self.profiles = models, profiles
+        log.info("reload: applied (%s)", ", ".join(changed))
+        return changed
+
+    @staticmethod
+    def _models_changed(old: AgentConfig, new: AgentConfig, force: bool) -> bool:
+        """Whether a reload from ``old`` to ``new`` must load the models again."""
+        return (
             force
             or marked_values(old, MODELS) != marked_values(new, MODELS)
             # A TensorRT engine is built for the batch its sources can form.
             or (not isinstance(new.backend, OnnxRuntimeConfig) and model_batches(old) != model_batches(new))
         )
-        if not force:
-            self._breaker_trips = 0  # a new config starts the breaker's escalation afresh
-        profiles, models = self._load_profiles(new) if models_changed else (self.profiles, self.models)
+
+    def _prepare_sources(
+        self,
+        old: AgentConfig,
+        new: AgentConfig,
+        profiles: dict[str, Profile],
+        models: dict[str, LoadedModel],
+        models_changed: bool,
+    ) -> dict[str, Any]:
+        """Open ``new``'s sources and prepare its buffers while the old pipeline runs; on
+        failure close what was opened for it (``models`` too, if they were loaded for it)."""
         # A source whose capture settings did not change keeps running (its scheduling
         # settings live in its lane); new or changed ones open now.
         kept = {capture_part(s): s.name for s in old.source_list()}
@@ -273,25 +313,29 @@ class Agent:
         except BaseException:
             self._close_new(sources, models if models_changed else {})
             raise
-        # The swap: drain the old pipeline, then start the new one on the same socket.
-        old_pipeline = self.pipeline
-        drained = old_pipeline.stop()
-        if not drained:  # its stuck thread still counts when the agent stops
-            self._undrained.append(old_pipeline)
+        return sources
+
+    def _resume_old(
+        self,
+        old: AgentConfig,
+        new: AgentConfig,
+        sources: dict[str, Any],
+        models: dict[str, LoadedModel],
+        old_pipeline: Pipeline,
+    ) -> None:
+        """The swap failed after the drain: close what the reload opened and run ``old`` again."""
+        # Past the drain nothing may leave the agent without a pipeline: the old
+        # config comes back (its models and sources are still open), then the error.
+        log.exception("reload: failed after the swap began; resuming the old config")
+        self._close_new(sources, models)
         try:
-            self._swap_parts(old, new)
-            pipeline = self._pipeline(new, sources, profiles)
-        except BaseException:
-            # Past the drain nothing may leave the agent without a pipeline: the old
-            # config comes back (its models and sources are still open), then the error.
-            log.exception("reload: failed after the swap began; resuming the old config")
-            self._close_new(sources, models if models_changed else {})
-            try:
-                self._swap_parts(new, old)
-            except Exception:
-                log.exception("reload: could not put the old power profile or socket back")
-            self._start_pipeline(self._pipeline(old, self.sources, self.profiles), old_pipeline)
-            raise
+            self._swap_parts(new, old)
+        except Exception:
+            log.exception("reload: could not put the old power profile or socket back")
+        self._start_pipeline(self._pipeline(old, self.sources, self.profiles), old_pipeline)
+
+    def _adopt_sources(self, sources: dict[str, Any], old_pipeline: Pipeline) -> None:
+        """Close the sources the new config no longer runs and make ``sources`` the agent's."""
         for name, source in self.sources.items():
             if sources.get(name) is not source:
                 source.close()
@@ -300,17 +344,6 @@ class Agent:
             self._parts.remove(source)
         self._parts.insert_before(old_pipeline, sources.values())
         self.sources = sources
-        self.config = new
-        self._start_pipeline(pipeline, old_pipeline)
-        if models_changed:
-            if drained:
-                for m in self.models.values():
-                    m.close()
-            else:  # a stage is stuck inside the old backend: never pull it from under it
-                log.warning("reload: the old pipeline did not drain; its models stay open")
-            self.models, self.profiles = models, profiles
-        log.info("reload: applied (%s)", ", ".join(changed))
-        return changed
 
     def _close_new(self, sources: dict[str, Any], models: dict[str, LoadedModel]) -> None:
         """A reload failed: close what it opened (sources the old config does not run, and

@@ -129,6 +129,44 @@ def compare(
     return score_err, box_err, (found / total if total else 1.0)
 
 
+def _tensorrt_check(
+    name: str, core: int, frames: int, cache_dir: str, ref_raw: list[np.ndarray], ref_res: list[FrameResult]
+) -> Check:
+    """Build and run one TensorRT target (GPU or a DLA core) and compare it with the CPU reference."""
+    from edge_agent.pipelines.model import load_model
+
+    cfg = TensorRTConfig(dla_core=core, preprocess="cpu")
+    if cache_dir:
+        cfg = replace(cfg, cache_dir=cache_dir)
+    try:
+        t0 = time.monotonic()
+        model = load_model(ModelConfig(score_threshold=0.001), cfg)
+        build_s = time.monotonic() - t0
+        raw, res, ms, parts = _run_model(model, frames)
+    except Exception as e:  # the self-test reports every failure, it does not stop at one
+        return Check(name, "fail", f"{type(e).__name__}: {e}")
+    score_err, box_err, matched = compare(ref_raw, raw, ref_res, res)
+    passed = score_err <= SCORE_ATOL and box_err <= BOX_ATOL_PX and matched >= MIN_MATCHED
+    info = model.backend.describe()
+    check = Check(
+        name,
+        "pass" if passed else "fail",
+        f"max |score diff| {score_err:.4f} (≤ {SCORE_ATOL}), max |box diff| {box_err:.2f} px "
+        f"(≤ {BOX_ATOL_PX}), detections matched {matched:.1%} (≥ {MIN_MATCHED:.0%}), "
+        f"{np.median(ms):.2f} ms/frame, load+build {build_s:.1f} s",
+        {
+            "score_err": score_err,
+            "box_err": box_err,
+            "matched": matched,
+            "ms_p50": float(np.median(ms)),
+            "device_parts_ms_p50": parts,
+            "backend": info,
+        },
+    )
+    model.close()
+    return check
+
+
 def run_selftest(frames: int = 50, cache_dir: str = "") -> list[Check]:
     from edge_agent.pipelines.backends.registry import tensorrt_unavailable
     from edge_agent.pipelines.model import load_model
@@ -160,38 +198,7 @@ def run_selftest(frames: int = 50, cache_dir: str = "") -> list[Check]:
     if not n_dla:
         checks.append(Check("dla", "skip", "this device has no DLA (an Orin Nano has none)"))
     for name, core in targets:
-        cfg = TensorRTConfig(dla_core=core, preprocess="cpu")
-        if cache_dir:
-            cfg = replace(cfg, cache_dir=cache_dir)
-        try:
-            t0 = time.monotonic()
-            model = load_model(ModelConfig(score_threshold=0.001), cfg)
-            build_s = time.monotonic() - t0
-            raw, res, ms, parts = _run_model(model, frames)
-        except Exception as e:  # the self-test reports every failure, it does not stop at one
-            checks.append(Check(name, "fail", f"{type(e).__name__}: {e}"))
-            continue
-        score_err, box_err, matched = compare(ref_raw, raw, ref_res, res)
-        passed = score_err <= SCORE_ATOL and box_err <= BOX_ATOL_PX and matched >= MIN_MATCHED
-        info = model.backend.describe()
-        checks.append(
-            Check(
-                name,
-                "pass" if passed else "fail",
-                f"max |score diff| {score_err:.4f} (≤ {SCORE_ATOL}), max |box diff| {box_err:.2f} px "
-                f"(≤ {BOX_ATOL_PX}), detections matched {matched:.1%} (≥ {MIN_MATCHED:.0%}), "
-                f"{np.median(ms):.2f} ms/frame, load+build {build_s:.1f} s",
-                {
-                    "score_err": score_err,
-                    "box_err": box_err,
-                    "matched": matched,
-                    "ms_p50": float(np.median(ms)),
-                    "device_parts_ms_p50": parts,
-                    "backend": info,
-                },
-            )
-        )
-        model.close()
+        checks.append(_tensorrt_check(name, core, frames, cache_dir, ref_raw, ref_res))
     return checks
 
 

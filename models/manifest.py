@@ -171,15 +171,7 @@ def manifest_from_onnx(path: str) -> tuple[ModelManifest, list[str]]:
     notes: list[str] = []
     shape = list(inp.shape)
     nhwc = len(shape) == 4 and shape[3] == 3
-    h, w = (shape[1], shape[2]) if nhwc else (shape[2], shape[3]) if len(shape) == 4 else (None, None)
-    if not (h and w):
-        imgsz = info.meta("imgsz")
-        if isinstance(imgsz, (list, tuple)) and len(imgsz) == 2:
-            h, w = int(imgsz[0]), int(imgsz[1])
-            notes.append(f"input size {w}x{h} from metadata imgsz")
-        else:
-            h = w = 640
-            notes.append("input size unknown: assumed 640x640")
+    h, w = _input_size(info, shape, nhwc, notes)
     dtype = inp.dtype if inp.dtype in ("uint8", "float16") else "float32"
     color = "bgr" if dtype == "uint8" and nhwc else "rgb"
     scaling = "no scaling (uint8: normalisation in the graph)" if dtype == "uint8" else "scaled by 1/255"
@@ -221,6 +213,20 @@ def manifest_from_onnx(path: str) -> tuple[ModelManifest, list[str]]:
         labels=labels,
     )
     return manifest, notes
+
+
+def _input_size(info: onnx_info.OnnxInfo, shape: list, nhwc: bool, notes: list[str]) -> tuple:
+    """The input's height and width from its shape, else metadata imgsz, else 640x640 (noted)."""
+    h, w = (shape[1], shape[2]) if nhwc else (shape[2], shape[3]) if len(shape) == 4 else (None, None)
+    if not (h and w):
+        imgsz = info.meta("imgsz")
+        if isinstance(imgsz, (list, tuple)) and len(imgsz) == 2:
+            h, w = int(imgsz[0]), int(imgsz[1])
+            notes.append(f"input size {w}x{h} from metadata imgsz")
+        else:
+            h = w = 640
+            notes.append("input size unknown: assumed 640x640")
+    return h, w
 
 
 def _class_count(info: onnx_info.OnnxInfo, choice: onnx_info.Choice) -> int:

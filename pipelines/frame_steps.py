@@ -136,18 +136,7 @@ class FrameSteps:
         try:
             profile.infer(batch)
         except Exception as e:
-            if not self._took_back():
-                return []  # abandoned by stop() meanwhile: already accounted
-            self._consecutive_errors += 1
-            # One line per failure, not a traceback per frame: a broken backend can fail
-            # hundreds of times a second.
-            ids = ", ".join(f"{s.source}:{s.frame_id}" for s in batch)
-            log.error("pipeline: inference failed for frame(s) %s: %s", ids, e)
-            for slot in batch:
-                self._drop(self.lanes[slot.lane], slot, "error")
-            if self._consecutive_errors >= self.max_consecutive_errors and not self.breaker.is_set():
-                log.error("pipeline: %d inferences in a row failed: breaker open", self._consecutive_errors)
-                self.breaker.set()
+            self._inference_failed(batch, e)
             return []
         if not self._took_back():
             return []
@@ -163,6 +152,21 @@ class FrameSteps:
         self.scheduler.record(profile, n, end - now)
         self._slowest_ns = max(self._slowest_ns, end - now)
         return batch
+
+    def _inference_failed(self, batch: list[FrameSlot], e: Exception) -> None:
+        """Account a batch whose inference raised ``e``; opens the breaker after too many in a row."""
+        if not self._took_back():
+            return  # abandoned by stop() meanwhile: already accounted
+        self._consecutive_errors += 1
+        # One line per failure, not a traceback per frame: a broken backend can fail
+        # hundreds of times a second.
+        ids = ", ".join(f"{s.source}:{s.frame_id}" for s in batch)
+        log.error("pipeline: inference failed for frame(s) %s: %s", ids, e)
+        for slot in batch:
+            self._drop(self.lanes[slot.lane], slot, "error")
+        if self._consecutive_errors >= self.max_consecutive_errors and not self.breaker.is_set():
+            log.error("pipeline: %d inferences in a row failed: breaker open", self._consecutive_errors)
+            self.breaker.set()
 
     def _took_back(self) -> bool:
         """The backend returned: the batch is the inference thread's again, unless stop()

@@ -407,6 +407,19 @@ class BatchScheduler:
             tighten(i)
         if len(batch) >= cap or finish_by == _INF:  # full, or no frame in hand can be saved
             return batch, 0
+        return batch, self._wait_ns(batch, now, passed, profile, finish_by, around)
+
+    def _wait_ns(
+        self,
+        batch: list[int],
+        now: int,
+        passed: Sequence[int],
+        profile: Any,
+        finish_by: int,
+        around: list[tuple[float, float]],
+    ) -> int:
+        """How long to wait for one more frame to join ``batch`` (<= 0: run it now)."""
+        lanes, cells = self.lanes, self._cells
         # Wait for another frame only while the batch, one frame larger, still ends in time,
         # and only for sources whose frame could join it (same model, past the guard).
         bigger = self.estimate_ns(profile, len(batch) + 1)
@@ -420,7 +433,7 @@ class BatchScheduler:
             and bigger <= self._guard_ns(lanes[i].priority, batch, profile, around)
         ]
         if not idle:
-            return batch, 0
+            return 0
         oldest = min(cells[i].put_ns for i in batch)
         wait_end = min(oldest + self.max_wait_ns, finish_by - int(bigger))
         # Nor until a frame in hand is about to be replaced by its own source's next one.
@@ -438,8 +451,8 @@ class BatchScheduler:
             default=_INF,
         )
         if expected > wait_end:
-            return batch, 0
-        return batch, wait_end - now
+            return 0
+        return wait_end - now
 
     def _guard_ns(
         self, priority: int, batch: list[int], profile: Any, around: list[tuple[float, float]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,6 +18,10 @@ from edge_agent.pipelines.model import check_io
 from edge_agent.pipelines.preprocess import Letterbox, Preprocessor, boxes_to_source
 from edge_agent.pipelines.source_base import Source
 from edge_agent.pipelines.sources import MemorySource, create_source
+
+if TYPE_CHECKING:
+    from edge_agent.models.manifest import InputFormat, ModelManifest
+    from edge_agent.pipelines.decode import Decoder
 
 
 def onnxruntime_settings(config: AgentConfig, running: str = "") -> OnnxRuntimeConfig:
@@ -41,6 +45,21 @@ class BareRun:
 
     summary: dict[str, Any]
     detections: list[int]
+
+
+@dataclass
+class _Loop:
+    """What the loop runs per frame: the session with its preallocated input and outputs to
+    fetch, the preprocessing into that input, and the manifest's decoder."""
+
+    session: Any
+    fetch: list[str]
+    feed: dict[str, np.ndarray]
+    tensor: np.ndarray
+    fmt: InputFormat
+    preprocess: Preprocessor
+    geo: Letterbox
+    decode: Decoder
 
 
 def bare_loop(
@@ -67,61 +86,91 @@ def bare_loop(
     from edge_agent.pipelines.backends.onnxruntime import OnnxRuntimeBackend
 
     resolved = resolve_model(model.path, model.manifest)
-    m = resolved.manifest
     backend = OnnxRuntimeBackend(settings)
-    names = ("pre", "infer", "post", "pre_post", "total")
-    hists = {k: LatencyHistogram() for k in names}
-    detections: list[int] = []
     try:
         backend.load(resolved.path)  # no input format given: the graph as exported
-        input_name, decode, _ = check_io(m, resolved.path, backend.inputs, backend.outputs)
-        session = backend.session
-        assert session is not None
-        spec = next(t for t in backend.inputs if t.name == input_name)
-        tensor = np.zeros(spec.concrete(1), spec.dtype)
-        feed = {input_name: tensor}
-        fetch = [t.name for t in backend.outputs]
-        fmt = m.input.format()
-        preprocess = Preprocessor(fmt)
-        geo = Letterbox()
+        loop = _prepare_loop(backend, resolved.manifest, resolved.path)
         source: Source = MemorySource("bare", images) if images else create_source(raw_config(config).source)
-        source.open()
-        try:
-            first = source.read(1.0)
-            if first is None:
-                raise BenchError(f"source {source.name!r} gave no frame within 1 s")
-            preprocess(first.image, tensor, geo)
-            for _ in range(2):
-                session.run(fetch, feed)
-        finally:
-            source.close()
+        _warm_up(source, loop)
         source.open()  # from the first frame again, as the sequential phase
         try:
-            for _ in range(frames):
-                frame = source.read(1.0)
-                if frame is None:
-                    raise BenchError(f"source {source.name!r} gave no frame within 1 s")
-                t0 = time.perf_counter_ns()
-                preprocess(frame.image, tensor, geo)
-                t1 = time.perf_counter_ns()
-                outs = session.run(fetch, feed)
-                t2 = time.perf_counter_ns()
-                xyxy, scores, _ = decode(outs, params)
-                boxes_to_source(xyxy, geo)
-                t3 = time.perf_counter_ns()
-                hists["pre"].record(t1 - t0)
-                hists["infer"].record(t2 - t1)
-                hists["post"].record(t3 - t2)
-                hists["pre_post"].record(t1 - t0 + t3 - t2)
-                hists["total"].record(t3 - t0)
-                detections.append(len(scores))
+            hists, detections = _timed_frames(source, loop, frames, params)
         finally:
             source.close()
     finally:
         backend.close()
+    return BareRun(_summary(resolved.path, loop.fmt, settings, frames, hists, detections), detections)
+
+
+def _prepare_loop(backend: Any, m: ModelManifest, path: str) -> _Loop:
+    """The loaded session's input and outputs checked against the manifest, and its input preallocated."""
+    input_name, decode, _ = check_io(m, path, backend.inputs, backend.outputs)
+    session = backend.session
+    assert session is not None
+    spec = next(t for t in backend.inputs if t.name == input_name)
+    tensor = np.zeros(spec.concrete(1), spec.dtype)
+    feed = {input_name: tensor}
+    fetch = [t.name for t in backend.outputs]
+    fmt = m.input.format()
+    preprocess = Preprocessor(fmt)
+    geo = Letterbox()
+    return _Loop(session, fetch, feed, tensor, fmt, preprocess, geo, decode)
+
+
+def _warm_up(source: Source, loop: _Loop) -> None:
+    """Two runs on the source's first frame, as the agent's backend is warmed up."""
+    source.open()
+    try:
+        first = source.read(1.0)
+        if first is None:
+            raise BenchError(f"source {source.name!r} gave no frame within 1 s")
+        loop.preprocess(first.image, loop.tensor, loop.geo)
+        for _ in range(2):
+            loop.session.run(loop.fetch, loop.feed)
+    finally:
+        source.close()
+
+
+def _timed_frames(
+    source: Source, loop: _Loop, frames: int, params: Any
+) -> tuple[dict[str, LatencyHistogram], list[int]]:
+    """``frames`` frames through the loop: each part's times, and each frame's detections."""
+    names = ("pre", "infer", "post", "pre_post", "total")
+    hists = {k: LatencyHistogram() for k in names}
+    detections: list[int] = []
+    for _ in range(frames):
+        frame = source.read(1.0)
+        if frame is None:
+            raise BenchError(f"source {source.name!r} gave no frame within 1 s")
+        t0 = time.perf_counter_ns()
+        loop.preprocess(frame.image, loop.tensor, loop.geo)
+        t1 = time.perf_counter_ns()
+        outs = loop.session.run(loop.fetch, loop.feed)
+        t2 = time.perf_counter_ns()
+        xyxy, scores, _ = loop.decode(outs, params)
+        boxes_to_source(xyxy, loop.geo)
+        t3 = time.perf_counter_ns()
+        hists["pre"].record(t1 - t0)
+        hists["infer"].record(t2 - t1)
+        hists["post"].record(t3 - t2)
+        hists["pre_post"].record(t1 - t0 + t3 - t2)
+        hists["total"].record(t3 - t0)
+        detections.append(len(scores))
+    return hists, detections
+
+
+def _summary(
+    path: str,
+    fmt: InputFormat,
+    settings: OnnxRuntimeConfig,
+    frames: int,
+    hists: dict[str, LatencyHistogram],
+    detections: list[int],
+) -> dict[str, Any]:
+    """The plain loop's result as the JSON has it."""
     total_s = hists["total"].total_ns / 1e9
-    summary = {
-        "model": resolved.path,
+    return {
+        "model": path,
         "preprocessing": f"letterbox (pad {fmt.pad_value}) + numpy normalisation into the model's own "
         f"{fmt.layout} {fmt.dtype} input (edge_agent Preprocessor, no input adapter)",
         "onnxruntime": {
@@ -136,4 +185,3 @@ def bare_loop(
         "throughput_fps": round(frames / total_s, 2) if total_s else 0.0,
         "detections_per_frame": detections_summary(detections),
     }
-    return BareRun(summary, detections)

@@ -4,10 +4,10 @@ batching, then live."""
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from edge_agent.bench.configs import BENCH_SCHEMA, raw_config, started, synthetic_config
+from edge_agent.bench.configs import BENCH_SCHEMA, BenchAgent, raw_config, started, synthetic_config
 from edge_agent.bench.phases import hist_ms, run_agent
 from edge_agent.bench.single import Progress, quiet
 from edge_agent.core.config import AgentConfig
@@ -43,6 +43,19 @@ def run_multi_bench(
         return _run_multi_bench(config, sources, frames, source_fps, live_s, progress)
 
 
+@dataclass
+class _Saturated:
+    """The saturated phases' agents, each with the seconds it ran: one camera, all cameras
+    unbatched, all cameras batched."""
+
+    single: BenchAgent
+    single_s: float
+    unbatched: BenchAgent
+    unbatched_s: float
+    batched: BenchAgent
+    batched_s: float
+
+
 def _run_multi_bench(
     config: AgentConfig,
     sources: int,
@@ -51,9 +64,44 @@ def _run_multi_bench(
     live_s: float,
     progress: Progress,
 ) -> dict[str, Any]:
+    """The phases in order, as ``run_multi_bench`` documents them."""
     n = sources or len(config.source_list())
     progress(f"1/5 inference alone per frame, batches of 1..{n}")
     per_frame = _inference_per_frame(raw_config(config, sources), max(frames // 5, 20))
+    sat = _saturated_phases(config, sources, n, frames, progress)
+    live_cfg = synthetic_config(config, source_fps, sources)
+    fps = {s.name: s.fps for s in live_cfg.source_list() if isinstance(s, SyntheticSourceConfig)}
+    # Cameras at different rates: the phase lasts live_s, not a number of frames.
+    progress(f"5/5 {n} live cameras for {live_s:g} s")
+    live, live_elapsed = _live_phase(live_cfg, live_s)
+    assert live.pipeline is not None and sat.batched.pipeline is not None and live.model is not None
+    saturated = _saturated_section(sat)
+    per_source = _per_source(live, fps, live_elapsed)
+    model = live.model
+    return {
+        "schema": BENCH_SCHEMA,
+        "mode": "multi-source",
+        "model": model.resolved.path,
+        "model_input_hw": [model.manifest.input.height, model.manifest.input.width],
+        "backend": model.backend.describe(),
+        "sources": n,
+        "frames_per_source": frames,
+        "inference_per_frame_ms": per_frame,
+        "saturated": saturated,
+        "live": {
+            "source_fps": source_fps,
+            "seconds": round(live_elapsed, 2),
+            "throughput_fps": round(published_fps(live, live_elapsed), 2),
+            "batches": live.pipeline.scheduler.summary(),
+            "per_source": per_source,
+        },
+    }
+
+
+def _saturated_phases(
+    config: AgentConfig, sources: int, n: int, frames: int, progress: Progress
+) -> _Saturated:
+    """Phases 2 to 4, unpaced: one camera, then all cameras unbatched, then batched."""
     progress(f"2/5 one camera at full speed ({frames} frames)")
     single, single_s = run_agent(raw_config(config, 1), frames)
     unbatched_cfg = raw_config(config, sources)
@@ -62,18 +110,37 @@ def _run_multi_bench(
     unbatched, unbatched_s = run_agent(unbatched_cfg, frames)
     progress(f"4/5 {n} cameras at full speed, batched ({frames} frames each)")
     batched, batched_s = run_agent(raw_config(config, sources), frames)
-    live_cfg = synthetic_config(config, source_fps, sources)
-    fps = {s.name: s.fps for s in live_cfg.source_list() if isinstance(s, SyntheticSourceConfig)}
-    # Cameras at different rates: the phase lasts live_s, not a number of frames.
-    progress(f"5/5 {n} live cameras for {live_s:g} s")
+    return _Saturated(single, single_s, unbatched, unbatched_s, batched, batched_s)
+
+
+def _live_phase(live_cfg: AgentConfig, live_s: float) -> tuple[Agent, float]:
+    """Phase 5: the cameras at their rates for ``live_s`` seconds; the agent and the seconds it ran."""
     with Agent(live_cfg) as live, started(live):
         t0 = time.monotonic()
         time.sleep(live_s)
     live_elapsed = time.monotonic() - t0
-    assert live.pipeline is not None and batched.pipeline is not None and live.model is not None
-    single_fps = published_fps(single, single_s)
-    unbatched_fps = published_fps(unbatched, unbatched_s)
-    batched_fps = published_fps(batched, batched_s)
+    return live, live_elapsed
+
+
+def _saturated_section(sat: _Saturated) -> dict[str, Any]:
+    """The result's ``saturated`` section: published rates, the gains, and the batches made."""
+    assert sat.batched.pipeline is not None
+    single_fps = published_fps(sat.single, sat.single_s)
+    unbatched_fps = published_fps(sat.unbatched, sat.unbatched_s)
+    batched_fps = published_fps(sat.batched, sat.batched_s)
+    return {
+        "single_source_fps": round(single_fps, 2),
+        "unbatched_fps": round(unbatched_fps, 2),
+        "batched_fps": round(batched_fps, 2),
+        "gain_from_batching": round(batched_fps / unbatched_fps, 3) if unbatched_fps else None,
+        "gain_over_single_source": round(batched_fps / single_fps, 3) if single_fps else None,
+        "batches": sat.batched.pipeline.scheduler.summary(),
+    }
+
+
+def _per_source(live: Agent, fps: dict[str, float], live_elapsed: float) -> dict[str, Any]:
+    """The live phase by camera: its rate, priority and budget, latency, stages' p99 and counts."""
+    assert live.pipeline is not None
     per_source = {}
     for lane in live.pipeline.lanes:
         st = lane.stats
@@ -86,32 +153,7 @@ def _run_multi_bench(
             "stages_p99_ms": {name: round(st.stages[name].percentile_ms(99), 3) for name in STAGES},
             "counts": st.counts(),
         }
-    model = live.model
-    return {
-        "schema": BENCH_SCHEMA,
-        "mode": "multi-source",
-        "model": model.resolved.path,
-        "model_input_hw": [model.manifest.input.height, model.manifest.input.width],
-        "backend": model.backend.describe(),
-        "sources": n,
-        "frames_per_source": frames,
-        "inference_per_frame_ms": per_frame,
-        "saturated": {
-            "single_source_fps": round(single_fps, 2),
-            "unbatched_fps": round(unbatched_fps, 2),
-            "batched_fps": round(batched_fps, 2),
-            "gain_from_batching": round(batched_fps / unbatched_fps, 3) if unbatched_fps else None,
-            "gain_over_single_source": round(batched_fps / single_fps, 3) if single_fps else None,
-            "batches": batched.pipeline.scheduler.summary(),
-        },
-        "live": {
-            "source_fps": source_fps,
-            "seconds": round(live_elapsed, 2),
-            "throughput_fps": round(published_fps(live, live_elapsed), 2),
-            "batches": live.pipeline.scheduler.summary(),
-            "per_source": per_source,
-        },
-    }
+    return per_source
 
 
 def _inference_per_frame(config: AgentConfig, runs: int) -> dict[str, float]:

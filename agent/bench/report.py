@@ -15,35 +15,54 @@ def _det(d: dict[str, Any]) -> str:
 
 def format_report(r: dict[str, Any]) -> str:
     """The human-readable form of a ``run_bench`` result."""
-    pure, seq, pipe, live = r["pure_inference_ms"], r["sequential"], r["pipelined"], r["live"]
-    h, w = r["model_input_hw"]
-    backend = r["backend"]
-    src = r["source"]
+    adapted = r["input_adapter"]["adapted"]
+    lines = _header_lines(r) + _phase_lines(r) + _live_detail_lines(r["live"])
+    bare = r.get("bare")
+    if bare:
+        lines += _bare_lines(bare, r["sequential"], r["live"], adapted)
+    return "\n".join(lines)
+
+
+def _frames_from(src: dict[str, Any]) -> str:
+    """Where the frames came from, in words."""
     if src["type"] != "synthetic":
         kind = "image folder" if src["type"] == "images" else "video file"
-        frames_from = f"{kind} {src['path']}: {src['frames']} frames preloaded ({src['mib']:g} MiB), looped"
-    elif src["config_source"] != "synthetic":
-        frames_from = f"synthetic camera (in place of the config's {src['config_source']} source)"
-    else:
-        frames_from = "synthetic camera"
+        return f"{kind} {src['path']}: {src['frames']} frames preloaded ({src['mib']:g} MiB), looped"
+    if src["config_source"] != "synthetic":
+        return f"synthetic camera (in place of the config's {src['config_source']} source)"
+    return "synthetic camera"
+
+
+def _header_lines(r: dict[str, Any]) -> list[str]:
+    """The model, the source, and the inference timed alone (with the input adapter's, if adapted)."""
+    pure = r["pure_inference_ms"]
+    h, w = r["model_input_hw"]
+    backend = r["backend"]
     adapter = r["input_adapter"]
-    adapted = adapter["adapted"]
-    oh = live["overhead_with_adapter_ms"]
     lines = [
         f"model {r['model']} ({w}x{h}), {backend.get('backend')} {backend.get('providers', '')}",
-        f"source: {frames_from}",
+        f"source: {_frames_from(r['source'])}",
         f"pure inference            {_pq(pure)}",
     ]
-    if adapted:
+    if adapter["adapted"]:
         prefix, orig = adapter["prefix_ms"], adapter["original_inference_ms"]
         lines += [
             f"  input adapter in the graph (Transpose + Cast, timed alone): {_pq(prefix)}",
             f"    whole model, alternating blocks (information only: the difference of two p50s is"
             f" noise): adapted p50 {pure['p50']:.3f} ms, original p50 {orig['p50']:.3f} ms",
         ]
+    return lines
+
+
+def _phase_lines(r: dict[str, Any]) -> list[str]:
+    """The sequential, pipelined and live phases' headline figures, and the live overhead."""
+    seq, pipe, live = r["sequential"], r["pipelined"], r["live"]
+    adapter = r["input_adapter"]
+    adapted = adapter["adapted"]
+    oh = live["overhead_with_adapter_ms"]
     what = "total - capture - infer, + in-graph adapter prefix" if adapted else "total - capture - infer"
     p99_note = " (an upper bound: the two p99s added)" if adapted else ""
-    lines += [
+    lines = [
         f"sequential, per frame     {_pq(seq['per_frame_ms'])}   {seq['throughput_fps']:.1f} fps",
         f"pipelined, saturated      {pipe['throughput_fps']:.1f} fps"
         f" = {pipe['gain_over_sequential']}x sequential; slowest stage"
@@ -58,7 +77,12 @@ def format_report(r: dict[str, Any]) -> str:
             f"    = measured p50 {measured['p50']:.3f} / p99 {measured['p99']:.3f} ms"
             f" + the prefix's p50 {prefix['p50']:.3f} / p99 {prefix['p99']:.3f} ms"
         )
-    lines += [
+    return lines
+
+
+def _live_detail_lines(live: dict[str, Any]) -> list[str]:
+    """The live phase in detail: detections, counts, the ladder, each stage and each profile."""
+    lines = [
         f"  detections per published frame: {_det(live['detections_per_frame'])}",
         f"  p99 / (pre + infer + post p50) = {live['p99_over_pre_infer_post_p50']}",
         f"  frames: {live['counts']}",
@@ -73,31 +97,34 @@ def format_report(r: dict[str, Any]) -> str:
             lines.append(f"published by {name:<12} {h['count']:5d} frames, end to end {_pq(h)}")
     for change in live["ladder"]["history"]:
         lines.append(f"ladder: {change['from']} -> {change['to']} ({change['reason']})")
-    bare = r.get("bare")
-    if bare:
-        match = bare["detections_match_sequential"]
-        less = " less the in-graph prefix" if adapted else ""
-        lines += [
-            "",
-            f"bare ONNX Runtime loop, one thread, {bare['frames']} frames ({bare['preprocessing']}):"
-            f" {bare['throughput_fps']:.1f} fps",
-        ]
-        for name in ("pre", "infer", "post", "pre_post", "total"):
-            label = {"pre_post": "pre + post"}.get(name, name)
-            lines.append(f"  {label:<12}{_pq(bare[f'{name}_ms'])}")
-        lines += [
-            f"  detections per frame: bare {_det(bare['detections_per_frame'])}",
-            f"                        sequential (the same frames) {_det(seq['detections_per_frame'])};"
-            f" the same count on {match['same_count']} of {match['frames']} frames",
-            f"  agent (sequential) overhead p50 / bare (pre + post) p50 ="
-            f" {bare['agent_overhead_p50_ms']:.3f} / {bare['pre_post_ms']['p50']:.3f}"
-            f" = {bare['overhead_over_bare_pre_post_p50']}",
-            f"  agent (sequential) infer p50{less} / bare infer p50 = {bare['agent_infer_p50_ms']:.3f} /"
-            f" {bare['infer_ms']['p50']:.3f} = {bare['infer_over_bare_infer_p50']}",
-            f"  for information, live at {live['source_fps']:g} fps: overhead p50"
-            f" {bare['live_overhead_p50_ms']:.3f} ms, infer p50{less} {bare['live_infer_p50_ms']:.3f} ms",
-        ]
-    return "\n".join(lines)
+    return lines
+
+
+def _bare_lines(bare: dict[str, Any], seq: dict[str, Any], live: dict[str, Any], adapted: bool) -> list[str]:
+    """The plain ONNX Runtime loop, and the agent's figures against it."""
+    match = bare["detections_match_sequential"]
+    less = " less the in-graph prefix" if adapted else ""
+    lines = [
+        "",
+        f"bare ONNX Runtime loop, one thread, {bare['frames']} frames ({bare['preprocessing']}):"
+        f" {bare['throughput_fps']:.1f} fps",
+    ]
+    for name in ("pre", "infer", "post", "pre_post", "total"):
+        label = {"pre_post": "pre + post"}.get(name, name)
+        lines.append(f"  {label:<12}{_pq(bare[f'{name}_ms'])}")
+    lines += [
+        f"  detections per frame: bare {_det(bare['detections_per_frame'])}",
+        f"                        sequential (the same frames) {_det(seq['detections_per_frame'])};"
+        f" the same count on {match['same_count']} of {match['frames']} frames",
+        f"  agent (sequential) overhead p50 / bare (pre + post) p50 ="
+        f" {bare['agent_overhead_p50_ms']:.3f} / {bare['pre_post_ms']['p50']:.3f}"
+        f" = {bare['overhead_over_bare_pre_post_p50']}",
+        f"  agent (sequential) infer p50{less} / bare infer p50 = {bare['agent_infer_p50_ms']:.3f} /"
+        f" {bare['infer_ms']['p50']:.3f} = {bare['infer_over_bare_infer_p50']}",
+        f"  for information, live at {live['source_fps']:g} fps: overhead p50"
+        f" {bare['live_overhead_p50_ms']:.3f} ms, infer p50{less} {bare['live_infer_p50_ms']:.3f} ms",
+    ]
+    return lines
 
 
 def format_multi_report(r: dict[str, Any]) -> str:

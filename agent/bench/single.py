@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from edge_agent.bench.bare import bare_loop, onnxruntime_settings
+from edge_agent.bench.bare import BareRun, bare_loop, onnxruntime_settings
 from edge_agent.bench.configs import (
     BENCH_SCHEMA,
     BenchAgent,
@@ -21,6 +21,7 @@ from edge_agent.bench.configs import (
     raw_config,
 )
 from edge_agent.bench.phases import (
+    SequentialRun,
     adapter_prefix,
     detections_summary,
     hist_ms,
@@ -30,12 +31,13 @@ from edge_agent.bench.phases import (
     slowest_thread_ms,
     stage_table,
 )
-from edge_agent.core.config import AgentConfig, TensorRTConfig
+from edge_agent.core.config import AgentConfig, ModelConfig, OnnxRuntimeConfig, TensorRTConfig
 from edge_agent.core.latency import LatencyHistogram
 from edge_agent.core.plan import model_at, onnxruntime_of
 from edge_agent.pipelines.file_sources import FileSourceConfig, preload
 from edge_agent.pipelines.model import LoadedModel, load_model, model_notes_once
 from edge_agent.pipelines.sources import source_rate
+from edge_agent.pipelines.stats import PipelineStats
 
 Progress = Callable[[str], None]
 
@@ -101,6 +103,53 @@ def run_bench(
         return _run_bench(config, frames, source_fps, live_s, progress, source, compare_bare)
 
 
+@dataclass
+class _Frames:
+    """The file measured on (None: the synthetic camera), its frames preloaded, and the live
+    phase's rate and length in frames."""
+
+    file_src: FileSourceConfig | None
+    live_fps: float
+    live_frames: int
+    images: list[np.ndarray] | None
+    played: Played | None
+
+
+@dataclass
+class _Inference:
+    """Phase 1: the model the source runs, its inference timed alone (and the original
+    model's and the input adapter's, when adapted), and the settings of the bare loop."""
+
+    model: LoadedModel
+    settings: OnnxRuntimeConfig | None
+    adapted_from: str
+    pure: LatencyHistogram
+    original_hist: LatencyHistogram | None
+    prefix: LatencyHistogram | None
+
+
+@dataclass
+class _Runs:
+    """Phases 2 to 4: the sequential run, the saturated agent and the live agent, with the
+    seconds each pipelined run took."""
+
+    seq: SequentialRun
+    sat: BenchAgent
+    sat_s: float
+    live: BenchAgent
+    live_elapsed: float
+
+    @property
+    def sat_stats(self) -> PipelineStats:
+        """The saturated run's accounting."""
+        return self.sat.pipeline.lanes[0].stats  # type: ignore[union-attr]
+
+    @property
+    def live_stats(self) -> PipelineStats:
+        """The live run's accounting."""
+        return self.live.pipeline.lanes[0].stats  # type: ignore[union-attr]
+
+
 def _run_bench(
     config: AgentConfig,
     frames: int,
@@ -110,10 +159,39 @@ def _run_bench(
     source: str | None,
     compare_bare: bool,
 ) -> dict[str, Any]:
+    """The phases in order, as ``run_bench`` documents them."""
     if source_fps is not None and source_fps <= 0:
         raise BenchError(f"--source-fps must be > 0 (got {source_fps:g})")
     if compare_bare and isinstance(config.backend, TensorRTConfig):
         onnxruntime_settings(config)  # raises: before minutes of measuring
+    fr = _preload_frames(config, frames, source_fps, live_s, progress, source)
+    steps = 5 if compare_bare else 4
+    saturated_cfg = raw_config(config, file_source=fr.file_src)
+    measured = saturated_cfg.source_list()[0]
+    model_cfg = model_at(config, measured.model, measured.manifest)  # what the source runs
+    progress("loading the model")
+    inf = _inference_phase(config, saturated_cfg, model_cfg, fr.played, frames, steps, compare_bare, progress)
+    runs = _agent_phases(config, saturated_cfg, frames, fr, steps, progress)
+    in_graph = _p(inf.prefix, 50)
+    live_overhead = with_prefix(runs.live_stats.overhead, inf.prefix)
+    seq_overhead = with_prefix(runs.seq.stats.overhead, inf.prefix)
+    bare = None
+    if inf.settings is not None:
+        progress(f"5/{steps} plain ONNX Runtime loop, one thread ({frames} frames)")
+        run = bare_loop(config, model_cfg, inf.settings, frames, inf.model.params, fr.images)
+        bare = _bare_summary(run, runs, in_graph, seq_overhead, live_overhead)
+    return _result(config, frames, fr, inf, runs, in_graph, seq_overhead, live_overhead, bare)
+
+
+def _preload_frames(
+    config: AgentConfig,
+    frames: int,
+    source_fps: float | None,
+    live_s: float,
+    progress: Progress,
+    source: str | None,
+) -> _Frames:
+    """The source to measure on, the live phase's rate and length, and a file's frames decoded."""
     file_src = bench_source(config, source)
     live_fps = source_fps or source_rate(file_src or config.source_list()[0])
     live_frames = max(1, round(live_fps * live_s))
@@ -123,11 +201,20 @@ def _run_bench(
         progress(f"decoding {file_src.path}")
         images = preload(file_src, max(frames, live_frames))
         played = {file_src.name: images}
-    steps = 5 if compare_bare else 4
-    saturated_cfg = raw_config(config, file_source=file_src)
-    measured = saturated_cfg.source_list()[0]
-    model_cfg = model_at(config, measured.model, measured.manifest)  # what the source runs
-    progress("loading the model")
+    return _Frames(file_src, live_fps, live_frames, images, played)
+
+
+def _inference_phase(
+    config: AgentConfig,
+    saturated_cfg: AgentConfig,
+    model_cfg: ModelConfig,
+    played: Played | None,
+    frames: int,
+    steps: int,
+    compare_bare: bool,
+    progress: Progress,
+) -> _Inference:
+    """Phase 1: the model alone (and the original model, and the adapter's prefix, if adapted)."""
     original: LoadedModel | None = None
     runs = max(frames // 2, 100)
     with BenchAgent(saturated_cfg, played=played) as probe, contextlib.ExitStack() as models:
@@ -147,106 +234,148 @@ def _run_bench(
     if adapted_from and ort is not None:
         progress(f"1/{steps} the input adapter's Transpose + Cast alone ({runs} runs)")
         prefix = adapter_prefix(ort, model.manifest.input, runs)
+    return _Inference(model, settings, adapted_from, pure, original_hist, prefix)
 
+
+def _agent_phases(
+    config: AgentConfig, saturated_cfg: AgentConfig, frames: int, fr: _Frames, steps: int, progress: Progress
+) -> _Runs:
+    """Phases 2 to 4: sequential, pipelined at full speed, and live at the source's rate."""
     progress(f"2/{steps} sequential, one frame at a time ({frames} frames)")
-    seq = sequential(config, frames, file_src, played)
+    seq = sequential(config, frames, fr.file_src, fr.played)
     # The backend was warmed up when its slots were allocated: every frame counts.
     progress(f"3/{steps} pipelined at full speed ({frames} frames)")
-    sat, sat_s = run_agent(saturated_cfg, frames, played)
-    sat_stats = sat.pipeline.lanes[0].stats  # type: ignore[union-attr]
-
+    sat, sat_s = run_agent(saturated_cfg, frames, fr.played)
+    live_fps, live_frames = fr.live_fps, fr.live_frames
     progress(
         f"4/{steps} live camera at {live_fps:g} fps ({live_frames} frames, ~{live_frames / live_fps:.0f} s)"
     )
-    live_cfg = bench_config(config, live_fps, 0, file_src)
-    live, live_elapsed = run_agent(live_cfg, live_frames, played, live_fps)
-    live_stats = live.pipeline.lanes[0].stats  # type: ignore[union-attr]
-    monitor = live.pipeline.lanes[0].monitor  # type: ignore[union-attr]
+    live_cfg = bench_config(config, live_fps, 0, fr.file_src)
+    live, live_elapsed = run_agent(live_cfg, live_frames, fr.played, live_fps)
+    return _Runs(seq, sat, sat_s, live, live_elapsed)
 
-    pure_p50 = pure.percentile_ms(50)
-    slowest = slowest_thread_ms(sat_stats)
-    sat_fps = sat_stats.published / sat_s if sat_s else 0.0
-    seq_fps = frames / seq.seconds if seq.seconds else 0.0
-    pre_inf_post = sum(live_stats.stages[s].percentile_ms(50) for s in ("preprocess", "infer", "postprocess"))
-    in_graph = _p(prefix, 50)
-    live_overhead = with_prefix(live_stats.overhead, prefix)
-    seq_overhead = with_prefix(seq.stats.overhead, prefix)
 
-    bare = None
-    if settings is not None:
-        progress(f"5/{steps} plain ONNX Runtime loop, one thread ({frames} frames)")
-        run = bare_loop(config, model_cfg, settings, frames, model.params, images)
-        bare = run.summary
-        # The same frames one at a time: the sequential phase. The adapter's in-graph work
-        # is the agent's preprocessing: counted in its overhead, taken out of its inference.
-        seq_infer = round(_p(seq.stats.stages["infer"], 50) - in_graph, 3)
-        bare.update(
-            {
-                "agent_phase": "sequential",
-                "agent_overhead_p50_ms": seq_overhead["p50"],
-                "agent_infer_p50_ms": seq_infer,
-                "overhead_over_bare_pre_post_p50": _ratio(seq_overhead["p50"], bare["pre_post_ms"]["p50"]),
-                "infer_over_bare_infer_p50": _ratio(seq_infer, bare["infer_ms"]["p50"]),
-                "live_overhead_p50_ms": live_overhead["p50"],
-                "live_infer_p50_ms": round(_p(live_stats.stages["infer"], 50) - in_graph, 3),
-                "detections_match_sequential": {
-                    "frames": min(len(run.detections), len(seq.detections)),
-                    "same_count": sum(a == b for a, b in zip(run.detections, seq.detections)),
-                },
-            }
-        )
+def _bare_summary(
+    run: BareRun,
+    runs: _Runs,
+    in_graph: float,
+    seq_overhead: dict[str, float],
+    live_overhead: dict[str, float],
+) -> dict[str, Any]:
+    """The bare loop's summary, with the agent's figures to compare it with."""
+    seq = runs.seq
+    bare = run.summary
+    # The same frames one at a time: the sequential phase. The adapter's in-graph work
+    # is the agent's preprocessing: counted in its overhead, taken out of its inference.
+    seq_infer = round(_p(seq.stats.stages["infer"], 50) - in_graph, 3)
+    bare.update(
+        {
+            "agent_phase": "sequential",
+            "agent_overhead_p50_ms": seq_overhead["p50"],
+            "agent_infer_p50_ms": seq_infer,
+            "overhead_over_bare_pre_post_p50": _ratio(seq_overhead["p50"], bare["pre_post_ms"]["p50"]),
+            "infer_over_bare_infer_p50": _ratio(seq_infer, bare["infer_ms"]["p50"]),
+            "live_overhead_p50_ms": live_overhead["p50"],
+            "live_infer_p50_ms": round(_p(runs.live_stats.stages["infer"], 50) - in_graph, 3),
+            "detections_match_sequential": {
+                "frames": min(len(run.detections), len(seq.detections)),
+                "same_count": sum(a == b for a, b in zip(run.detections, seq.detections)),
+            },
+        }
+    )
+    return bare
+
+
+def _result(
+    config: AgentConfig,
+    frames: int,
+    fr: _Frames,
+    inf: _Inference,
+    runs: _Runs,
+    in_graph: float,
+    seq_overhead: dict[str, float],
+    live_overhead: dict[str, float],
+    bare: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The result documented in the README (schema 1)."""
+    model, prefix = inf.model, inf.prefix
+    seq_fps = frames / runs.seq.seconds if runs.seq.seconds else 0.0
     return {
         "schema": BENCH_SCHEMA,
-        "model": adapted_from or model.resolved.path,
+        "model": inf.adapted_from or model.resolved.path,
         "model_input_hw": [model.manifest.input.height, model.manifest.input.width],
         "backend": model.backend.describe(),
-        "source": source_info(config, file_src, images),
+        "source": source_info(config, fr.file_src, fr.images),
         "frames": frames,
-        "pure_inference_ms": hist_ms(pure),
+        "pure_inference_ms": hist_ms(inf.pure),
         "input_adapter": {
-            "adapted": bool(adapted_from),
-            "original_inference_ms": hist_ms(original_hist) if original_hist is not None else None,
+            "adapted": bool(inf.adapted_from),
+            "original_inference_ms": hist_ms(inf.original_hist) if inf.original_hist is not None else None,
             "prefix_ms": hist_ms(prefix) if prefix is not None else None,
             "in_graph_ms": in_graph,
         },
-        "sequential": {
-            "per_frame_ms": hist_ms(seq.per_frame),
-            "throughput_fps": round(seq_fps, 2),
-            "stages": stage_table(seq.stats),
-            "overhead_ms": hist_ms(seq.stats.overhead),
-            "overhead_with_adapter_ms": seq_overhead,
-            "detections_per_frame": detections_summary(seq.detections),
-        },
-        "pipelined": {
-            "throughput_fps": round(sat_fps, 2),
-            "gain_over_sequential": round(sat_fps / seq_fps, 3) if seq_fps else None,
-            "slowest_thread_ms": round(slowest, 3),
-            "efficiency": round(sat_fps * slowest / 1000.0, 3),
-            "end_to_end_ms": hist_ms(sat_stats.total),
-            "stages": stage_table(sat_stats),
-            "detections_per_frame": detections_summary(sat.detections),
-        },
-        "live": {
-            "source_fps": live_fps,
-            "seconds": round(live_elapsed, 2),
-            "throughput_fps": round(live_stats.published / live_elapsed, 2) if live_elapsed else 0.0,
-            "end_to_end_ms": hist_ms(live_stats.total),
-            "end_to_end_ms_by_profile": {k: hist_ms(h) for k, h in live_stats.by_profile.items()},
-            "overhead_ms": hist_ms(live_stats.overhead),
-            "overhead_with_adapter_ms": live_overhead,
-            "overhead_minus_pure_p50_ms": round(live_stats.total.percentile_ms(50) - pure_p50, 3),
-            "p99_over_pre_infer_post_p50": round(live_stats.total.percentile_ms(99) / pre_inf_post, 3)
-            if pre_inf_post
-            else None,
-            "detections_per_frame": detections_summary(live.detections),
-            "stages": stage_table(live_stats),
-            "backend_parts_ms": {k: hist_ms(h) for k, h in live_stats.backend_parts.items()},
-            "counts": live_stats.counts(),
-            "ladder": {
-                "final_step": monitor.current.name,
-                "changes": monitor.changes,
-                "history": list(monitor.history),
-            },
-        },
+        "sequential": _sequential_section(runs.seq, seq_fps, seq_overhead),
+        "pipelined": _pipelined_section(runs, seq_fps),
+        "live": _live_section(runs, fr.live_fps, inf.pure, live_overhead),
         "bare": bare,
+    }
+
+
+def _sequential_section(seq: SequentialRun, seq_fps: float, seq_overhead: dict[str, float]) -> dict[str, Any]:
+    """The result's ``sequential`` section."""
+    return {
+        "per_frame_ms": hist_ms(seq.per_frame),
+        "throughput_fps": round(seq_fps, 2),
+        "stages": stage_table(seq.stats),
+        "overhead_ms": hist_ms(seq.stats.overhead),
+        "overhead_with_adapter_ms": seq_overhead,
+        "detections_per_frame": detections_summary(seq.detections),
+    }
+
+
+def _pipelined_section(runs: _Runs, seq_fps: float) -> dict[str, Any]:
+    """The result's ``pipelined`` section: the saturated run."""
+    sat, sat_stats = runs.sat, runs.sat_stats
+    slowest = slowest_thread_ms(sat_stats)
+    sat_fps = sat_stats.published / runs.sat_s if runs.sat_s else 0.0
+    return {
+        "throughput_fps": round(sat_fps, 2),
+        "gain_over_sequential": round(sat_fps / seq_fps, 3) if seq_fps else None,
+        "slowest_thread_ms": round(slowest, 3),
+        "efficiency": round(sat_fps * slowest / 1000.0, 3),
+        "end_to_end_ms": hist_ms(sat_stats.total),
+        "stages": stage_table(sat_stats),
+        "detections_per_frame": detections_summary(sat.detections),
+    }
+
+
+def _live_section(
+    runs: _Runs, live_fps: float, pure: LatencyHistogram, live_overhead: dict[str, float]
+) -> dict[str, Any]:
+    """The result's ``live`` section."""
+    live, live_elapsed, live_stats = runs.live, runs.live_elapsed, runs.live_stats
+    monitor = live.pipeline.lanes[0].monitor  # type: ignore[union-attr]
+    pure_p50 = pure.percentile_ms(50)
+    pre_inf_post = sum(live_stats.stages[s].percentile_ms(50) for s in ("preprocess", "infer", "postprocess"))
+    return {
+        "source_fps": live_fps,
+        "seconds": round(live_elapsed, 2),
+        "throughput_fps": round(live_stats.published / live_elapsed, 2) if live_elapsed else 0.0,
+        "end_to_end_ms": hist_ms(live_stats.total),
+        "end_to_end_ms_by_profile": {k: hist_ms(h) for k, h in live_stats.by_profile.items()},
+        "overhead_ms": hist_ms(live_stats.overhead),
+        "overhead_with_adapter_ms": live_overhead,
+        "overhead_minus_pure_p50_ms": round(live_stats.total.percentile_ms(50) - pure_p50, 3),
+        "p99_over_pre_infer_post_p50": round(live_stats.total.percentile_ms(99) / pre_inf_post, 3)
+        if pre_inf_post
+        else None,
+        "detections_per_frame": detections_summary(live.detections),
+        "stages": stage_table(live_stats),
+        "backend_parts_ms": {k: hist_ms(h) for k, h in live_stats.backend_parts.items()},
+        "counts": live_stats.counts(),
+        "ladder": {
+            "final_step": monitor.current.name,
+            "changes": monitor.changes,
+            "history": list(monitor.history),
+        },
     }

@@ -29,57 +29,14 @@ def raise_interrupt(signum: int, _frame: Any) -> None:
 
 
 def cmd_power(args: argparse.Namespace) -> int:
-    from dataclasses import asdict
-
-    from edge_agent.power import sysfs
     from edge_agent.power.controller import make_controller
-    from edge_agent.power.manager import PowerManager, recover, throttle_reasons
-    from edge_agent.power.state import load_state
+    from edge_agent.power.manager import PowerManager, recover
 
     setup_logging("warning")
     cfg = _power_config(args)
     controller = make_controller(cfg)
     if args.power_command == "status":
-        info = sysfs.detect(cfg.root)
-        t = sysfs.read_telemetry(cfg.root)
-        pending = load_state(cfg.state_file)
-        report = {
-            "jetson": info.is_jetson,
-            "module": info.module,
-            "model": info.model,
-            "l4t": info.l4t,
-            "backend": controller.name,
-            "telemetry": asdict(t),
-            "throttle_reasons": throttle_reasons(t, cfg),  # the lock itself is not known here
-            "state_file": cfg.state_file,
-            "state_to_restore": pending is not None,
-        }
-        if args.json:
-            print(json.dumps(report, indent=2))
-            return EXIT_OK
-        print(
-            f"device: {info.model or 'not a Jetson'}"
-            + (f" ({info.module}, {info.l4t})" if info.is_jetson else "")
-        )
-        if not info.is_jetson:
-            print("not a Jetson: read-only; the power profile cannot be applied here")
-        print(f"backend: {controller.name}")
-        gpu = f"{t.gpu_freq_hz / 1e6:.0f} MHz" if t.gpu_freq_hz else "unknown"
-        print(f"GPU: {gpu}, load {t.gpu_load_pct if t.gpu_load_pct is not None else 'unknown'} %")
-        print(
-            "temperatures: " + (", ".join(f"{k} {v:.1f} °C" for k, v in t.temps_c.items()) or "none readable")
-        )
-        rails = ", ".join(f"{k} {v:.0f} mW" for k, v in t.rails_mw.items())
-        print(
-            "power: "
-            + (rails or "no rails readable")
-            + (f"; total {t.total_mw:.0f} mW" if t.total_mw else "")
-        )
-        for reason in report["throttle_reasons"]:
-            print(f"THROTTLED: {reason}")
-        if pending is not None:
-            print(f"a saved state waits in {cfg.state_file}: run `edge-agent power restore`")
-        return EXIT_OK
+        return _power_status(args, cfg, controller)
     if args.power_command == "apply":
         for line in recover(cfg, controller):
             print(f"restored first: {line}")
@@ -96,6 +53,50 @@ def cmd_power(args: argparse.Namespace) -> int:
         return EXIT_OK
     done = recover(cfg, controller)
     print("\n".join(done) if done else f"nothing to restore ({cfg.state_file} holds no state)")
+    return EXIT_OK
+
+
+def _power_status(args: argparse.Namespace, cfg: Any, controller: Any) -> int:
+    """``power status``: the device, its telemetry and throttling, as text or JSON."""
+    from dataclasses import asdict
+
+    from edge_agent.power import sysfs
+    from edge_agent.power.manager import throttle_reasons
+    from edge_agent.power.state import load_state
+
+    info = sysfs.detect(cfg.root)
+    t = sysfs.read_telemetry(cfg.root)
+    pending = load_state(cfg.state_file)
+    report = {
+        "jetson": info.is_jetson,
+        "module": info.module,
+        "model": info.model,
+        "l4t": info.l4t,
+        "backend": controller.name,
+        "telemetry": asdict(t),
+        "throttle_reasons": throttle_reasons(t, cfg),  # the lock itself is not known here
+        "state_file": cfg.state_file,
+        "state_to_restore": pending is not None,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return EXIT_OK
+    print(
+        f"device: {info.model or 'not a Jetson'}"
+        + (f" ({info.module}, {info.l4t})" if info.is_jetson else "")
+    )
+    if not info.is_jetson:
+        print("not a Jetson: read-only; the power profile cannot be applied here")
+    print(f"backend: {controller.name}")
+    gpu = f"{t.gpu_freq_hz / 1e6:.0f} MHz" if t.gpu_freq_hz else "unknown"
+    print(f"GPU: {gpu}, load {t.gpu_load_pct if t.gpu_load_pct is not None else 'unknown'} %")
+    print("temperatures: " + (", ".join(f"{k} {v:.1f} °C" for k, v in t.temps_c.items()) or "none readable"))
+    rails = ", ".join(f"{k} {v:.0f} mW" for k, v in t.rails_mw.items())
+    print("power: " + (rails or "no rails readable") + (f"; total {t.total_mw:.0f} mW" if t.total_mw else ""))
+    for reason in report["throttle_reasons"]:
+        print(f"THROTTLED: {reason}")
+    if pending is not None:
+        print(f"a saved state waits in {cfg.state_file}: run `edge-agent power restore`")
     return EXIT_OK
 
 

@@ -77,6 +77,26 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     # Footprint after warm-up and at the end: a soak run (--duration) shows any growth.
     footprints: dict[str, Any] = {}
+    show = _heartbeat_handler(args, agent, footprints)
+    try:
+        Supervisor(agent, notifier, signals, lambda: load().config, args.duration, show).run()
+        if signals.received:
+            log.info("received %s, stopping", signals.received)
+    finally:
+        clean = agent.stop()  # an exception above must still drain, publish and restore power
+        notifier.close()
+    _print_summaries(agent, time.monotonic() - t0, footprints)
+    code = _exit_code(agent)
+    if not clean:
+        # A stage is stuck inside a backend or a driver: its frames are accounted, and
+        # waiting for the thread could take forever (an interpreter exit joins it).
+        log.error("a stage thread did not stop; exiting without waiting for it")
+        _exit_now(code or EXIT_FAILED)
+    return code
+
+
+def _heartbeat_handler(args: argparse.Namespace, agent: Any, footprints: dict[str, Any]):
+    """The per-heartbeat callback: records footprints and prints the status lines."""
 
     def show(beat: dict[str, Any]) -> None:
         proc = beat.get("process", {})
@@ -88,14 +108,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             for b in beats.values() if len(beats) > 1 else (beat,):
                 print(_status_line(b), file=sys.stderr, flush=True)
 
-    try:
-        Supervisor(agent, notifier, signals, lambda: load().config, args.duration, show).run()
-        if signals.received:
-            log.info("received %s, stopping", signals.received)
-    finally:
-        clean = agent.stop()  # an exception above must still drain, publish and restore power
-        notifier.close()
-    elapsed = time.monotonic() - t0
+    return show
+
+
+def _print_summaries(agent: Any, elapsed: float, footprints: dict[str, Any]) -> None:
+    """The exit summary on stderr: per-source stages, batches and process footprints."""
     for lane in agent.pipeline.lanes:
         title = f"source {lane.name}:\n" if len(agent.pipeline.lanes) > 1 else ""
         print(title + _summary(lane.stats, elapsed), file=sys.stderr, flush=True)
@@ -109,6 +126,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
+
+
+def _exit_code(agent: Any) -> int:
+    """Prints the damaged sources and returns the run's exit code (a failure or lost frames)."""
     lanes = agent.pipeline.lanes
     damaged = [f"source {lane.name}: {lane.source.damage}" for lane in lanes if lane.source.lost]
     for line in damaged:
@@ -117,11 +138,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     code = fail(failure) if failure else EXIT_OK
     if damaged and not code:
         code = fail("frames were lost to damaged input (above)")
-    if not clean:
-        # A stage is stuck inside a backend or a driver: its frames are accounted, and
-        # waiting for the thread could take forever (an interpreter exit joins it).
-        log.error("a stage thread did not stop; exiting without waiting for it")
-        _exit_now(code or EXIT_FAILED)
     return code
 
 

@@ -32,7 +32,6 @@ def _joined(gaps: Any, topic: str) -> str:
 
 
 def cmd_listen(args: argparse.Namespace) -> int:
-    import numpy as np
     import zmq
 
     from edge_agent.client import GapTracker, Health, connect, decode, parse
@@ -53,12 +52,7 @@ def cmd_listen(args: argparse.Namespace) -> int:
                 if args.timeout and silent_s > args.timeout:
                     return fail(f"no message from {args.endpoint} within {args.timeout} s")
                 if not count and nothing_yet_s and silent_s > nothing_yet_s:
-                    print(
-                        f"listen: nothing received yet from {args.endpoint} (topics: "
-                        f"{', '.join(repr(t) for t in topics)}); is an agent publishing there?",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                    _print_nothing_yet(args.endpoint, topics)
                     nothing_yet_s = 0.0
                 continue
             t_last = time.monotonic()
@@ -70,34 +64,59 @@ def cmd_listen(args: argparse.Namespace) -> int:
                 if not isinstance(msg, Health):
                     per_topic.setdefault(topic, []).append(msg.latency_ms.get("total", 0.0))
                 if t_last - t_start >= 1.0:
-                    for name, lat in per_topic.items():
-                        a = np.asarray(lat)
-                        print(
-                            f"{name.partition('.')[2] or name}: {len(a) / (t_last - t_start):6.1f} msg/s"
-                            f"  e2e p50 {np.percentile(a, 50):6.2f} ms "
-                            f"p99 {np.percentile(a, 99):6.2f} ms  lost {gaps.lost.get(name, 0)}"
-                            f" ({_joined(gaps, name)})",
-                            flush=True,
-                        )
+                    _print_stats(per_topic, gaps, t_last - t_start)
                     per_topic, t_start = {}, t_last
-            elif args.json:
-                print(json.dumps(body), flush=True)
-            elif isinstance(msg, Health):
-                c = msg.counts
-                print(
-                    f"{topic} fps={msg.fps:.1f} captured={c.get('captured')} late={c.get('late')} "
-                    f"dropped={c.get('dropped')}{' final' if msg.final else ''}",
-                    flush=True,
-                )
             else:
-                if first and gaps.joined[topic]:
-                    print(f"{topic}: {_joined(gaps, topic)}", flush=True)
-                print(_format_result(msg), flush=True)
+                _print_message(args, topic, body, msg, gaps, first)
     except KeyboardInterrupt:
         pass
     finally:
         sock.close()
     return EXIT_OK
+
+
+def _print_nothing_yet(endpoint: str, topics: tuple[str, ...]) -> None:
+    """The one hint on stderr that nothing has arrived yet, and where we listen."""
+    print(
+        f"listen: nothing received yet from {endpoint} (topics: "
+        f"{', '.join(repr(t) for t in topics)}); is an agent publishing there?",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
+def _print_stats(per_topic: dict[str, list[float]], gaps: Any, elapsed_s: float) -> None:
+    """One stats line per topic: message rate, e2e p50/p99 and losses over ``elapsed_s``."""
+    import numpy as np
+
+    for name, lat in per_topic.items():
+        a = np.asarray(lat)
+        print(
+            f"{name.partition('.')[2] or name}: {len(a) / elapsed_s:6.1f} msg/s"
+            f"  e2e p50 {np.percentile(a, 50):6.2f} ms "
+            f"p99 {np.percentile(a, 99):6.2f} ms  lost {gaps.lost.get(name, 0)}"
+            f" ({_joined(gaps, name)})",
+            flush=True,
+        )
+
+
+def _print_message(args: argparse.Namespace, topic: str, body: Any, msg: Any, gaps: Any, first: bool) -> None:
+    """One received message as JSON, a health line or a result line (after a join note)."""
+    from edge_agent.client import Health
+
+    if args.json:
+        print(json.dumps(body), flush=True)
+    elif isinstance(msg, Health):
+        c = msg.counts
+        print(
+            f"{topic} fps={msg.fps:.1f} captured={c.get('captured')} late={c.get('late')} "
+            f"dropped={c.get('dropped')}{' final' if msg.final else ''}",
+            flush=True,
+        )
+    else:
+        if first and gaps.joined[topic]:
+            print(f"{topic}: {_joined(gaps, topic)}", flush=True)
+        print(_format_result(msg), flush=True)
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
