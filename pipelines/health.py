@@ -55,7 +55,7 @@ class HealthReporter:
         self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None:
-            thread.join(timeout_s)
+            thread.join(max(timeout_s, 1.0))  # a beat in progress finishes its sends
             return not thread.is_alive()
         return True
 

@@ -24,9 +24,6 @@ from edge_agent.core.source_config import (
 )
 from edge_agent.core.stages import STAGES
 
-# How a running agent takes a change of a field, as field metadata ("reload"); the reload
-# code reads these marks instead of keeping its own lists of keys:
-
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -368,7 +365,7 @@ class AgentConfig:
     device_id: str = field(default_factory=socket.gethostname)
     source: SourceConfig = field(default_factory=SyntheticSourceConfig)
     # Several cameras on one accelerator: give ``sources`` instead of ``source``.
-    sources: tuple[SourceConfig, ...] = ()
+    sources: tuple[SourceConfig, ...] = field(default=(), metadata={"unordered": True})
     model: ModelConfig = field(default_factory=ModelConfig, metadata=reloads(MODELS))
     backend: BackendConfig = field(default_factory=AutoBackendConfig, metadata=reloads(MODELS))
     publish: PublishConfig = field(default_factory=PublishConfig)

@@ -175,7 +175,7 @@ def path_field(kind: PathKind, default: str = "", reload: tuple[str, ...] = ()) 
     folder of the config file that set it (an environment override: the working folder),
     and ``~`` is the home folder. ``file``/``dir``: an input that must exist when the loader
     checks files; ``path``: created, or needed only in some modes (checked where used).
-    ``reload``: how a running agent takes a change (``config.reload_field``)."""
+    ``reload``: how a running agent takes a change (``core.reloads``)."""
     return dataclasses.field(default=default, metadata={"path": kind, "reload": reload})
 
 

@@ -4,7 +4,7 @@ A ``Component`` starts (opens its device, socket or threads) and stops within a 
 saying whether its threads ended. ``Parts`` owns the started ones: a part that fails to
 stop never keeps the parts started before it from stopping (the power state, started
 first, is always put back last). What outlives a stop (model sessions a stuck thread may
-still be inside) is closed by its owner only after a clean stop (``Agent.close``).
+still be inside) is closed by its owner only after a clean stop (``Agent.close_models``).
 """
 
 from __future__ import annotations

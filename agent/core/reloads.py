@@ -6,18 +6,8 @@ from __future__ import annotations
 from dataclasses import fields, is_dataclass
 from typing import Any
 
-# How a running agent takes a change of a field, as field metadata ("reload"); the reload
-# code reads these marks instead of keeping its own lists of keys:
-
-
-# How a running agent takes a change of a field, as field metadata ("reload"); the reload
-# code reads these marks instead of keeping its own lists of keys:
 LANE = "lane"  # a source's scheduling: its lane takes it, the capture keeps running
-
-
 REBIND = "rebind"  # the result socket is closed and bound again
-
-
 MODELS = "models"  # the models are loaded again (engines rebuilt where the key changed)
 
 
@@ -31,20 +21,30 @@ def marked_fields(cls: type, kind: str) -> tuple[str, ...]:
     return tuple(f.name for f in fields(cls) if kind in f.metadata.get("reload", ()))
 
 
-def marked_values(value: Any, kind: str) -> frozenset[tuple[tuple[str, str], ...]]:
-    """The fields marked ``kind`` of every section in a config tree (sections, and lists of
-    sources and ladder steps), one tuple of (name, value) per section that has any, as a
-    set: two configs with equal sets need no ``kind`` of reload."""
-    found: set[tuple[tuple[str, str], ...]] = set()
+def marked_values(
+    value: Any, kind: str, where: str = ""
+) -> frozenset[tuple[str, tuple[tuple[str, str], ...]]]:
+    """The fields marked ``kind`` of every section in a config tree, as a set of (where,
+    fields) with one entry per section that has any: ``where`` is the section's path, with
+    the position in a list for ordered lists (ladder steps) and without it for ``sources``
+    (reordering cameras loads no model). Two configs with equal sets need no ``kind`` of
+    reload."""
+    found: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
     own = []
     for f in fields(value):
         v = getattr(value, f.name)
         if kind in f.metadata.get("reload", ()):
             own.append((f.name, repr(v)))
             continue
-        for item in v if isinstance(v, tuple) else (v,):
-            if is_dataclass(item):
-                found |= marked_values(item, kind)
+        path = f"{where}.{f.name}" if where else f.name
+        if isinstance(v, tuple):
+            for i, item in enumerate(v):
+                if is_dataclass(item):
+                    found |= marked_values(
+                        item, kind, path if f.metadata.get("unordered") else f"{path}[{i}]"
+                    )
+        elif is_dataclass(v):
+            found |= marked_values(v, kind, path)
     if own:
-        found.add(tuple(own))
+        found.add((where, tuple(own)))
     return frozenset(found)

@@ -9,9 +9,6 @@ from typing import Literal
 from edge_agent.core.configload import check, path_field
 from edge_agent.core.reloads import LANE, MODELS, marked_fields, reloads
 
-# How a running agent takes a change of a field, as field metadata ("reload"); the reload
-# code reads these marks instead of keeping its own lists of keys:
-
 
 def _name_ok(name: str) -> bool:
     return bool(name) and all(c.isalnum() or c in "-_" for c in name)

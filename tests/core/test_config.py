@@ -667,4 +667,11 @@ def test_reload_kinds_come_from_the_fields_marks():
     assert models(a) != models(swapped), "each model with its own manifest"
     small = LadderStep(name="small", model="s.onnx")
     assert models(a) != models(replace(a, deadline=replace(a.deadline, ladder=(LadderStep(), small))))
+    # A ladder step on a model some source runs as its own is still a new ladder model (its
+    # labels must be checked against the main model's), and the ladder's order counts.
+    shared = LadderStep(name="shared", model="n.onnx")
+    assert models(a) != models(replace(a, deadline=replace(a.deadline, ladder=(LadderStep(), shared))))
+    two = replace(a, deadline=replace(a.deadline, ladder=(LadderStep(), small, shared)))
+    swapped_ladder = replace(a, deadline=replace(a.deadline, ladder=(LadderStep(), shared, small)))
+    assert models(two) != models(swapped_ladder)
     assert models(a) != models(replace(a, model=replace(a.model, max_detections=5)))
