@@ -16,10 +16,10 @@ import yaml
 
 from edge_agent.core import configload
 from edge_agent.core.config import BackendConfig, ModelConfig
+from edge_agent.evaluation import heldout_images
 from edge_agent.models.manifest import ModelManifest
 from edge_agent.pipelines.model import LoadedModel, load_model, model_notes_once
 from edge_agent.pipelines.preprocess import Letterbox
-from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
 
 _NO_NMS = ("end2end", "rtdetr", "efficient_nms")  # NMS inside the model, or none needed
 
@@ -85,14 +85,10 @@ def _describe(loaded: LoadedModel) -> CheckReport:
 
 
 def _run(loaded: LoadedModel, frames: int, r: CheckReport) -> None:
-    scene = SyntheticScene(SceneSpec(seed=7))
-    image = np.zeros((scene.spec.height, scene.spec.width, 3), np.uint8)
-    gt = np.zeros((scene.spec.num_objects, 6), np.float32)
     io = loaded.backend.allocate()
     loaded.backend.warmup(io, runs=1)
     geo = Letterbox()
-    for k in range(frames):
-        scene.render(k, image, gt)
+    for image, _ in heldout_images(frames):
         t = time.perf_counter()
         _, scores, _ = loaded.run_one(image, io, geo)
         r.frame_ms.append((time.perf_counter() - t) * 1000)

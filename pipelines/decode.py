@@ -214,14 +214,6 @@ DECODERS: dict[str, Callable[..., Decoded]] = {
     "rtdetr": decode_rtdetr,
     "efficient_nms": decode_efficient_nms,
 }
-#: The outputs a decoder reads, in its arguments' order; one output unless listed.
-OUTPUT_ROLES: dict[str, tuple[str, ...]] = {"efficient_nms": ("num_dets", "boxes", "scores", "classes")}
-
-
-def roles(name: str) -> tuple[str, ...]:
-    return OUTPUT_ROLES.get(name, ("output",))
-
-
 @dataclass(frozen=True)
 class Decoder:
     """A decoder bound to the model outputs it reads (their indices in the backend's list):
