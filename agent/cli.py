@@ -22,6 +22,7 @@ from edge_agent.commands.measure import cmd_bench, cmd_tune
 from edge_agent.commands.models import cmd_engine_build, cmd_eval, cmd_models, cmd_selftest
 from edge_agent.commands.run import cmd_run
 from edge_agent.commands.stream import cmd_keys, cmd_listen
+from edge_agent.commands.uplink import cmd_fleet, cmd_uplink
 
 log = logging.getLogger("edge_agent")
 
@@ -260,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     svc_sub = svc.add_subparsers(dest="service_command", required=True, metavar="ACTION")
     si = _sub(svc_sub, "install", "create the user, install and enable the units (root)")
     si.add_argument("--dry-run", action="store_true", help="print what would be done, change nothing")
+    si.add_argument("--uplink", action="store_true", help="enable the MQTT uplink's unit too")
     si.add_argument("--prefix", default="/etc/systemd/system", help="where the unit files go")
     si.add_argument(
         "--config", dest="config_path", default="/etc/edge-agent/agent.yaml", help="the config the units run"
@@ -275,6 +277,26 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--frames", type=int, default=500, help="held-out frames scored")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
     ev.set_defaults(func=cmd_eval)
+
+    up = _sub(sub, "uplink", "carry the agent's results and health to an MQTT broker (a process of its own)")
+    up.add_argument("--config", "-c", help="the agent's config or fleet: its uplink and publish sections")
+    up.add_argument("--device", help="for a fleet: this device's id (default: the host name)")
+    up.set_defaults(func=cmd_uplink)
+
+    fl = _sub(sub, "fleet", "the devices of a fleet, as their uplinks report them on the broker")
+    fl_sub = fl.add_subparsers(dest="fleet_command", required=True, metavar="ACTION")
+    fs = _sub(
+        fl_sub, "status", "one line per device: online, last seen, model, config hash, fps, p99, misses"
+    )
+    fs.add_argument("--broker", help="mqtt://host[:port] or mqtts://host[:port] (default: the config's)")
+    fs.add_argument("--prefix", help="topic prefix (default: the config's, else edge-agent)")
+    fs.add_argument(
+        "--config", "-c", help="take the broker, prefix and TLS settings from this config's uplink"
+    )
+    fs.add_argument("--json", action="store_true", help="print the rows as JSON")
+    fs.add_argument("--watch", action="store_true", help="redraw once a second until Ctrl-C")
+    fs.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the broker")
+    fs.set_defaults(func=cmd_fleet)
     return p
 
 

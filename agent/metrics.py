@@ -212,9 +212,10 @@ class MetricsServer:
     """The Prometheus endpoint (``/metrics``) on a bounded ``HttpEndpoint`` (its limits are
     keyword arguments); failure to bind is logged, never fatal."""
 
-    def __init__(self, agent: Any, host: str, port: int, **limits: Any) -> None:
+    def __init__(self, collector: Any, host: str, port: int, **limits: Any) -> None:
+        """``collector``: what the endpoint reports (``AgentCollector``, the uplink's own)."""
         self.registry = CollectorRegistry()
-        self.registry.register(AgentCollector(agent))
+        self.registry.register(collector)
         self.registry.register(ProcessCollector(registry=None))
         self.http = HttpEndpoint(host, port, "/metrics", self._render, name="metrics", **limits)
 

@@ -17,10 +17,11 @@ from edge_agent.core.config import (
     LadderStep,
     OnnxRuntimeConfig,
     PublishConfig,
+    config_hash,
 )
 from edge_agent.core.lifecycle import Parts
 from edge_agent.core.plan import capture_part, model_at, model_batches, source_models, with_batch
-from edge_agent.core.reloads import MODELS, REBIND, marked_fields, marked_values
+from edge_agent.core.reloads import ELSEWHERE, MODELS, REBIND, marked_fields, marked_values
 from edge_agent.core.source_config import SourceConfig
 from edge_agent.models.manifest import (
     ModelError,
@@ -190,6 +191,7 @@ class Agent:
             self.health = HealthReporter(
                 self.pipeline, self.publisher, cfg.device_id, cfg.publish.health_interval_s, self.power
             )
+            self.health.config_hash = config_hash(cfg)
         except BaseException:
             self.close_models()  # nothing started: the sessions go back
             raise
@@ -241,11 +243,17 @@ class Agent:
         """
         old = self.config
         assert self.pipeline is not None and self.publisher is not None and self.health is not None
-        changed = [f.name for f in fields(AgentConfig) if getattr(old, f.name) != getattr(new, f.name)]
+        changed = [
+            f.name
+            for f in fields(AgentConfig)
+            if getattr(old, f.name) != getattr(new, f.name) and ELSEWHERE not in f.metadata.get("reload", ())
+        ]
         # CURVE: keys added to (or removed from) the allowed folder count from now on, even
         # when the config itself did not change. A rebind below reads the folder anyway.
         self.publisher.refresh_clients()
         if not changed and not force:
+            self.config = new  # at most a section another process reads (the uplink's)
+            self.health.config_hash = config_hash(new)
             return []
         models_changed = self._models_changed(old, new, force)
         if not force:
@@ -382,9 +390,9 @@ class Agent:
             self._parts.remove(self.metrics)
             self.metrics = None
         if cfg.metrics.enabled:
-            from edge_agent.metrics import MetricsServer
+            from edge_agent.metrics import AgentCollector, MetricsServer
 
-            self.metrics = MetricsServer(self, cfg.metrics.host, cfg.metrics.port)
+            self.metrics = MetricsServer(AgentCollector(self), cfg.metrics.host, cfg.metrics.port)
             self._parts.start(self.metrics)
 
     def _start_pipeline(self, pipeline: Pipeline, old_pipeline: Pipeline) -> None:
@@ -394,6 +402,7 @@ class Agent:
         self.pipeline = pipeline
         self.health.pipeline, self.health.power, self.health.publisher = pipeline, self.power, self.publisher
         self.health.interval_s = self.config.publish.health_interval_s
+        self.health.config_hash = config_hash(self.config)
         pipeline.start()
 
     def start(self, interrupt: threading.Event | None = None) -> None:

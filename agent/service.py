@@ -33,7 +33,7 @@ from edge_agent.sdnotify import Notifier
 
 log = logging.getLogger(__name__)
 
-UNITS = ("edge-agent.service", "edge-agent-power.service")
+UNITS = ("edge-agent.service", "edge-agent-power.service", "edge-agent-uplink.service")
 UNIT_PACKAGE = "edge_agent.systemd"  # the repo's systemd/ folder, installed as package data
 
 
@@ -206,8 +206,11 @@ def _outages(beats: dict[str, dict[str, Any]]) -> str:
 # -- installing -------------------------------------------------------------------------
 
 
-def install_steps(prefix: str, config: str, user: str = "edge-agent") -> list[list[str] | tuple[str, str]]:
-    """What ``service install`` does, in order: commands, and ("copy", dest) for units."""
+def install_steps(
+    prefix: str, config: str, user: str = "edge-agent", uplink: bool = False
+) -> list[list[str] | tuple[str, str]]:
+    """What ``service install`` does, in order: commands, and ("copy", dest) for units.
+    Every unit is written; the uplink's is enabled only when asked (it needs a broker)."""
     venv = _venv()
     steps: list[Any] = []
     if (
@@ -223,6 +226,8 @@ def install_steps(prefix: str, config: str, user: str = "edge-agent") -> list[li
         steps.append(("copy", str(Path(prefix) / unit)))
     steps.append(["systemctl", "daemon-reload"])
     steps.append(["systemctl", "enable", "edge-agent.service"])
+    if uplink:
+        steps.append(["systemctl", "enable", "edge-agent-uplink.service"])
     steps.append(("note", f"units run {venv}/bin/edge-agent with --config {config}"))
     return steps
 
@@ -252,7 +257,10 @@ def render_unit(name: str, config: str) -> str:
 
 
 def install(
-    prefix: str = "/etc/systemd/system", config: str = "/etc/edge-agent/agent.yaml", dry_run: bool = False
+    prefix: str = "/etc/systemd/system",
+    config: str = "/etc/edge-agent/agent.yaml",
+    dry_run: bool = False,
+    uplink: bool = False,
 ) -> int:
     if not dry_run and os.geteuid() != 0:
         print("edge-agent: service install needs root (or --dry-run)", file=sys.stderr)
@@ -260,7 +268,7 @@ def install(
     # Rendered before any step runs: a missing unit file fails the install before it
     # has created a user or changed anything.
     units = {unit: render_unit(unit, config) for unit in UNITS}
-    for step in install_steps(prefix, config):
+    for step in install_steps(prefix, config, uplink=uplink):
         if isinstance(step, tuple):
             kind, what = step
             if kind == "note":

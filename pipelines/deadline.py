@@ -5,12 +5,15 @@ dropped with a reason. The monitor decides the one drop that needs judgement: be
 inference, a frame whose age plus the current estimate of the remaining stages would
 already exceed the budget is dropped as ``stale`` instead of being processed late.
 
-The ladder is evaluated once a second (by the health thread) on the miss rate of a
+The monitor drives the ladder itself: the frame path tells it of every frame that ends
+(published or dropped), and once a second of those events it judges the miss rate of a
 sliding window: too many misses step it down (fewer frames, a lighter model, alerts
 only); a long enough healthy period steps it back up. After any change the ladder waits
 a full window before judging again, so it never acts on frames from the previous step.
 A step up that does not hold doubles the healthy period required for the next one (up
-to 32 times), so a lasting overload is re-probed rarely rather than flapping.
+to 32 times), so a lasting overload is re-probed rarely rather than flapping. Changes
+wait in ``take_change`` for the heartbeat, which reports each one once; the heartbeat
+only reads, so a stalled heartbeat thread cannot stall the ladder, nor the reverse.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ DROP_REASONS = ("overrun", "stale", "source_gap", "ladder", "error", "shutdown",
 _EWMA_ALPHA = 0.1
 _BUCKET_NS = 100_000_000  # the miss window is kept in 100 ms buckets
 _MAX_UP_BACKOFF = 32
+_TICK_NS = 1_000_000_000  # the ladder is judged once a second
 
 
 @dataclass
@@ -91,6 +95,9 @@ class DeadlineMonitor:
 
     def __init__(self, config: DeadlineConfig) -> None:
         self.config = config
+        # Ending frames do not judge the ladder: a file's frames are never skipped (and the
+        # ladder's own tests judge by hand, with tick).
+        self.fixed = False
         self.budget_ns = int(config.budget_ms * 1e6)
         self.stage_budget_ns = {k: int(v * 1e6) for k, v in config.stage_budgets_ms.items()}
         self.stage_overruns = {k: 0 for k in config.stage_budgets_ms}
@@ -108,6 +115,10 @@ class DeadlineMonitor:
         self.up_backoff = 1  # multiplies step_up_after_s after step ups that did not hold
         self.changes = 0
         self.history: deque[dict] = deque(maxlen=32)  # the latest ladder changes
+        self._changes: deque[LadderChange] = deque(maxlen=32)  # not yet reported
+        self._tick_lock = threading.Lock()  # frames end on several threads; one judges
+        self._next_tick_ns = 0
+        self._last_tick_ns = 0
 
     @property
     def current(self) -> LadderStep:
@@ -177,6 +188,7 @@ class DeadlineMonitor:
         late = self.late(int(stamps[PUBLISH] - stamps[CAPTURED]))
         with self._lock:
             self._window.add(now_ns, late)
+        self._frame_ended(now_ns)
         return late
 
     def dropped(self, reason: str, now_ns: int) -> None:
@@ -185,23 +197,51 @@ class DeadlineMonitor:
         if reason in ("stale", "error"):
             with self._lock:
                 self._window.add(now_ns, True)
+        self._frame_ended(now_ns)
 
-    # -- once a second ------------------------------------------------------------
+    def _frame_ended(self, now_ns: int) -> None:
+        """Judge the ladder if a second has passed since it was last judged. Whichever
+        stage thread ends a frame then does it; one at a time, the others do not wait."""
+        if self.fixed or now_ns < self._next_tick_ns or not self._tick_lock.acquire(blocking=False):
+            return
+        try:
+            if self._next_tick_ns == 0:  # the first frame: judge a second of them, not one
+                self._next_tick_ns = now_ns + _TICK_NS
+            elif now_ns >= self._next_tick_ns:
+                self._next_tick_ns = now_ns + _TICK_NS
+                change = self.tick(now_ns)
+                if change is not None:
+                    self._changes.append(change)
+        finally:
+            self._tick_lock.release()
+
+    def take_change(self) -> LadderChange | None:
+        """The oldest ladder change not yet reported (the heartbeat reports each once)."""
+        try:
+            return self._changes.popleft()
+        except IndexError:
+            return None
+
+    # -- once a second, from _frame_ended -----------------------------------------
 
     def miss_rate(self, now_ns: int) -> tuple[float, int]:
         with self._lock:
             return self._window.rate(now_ns)
 
     def tick(self, now_ns: int) -> LadderChange | None:
-        """Health thread: step the ladder if the window says so; returns the change."""
+        """Step the ladder if the window says so; returns the change."""
         c = self.config
         rate, ended = self.miss_rate(now_ns)
+        # No frame ended for a whole window (a stalled source or stage): not healthy time,
+        # as when a judgement finds the window empty.
+        quiet = self._last_tick_ns and now_ns - self._last_tick_ns >= c.miss_window_s * 1e9 + _TICK_NS
+        self._last_tick_ns = now_ns
         settled = self._changed_ns is None or now_ns - self._changed_ns >= c.miss_window_s * 1e9
         unhealthy = rate > c.step_down_miss_rate and ended > 0
         # No frame ends at an alert-only step; there, quiet counts as healthy, so the
         # ladder does climb back and find out whether inference fits again.
         idle_by_design = not self.current.infer
-        if rate > c.step_up_miss_rate or (ended == 0 and not idle_by_design):
+        if rate > c.step_up_miss_rate or ((ended == 0 or quiet) and not idle_by_design):
             self._healthy_since_ns = 0
         elif self._healthy_since_ns == 0:
             self._healthy_since_ns = now_ns

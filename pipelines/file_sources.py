@@ -20,6 +20,7 @@ from edge_agent.core.source_config import ImageFolderSourceConfig, VideoSourceCo
 from edge_agent.pipelines.source_base import (
     BufferPolicy,
     EndOfStream,
+    Pacer,
     Source,
     SourceError,
     SourceFrame,
@@ -73,8 +74,7 @@ class VideoFileSource(Source):
         self._cap: cv2.VideoCapture | None = None
         self._frame = SourceFrame()
         self._index = 0
-        self._t0 = 0
-        self._period_ns = 0
+        self._clock = Pacer(0)
         self._fps = 0.0
         self._declared = 0  # the container's frame count when it gives one, else 0
         self._passes = 0
@@ -102,7 +102,7 @@ class VideoFileSource(Source):
         self._cap = cap
         fps = cap.get(cv2.CAP_PROP_FPS) or 0.0
         self._fps = fps if fps > 0 else 0.0
-        self._period_ns = int(1e9 / fps) if self.config.realtime and fps > 0 else 0
+        self._clock = Pacer(fps if self.config.realtime else 0)
         count = cap.get(cv2.CAP_PROP_FRAME_COUNT)
         # Only an index-based container's count is exact; elsewhere (Matroska, WebM, MPEG-TS,
         # FLV) it is duration x fps, and an audio track longer than the video, or a variable
@@ -250,18 +250,12 @@ class VideoFileSource(Source):
         if self._cap is None:
             raise SourceError(f"source {self.name!r} read before open")
         failed = 0
-        if self._period_ns:
+        if self._clock.period_ns:
             # Real time, as a camera: wait for a frame that is not due yet, and skip the
             # frames whose time has passed while the pipeline was busy.
-            now = time.monotonic_ns()
-            self._t0 = self._t0 or now
-            wait_s = (self._t0 + self._index * self._period_ns - now) / 1e9
-            if wait_s > timeout_s:
-                time.sleep(timeout_s)
+            due_index = self._clock.wait_due(self._index, timeout_s)
+            if due_index is None:
                 return None
-            if wait_s > 0:
-                time.sleep(wait_s)
-            due_index = (time.monotonic_ns() - self._t0) // self._period_ns
             while self._index < due_index:
                 if not self._grab():
                     failed = 1  # the end, or damage: _next_frame tells which
@@ -274,7 +268,7 @@ class VideoFileSource(Source):
                 raise EndOfStream(self.config.path)
             decoded_any = self._index > 0
             self._cap.set(cv2.CAP_PROP_POS_FRAMES, 0)
-            self._t0 = 0
+            self._clock.reset()
             self._start_pass()
             if not decoded_any or not self._next_frame():
                 raise SourceError(f"cannot read from video file: {self.config.path}")

@@ -1,4 +1,4 @@
-"""The heartbeat: one ``health`` message a second per source, and the clock of the ladders.
+"""The heartbeat: one ``health`` message a second per source, with any ladder change.
 
 The heartbeat comes from its own thread, not from the frame path, so a stalled pipeline
 still reports (with fps 0 and growing drop counts) instead of going silent. With several
@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+from edge_agent import __version__
 from edge_agent.core import resources
 from edge_agent.core.stages import STAGES
 from edge_agent.pipelines.deadline import LadderChange
@@ -37,6 +38,7 @@ class HealthReporter:
         self.publisher = publisher
         self.device_id = device_id
         self.interval_s = interval_s
+        self.config_hash = ""  # of the effective config (the runner's), so a fleet shows drift
         self.latest: dict[str, Any] = {}  # the first source's last heartbeat, for the CLI
         self.latest_by_source: dict[str, dict[str, Any]] = {}
         self.beats = 0
@@ -70,7 +72,7 @@ class HealthReporter:
                 log.exception("health: heartbeat failed")
 
     def beat(self, final: bool = False) -> dict[str, Any]:
-        """Step the ladders if needed, publish one heartbeat per source; returns the first.
+        """Publish one heartbeat per source; returns the first.
 
         ``final``: the agent is stopping and the pipeline has drained; marked so a
         consumer knows the counts are complete.
@@ -79,8 +81,7 @@ class HealthReporter:
         first: dict[str, Any] = {}
         self.publisher.poll_subscriptions()
         for lane in self.pipeline.lanes:
-            # A file's frames are never skipped, so its ladder stays at the top.
-            change = None if final or lane.every_frame else lane.monitor.tick(now)
+            change = lane.monitor.take_change()  # the monitor steps its ladder itself
             msg = self.snapshot(now, change, lane)
             if final:
                 msg["final"] = True
@@ -107,6 +108,8 @@ class HealthReporter:
             "type": "health",
             "device": self.device_id,
             "source": lane.name,
+            "version": __version__,
+            "config_hash": self.config_hash,
             "ts_unix_s": round((now + self._unix_offset_ns) / 1e9, 3),
             "uptime_s": round((now - self._t0) / 1e9, 3),
             "fps": round(fps, 2),

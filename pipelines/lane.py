@@ -50,7 +50,8 @@ class Lane:
         # A file (or an unpaced source) hands over every frame and waits for the pipeline:
         # each one is processed, late or not; the ladder never skips its frames.
         self.every_frame = source.policy is BufferPolicy.WAIT
-        self.period_ns = int(1e9 / max_fps) if max_fps > 0 else 0
+        monitor.fixed = self.every_frame
+        self.max_fps = max_fps
         self.stats = PipelineStats()
         for p in profiles.values():
             self.stats.by_profile.setdefault(p.name, LatencyHistogram())
@@ -58,7 +59,6 @@ class Lane:
         self.stale_seen = source.stale  # the source's stale count already accounted
         self.error: str | None = None  # why the source ended early, if it did
         self._stride_count = 0
-        self._next_read_ns = 0
 
     def current(self) -> Profile | None:
         """The profile of the ladder's current step (None at an alert-only step)."""

@@ -44,7 +44,7 @@ from edge_agent.pipelines.lane import Lane
 from edge_agent.pipelines.profile import Profile, prepare_buffers
 from edge_agent.pipelines.publish import ZmqPublisher
 from edge_agent.pipelines.scheduler import BatchScheduler, LaneSpec
-from edge_agent.pipelines.source_base import EndOfStream, SourceError
+from edge_agent.pipelines.source_base import EndOfStream, Pacer, SourceError
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +239,9 @@ class Pipeline(FrameSteps):
         # scheduler: reading ahead would not raise throughput (one frame already waits)
         # but would age every frame by a whole inference time.
         read_ahead = not lane.every_frame
+        # The frame-rate cap: at most one read per period, the source's frames in between
+        # skipped by the source (a camera's, counted as source_gap); a stop cuts a wait short.
+        cap = Pacer(lane.max_fps, self._stop.wait)
         name = threading.current_thread().name
         try:
             while not self._stop.is_set():
@@ -247,7 +250,7 @@ class Pipeline(FrameSteps):
                     break
                 if not read_ahead and not self.scheduler.wait_room(lane.index, POLL_S):
                     continue
-                if lane.period_ns and not self._pace(lane):
+                if cap.period_ns and cap.tick(POLL_S) is None:
                     continue
                 try:
                     frame = self.read_frame(lane)
@@ -267,23 +270,6 @@ class Pipeline(FrameSteps):
                     self._drop(lane, slot, "shutdown")
         finally:
             self.scheduler.close(lane.index)
-
-    def _pace(self, lane: Lane) -> bool:
-        """The frame-rate cap: wait for the lane's next read time; False if that is more
-        than a poll away (the loop comes back). A live source's frames in between are
-        skipped by the source and counted as ``source_gap``."""
-        now = time.monotonic_ns()
-        if lane._next_read_ns > now:
-            wait = (lane._next_read_ns - now) / 1e9
-            if wait > POLL_S:
-                self._stop.wait(POLL_S)
-                return False
-            if self._stop.wait(wait):
-                return False
-        # No catching up after a stall: at most one frame per period from now on.
-        period = lane.period_ns
-        lane._next_read_ns = max(lane._next_read_ns + period, time.monotonic_ns() - period // 2)
-        return True
 
     def _source_failed(self, lane: Lane, error: str) -> None:
         lane.error = error

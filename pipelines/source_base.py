@@ -18,6 +18,7 @@ import os
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import cv2
@@ -123,19 +124,42 @@ class Source(ABC):
 
 
 class Pacer:
-    """A camera's clock at ``fps``: frame k is due at t0 + k/fps (t0: the first call),
+    """The one frame clock, at ``fps``: frame k is due at t0 + k/fps (t0: the first call),
     whether or not anyone asks for it. A caller that comes late gets the newest frame due
-    and those in between are skipped; a frame's capture time is when it was due, as a
-    camera's would be. Unpaced (``fps`` 0) each call is the next frame, captured now."""
+    and those in between are skipped (never a burst to catch up); a frame's capture time is
+    when it was due, as a camera's would be. Unpaced (``fps`` 0) each call is the next
+    frame, captured now.
 
-    def __init__(self, fps: float) -> None:
+    It paces a camera (``PacedSource``), a video file played in real time, and a source's
+    frame-rate cap in the capture loop, which passes its stop event's ``wait`` so a stop
+    cuts a wait short (``wait`` returns True to abandon it)."""
+
+    def __init__(self, fps: float, wait: Callable[[float], bool | None] = time.sleep) -> None:
         self.fps = fps
         self.period_ns = int(1e9 / fps) if fps > 0 else 0
         self.next_index = 0
         self._t0 = 0
+        self._wait = wait
 
     def reset(self) -> None:
         self.next_index, self._t0 = 0, 0
+
+    def wait_due(self, index: int, timeout_s: float) -> int | None:
+        """Wait until frame ``index`` is due; the newest frame due by then (``index`` or
+        later), or None when it is not due within ``timeout_s`` or the wait was abandoned."""
+        now = time.monotonic_ns()
+        if self._t0 == 0:
+            self._t0 = now
+        due = self._t0 + index * self.period_ns
+        if due > now:
+            wait = (due - now) / 1e9
+            if wait > timeout_s:
+                self._wait(timeout_s)
+                return None
+            if self._wait(wait):
+                return None
+            return index
+        return max(index, (now - self._t0) // self.period_ns)
 
     def tick(self, timeout_s: float) -> tuple[int, int, int] | None:
         """(frame index, capture time in ``time.monotonic_ns``, frames skipped before it);
@@ -143,20 +167,10 @@ class Pacer:
         if not self.period_ns:
             index, capture_ns = self.next_index, time.monotonic_ns()
         else:
-            now = time.monotonic_ns()
-            if self._t0 == 0:
-                self._t0 = now
-            due = self._t0 + self.next_index * self.period_ns
-            if due > now:
-                wait = (due - now) / 1e9
-                if wait > timeout_s:
-                    time.sleep(timeout_s)
-                    return None
-                time.sleep(wait)
-                index = self.next_index
-            else:
-                index = (now - self._t0) // self.period_ns
-            capture_ns = self._t0 + index * self.period_ns
+            due = self.wait_due(self.next_index, timeout_s)
+            if due is None:
+                return None
+            index, capture_ns = due, self._t0 + due * self.period_ns
         skipped = index - self.next_index
         self.next_index = index + 1
         return index, capture_ns, skipped

@@ -7,6 +7,8 @@ bundled detector, ONNX Runtime on the CPU). Sources and backends are told apart 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import socket
 from dataclasses import dataclass, field
@@ -14,7 +16,7 @@ from typing import Literal
 
 from edge_agent.core import configload
 from edge_agent.core.configload import check, path_field
-from edge_agent.core.reloads import MODELS, REBIND, reloads
+from edge_agent.core.reloads import ELSEWHERE, MODELS, REBIND, reloads
 from edge_agent.core.source_config import (
     ImageFolderSourceConfig,
     SourceConfig,
@@ -23,6 +25,7 @@ from edge_agent.core.source_config import (
     _name_ok,
 )
 from edge_agent.core.stages import STAGES
+from edge_agent.core.uplink_config import UplinkConfig
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ class PublishConfig:
     topic: str = "det"  # messages go out as "<topic>.<source name>"
     # messages queued per subscriber before ZeroMQ drops for it
     send_hwm: int = field(default=100, metadata=reloads(REBIND))
-    health_interval_s: float = 1.0  # heartbeat on topic "health"; also the ladder's clock
+    health_interval_s: float = 1.0  # heartbeat on topic "health"
     # msgpack (the msgpack extra) for bandwidth
     encoding: Literal["json", "msgpack"] = field(default="json", metadata=reloads(REBIND))
     # CURVE encryption and authentication: the server's secret certificate (written by
@@ -376,6 +379,7 @@ class AgentConfig:
     service: ServiceConfig = field(default_factory=ServiceConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
+    uplink: UplinkConfig = field(default_factory=UplinkConfig, metadata=reloads(ELSEWHERE))
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     def __post_init__(self) -> None:
@@ -400,6 +404,34 @@ class AgentConfig:
         files = (ImageFolderSourceConfig, VideoSourceConfig)
         sources = self.source_list()
         return int(any(isinstance(s, files) and not getattr(s, "realtime", False) for s in sources))
+
+
+#: Not part of the config hash: who the device is, and where this instance binds its
+#: sockets and keeps its state (the same across a fleet, and different between several
+#: agents on one host, which would otherwise never hash alike).
+LOCAL_KEYS = (
+    "device_id",
+    "publish.endpoint",
+    "metrics.host",
+    "metrics.port",
+    "power.state_file",
+    "uplink.spool_path",
+    "uplink.metrics",
+)
+
+
+def config_hash(cfg: AgentConfig) -> str:
+    """A short hash of the effective config without ``LOCAL_KEYS``, so devices that run
+    the same config show the same hash (and drift across a fleet shows)."""
+    plain = configload.to_plain(cfg)
+    for key in LOCAL_KEYS:
+        *parents, last = key.split(".")
+        section = plain
+        for p in parents:
+            section = section.get(p, {})
+        section.pop(last, None)
+    text = json.dumps(plain, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def load_config(path: str | None) -> AgentConfig:

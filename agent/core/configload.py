@@ -13,34 +13,23 @@ import os
 import threading
 import types
 import typing
-from dataclasses import dataclass
 from typing import Any, Literal, Union
 
 import yaml
 import yaml.reader
 from yaml.constructor import SafeConstructor
 
-
-@dataclass(frozen=True)
-class Problem:
-    file: str
-    line: int  # 1-based; 0 when unknown
-    column: int
-    path: str  # dotted key path, e.g. "source.fps"
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}:{self.column}" if self.line else self.file
-        key = f" {self.path}:" if self.path else ""
-        return f"{where}:{key} {self.message}"
-
-
-class ConfigError(ValueError):
-    """One or more problems in a configuration document."""
-
-    def __init__(self, problems: list[Problem]) -> None:
-        self.problems = problems
-        super().__init__("\n".join(str(p) for p in problems))
+# Re-exported: the loader's callers name these as configload's.
+from edge_agent.core.yamlnodes import ConfigError as ConfigError
+from edge_agent.core.yamlnodes import Problem as Problem
+from edge_agent.core.yamlnodes import compose as compose
+from edge_agent.core.yamlnodes import compose_file as compose_file
+from edge_agent.core.yamlnodes import duplicate_keys as duplicate_keys
+from edge_agent.core.yamlnodes import join_path as _join
+from edge_agent.core.yamlnodes import lookup as lookup
+from edge_agent.core.yamlnodes import node_kind as node_kind
+from edge_agent.core.yamlnodes import problem_at as problem_at
+from edge_agent.core.yamlnodes import short as short
 
 
 class FieldError(ValueError):
@@ -66,77 +55,6 @@ def check(ok: bool, key: str, message: str) -> None:
     if sink is None:
         raise FieldError(key, message)
     sink.append(FieldError(key, message))
-
-
-def _syntax_error(e: yaml.YAMLError, file: str, text: str = "") -> ConfigError:
-    if isinstance(e, yaml.reader.ReaderError):  # a control character: binary, not text
-        what = f"character #x{e.character:04x}" if isinstance(e.character, int) else "a character"
-        line = text.count("\n", 0, e.position) + 1 if text else 0
-        return ConfigError([Problem(file, line, 0, "", f"not text (a binary file?): {what}")])
-    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
-    line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
-    problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-    return ConfigError([Problem(file, line, col, "", f"YAML syntax: {short(problem, 200)}")])
-
-
-def _compose(text: str, file: str, name: str) -> yaml.Node | None:
-    """``text`` composed with its marks named ``name``; an empty document gives None."""
-    loader = yaml.SafeLoader(text)
-    loader.name = name
-    try:
-        node = loader.get_single_node()
-    except yaml.YAMLError as e:
-        raise _syntax_error(e, file, text) from None
-    finally:
-        loader.dispose()
-    if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"):
-        return None  # "---" alone, or a sample config with every line commented out
-    _check_acyclic(node, file, set())
-    return node
-
-
-def _check_acyclic(node: yaml.Node, file: str, inside: set[int]) -> None:
-    """An alias to a node that contains it (``a: &x {b: *x}``) makes a loop, which every
-    walk over the tree would follow forever."""
-    if id(node) in inside:
-        mark = node.start_mark
-        loop = "an alias refers to a mapping or list that contains it (a loop)"
-        raise ConfigError([Problem(file, mark.line + 1, mark.column + 1, "", loop)])
-    if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
-        inside.add(id(node))
-        for child in node.value:
-            for n in child if isinstance(child, tuple) else (child,):
-                _check_acyclic(n, file, inside)
-        inside.discard(id(node))
-
-
-def compose(text: str, file: str) -> yaml.Node | None:
-    """Parse YAML into a node tree that keeps line numbers; syntax errors → ConfigError.
-    An empty document gives None."""
-    return _compose(text, file, "<unicode string>")
-
-
-def compose_file(path: str) -> yaml.Node | None:
-    """Compose a YAML file; every mark names the file, so a tree merged from several files
-    blames the right one.
-
-    An empty document (or one with every line commented out) gives None. An unreadable,
-    binary or non-UTF-8 file, or a YAML syntax error, raises ``ConfigError`` naming it.
-    """
-    if os.path.isdir(path):
-        raise ConfigError([Problem(path, 0, 0, "", "is a directory, not a YAML file")])
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise ConfigError([Problem(path, 0, 0, "", f"cannot read: {e.strerror}")]) from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        problem = f"not text (a binary file?): byte {e.start} is not UTF-8 ({e.reason})"
-        raise ConfigError([Problem(path, line, 0, "", problem)]) from None
-    return _compose(text, path, path)
 
 
 def load(cls: type, text: str, file: str) -> Any:
@@ -197,11 +115,6 @@ def _missing(kind: PathKind, path: str) -> str | None:
     return None
 
 
-def short(text: str, limit: int = 60) -> str:
-    """``text`` cut to ``limit`` characters: a garbage file's 4 KB scalar stays one line."""
-    return text if len(text) <= limit else f"{text[: limit - 12]}…({len(text)} chars)"
-
-
 _MISSING = object()
 _scalars = SafeConstructor()
 
@@ -213,9 +126,41 @@ def _type_name(t: Any) -> str:
         return " | ".join(repr(a) for a in typing.get_args(t))
     if dataclasses.is_dataclass(t):
         return "a mapping"
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(
-        t, getattr(t, "__name__", str(t))
-    )
+    return _TYPE_NAMES.get(t, getattr(t, "__name__", str(t)))
+
+
+_TYPE_NAMES = {
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    bool: "true or false",
+    yaml.MappingNode: "a mapping",
+    yaml.SequenceNode: "a list",
+    yaml.ScalarNode: "a non-null scalar",
+}
+
+
+def _node_types(t: Any) -> tuple[type, ...]:
+    """The YAML node classes ``t`` names, when it names only those (and perhaps None)."""
+    options = typing.get_args(t) if is_union(t) else (t,)
+    kinds = tuple(o for o in options if isinstance(o, type) and issubclass(o, yaml.Node))
+    return kinds if kinds and all(o in kinds or o is type(None) for o in options) else ()
+
+
+_NULL_TAG, _MAP_TAG, _SEQ_TAG = (f"tag:yaml.org,2002:{k}" for k in ("null", "map", "seq"))
+
+
+def _is_null(node: yaml.Node) -> bool:
+    return isinstance(node, yaml.ScalarNode) and node.tag == _NULL_TAG
+
+
+def _empty(t: Any, null: yaml.Node) -> yaml.Node:
+    """An empty list or mapping in place of ``null`` where ``t`` is one (or a section)."""
+    if typing.get_origin(t) in (list, tuple):
+        return yaml.SequenceNode(_SEQ_TAG, [], null.start_mark, null.end_mark)
+    if typing.get_origin(t) is dict or dataclasses.is_dataclass(t):
+        return yaml.MappingNode(_MAP_TAG, [], null.start_mark, null.end_mark)
+    return null
 
 
 def is_union(t: Any) -> bool:
@@ -225,24 +170,27 @@ def is_union(t: Any) -> bool:
 class Builder:
     """Converts YAML nodes to typed values, collecting problems instead of stopping."""
 
-    def __init__(self, file: str, resolve_paths: bool = False, check_files: bool = False) -> None:
+    def __init__(
+        self, file: str, resolve_paths: bool = False, check_files: bool = False, null_is_empty: bool = False
+    ) -> None:
         self.file = file
         self.problems: list[Problem] = []
         self.resolve_paths = resolve_paths  # relative path fields against their file's folder
         self.check_files = check_files  # input files and folders named must exist
+        # null where a mapping, list or section is expected: an empty one (``devices:`` with
+        # every entry commented out), not an error
+        self.null_is_empty = null_is_empty
 
     def fail(self, node: yaml.Node | None, path: str, message: str) -> object:
-        mark = node.start_mark if node is not None else None
-        line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
-        # A node composed from an opened file (or given a name) names its own file: a tree
-        # merged from several files (the fleet's layers) blames the file each value came from.
-        name = getattr(mark, "name", None)
-        file = name if isinstance(name, str) and name and not name.startswith("<") else self.file
-        self.problems.append(Problem(file, line, col, path, message))
+        self.problems.append(problem_at(node, path, message, self.file))
         return _MISSING
 
     def build(self, t: Any, node: yaml.Node, path: str) -> Any:
         origin = typing.get_origin(t)
+        if _node_types(t):
+            return self._keep(t, node, path)
+        if self.null_is_empty and _is_null(node):
+            node = _empty(t, node)
         if dataclasses.is_dataclass(t):
             return self._dataclass(t, node, path)
         if is_union(t):
@@ -299,7 +247,7 @@ class Builder:
         for option in options:
             if option is type(None) or dataclasses.is_dataclass(option):
                 continue
-            trial = Builder(self.file, self.resolve_paths, self.check_files)
+            trial = Builder(self.file, self.resolve_paths, self.check_files, self.null_is_empty)
             value = trial.build(option, node, path)
             if not trial.problems:
                 return value
@@ -351,12 +299,34 @@ class Builder:
             return self.fail(node, path, f"expected a mapping, got {node_kind(node)}")
         key_t, value_t = typing.get_args(t) or (str, Any)
         out = {}
+        kept: set[str] = set()
         for k_node, v_node in node.value:
-            key = self.build(key_t, k_node, path)
-            value = self.build(value_t, v_node, _join(path, str(key)))
+            key = name = self.build(key_t, k_node, path)
+            if isinstance(key, yaml.ScalarNode):  # a key kept as its node: named by its text
+                name = key.value
+                if name in kept:
+                    self.fail(k_node, _join(path, name), "duplicate key")
+                    continue
+                kept.add(name)
+            value = self.build(value_t, v_node, _join(path, str(name)))
             if key is not _MISSING and value is not _MISSING:
                 out[key] = value
         return out
+
+    def _keep(self, t: Any, node: yaml.Node, path: str) -> Any:
+        """A value kept as its YAML node (type ``yaml.MappingNode``, ``yaml.ScalarNode | None``,
+        ...), for a caller that merges nodes and needs their marks. Only its kind is checked
+        (null only where the type allows None), and duplicate keys inside it, which nothing
+        downstream would see."""
+        options = typing.get_args(t) if is_union(t) else (t,)
+        if _is_null(node) and type(None) in options:
+            return None
+        if _is_null(node) or not isinstance(node, _node_types(t)):
+            names = " or ".join(_type_name(o) for o in options)
+            return self.fail(node, path, f"expected {names}, got {node_kind(node)}")
+        for key_node, key_path in duplicate_keys(node, path):
+            self.fail(key_node, key_path, "duplicate key")
+        return node
 
     def _dataclass(self, cls: type, node: yaml.Node, path: str) -> Any:
         if not isinstance(node, yaml.MappingNode):
@@ -414,31 +384,6 @@ class Builder:
         for e in errors:
             self.fail(nodes.get(e.key, node), _join(path, e.key), str(e))
         return _MISSING if errors else value
-
-
-def lookup(node: yaml.MappingNode, key: str, last: bool = False) -> yaml.Node | None:
-    """The value node of ``key`` in a mapping node: the first, or with ``last`` the last one
-    (a merged mapping may hold a key twice; the later layer wins)."""
-    found = None
-    for k_node, v_node in node.value:
-        if isinstance(k_node, yaml.ScalarNode) and k_node.value == key:
-            if not last:
-                return v_node
-            found = v_node
-    return found
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def node_kind(node: yaml.Node) -> str:
-    """What a node is, for messages: "a mapping", "a list" or "a scalar 'x'"."""
-    if isinstance(node, yaml.MappingNode):
-        return "a mapping"
-    if isinstance(node, yaml.SequenceNode):
-        return "a list"
-    return f"a scalar {short(repr(_scalars.construct_object(node)))}"
 
 
 def to_plain(value: Any) -> Any:

@@ -9,6 +9,7 @@ from typing import Any
 LANE = "lane"  # a source's scheduling: its lane takes it, the capture keeps running
 REBIND = "rebind"  # the result socket is closed and bound again
 MODELS = "models"  # the models are loaded again (engines rebuilt where the key changed)
+ELSEWHERE = "elsewhere"  # read by another process (the uplink): the agent does nothing
 
 
 def reloads(*kinds: str) -> dict[str, tuple[str, ...]]:

@@ -19,9 +19,10 @@ read in name order as if they were one file::
         labels: {site: berlin}
         config: {source: {fps: 15}}
 
-Unknown keys anywhere are errors. Group and device names are unique across all files
-(a duplicate names both places). ``defaults`` may appear in several files of a directory;
-they are applied in name order.
+Unknown and duplicate keys anywhere are errors; a key left empty (null) other than ``name``
+or a label is as if absent. Group names and device ids are unique across all files (a
+duplicate from another file names both places). ``defaults`` may appear in several files
+of a directory; they are applied in name order.
 
 Layers, lowest first: ``device_id`` (the device's id, unless a layer sets it) → defaults →
 every matching group in file order → the device's entry → a local overlay file (a plain

@@ -8,13 +8,8 @@ from collections.abc import Mapping
 
 import yaml
 
-from edge_agent.core.configload import (
-    ENV_ORIGIN,
-    ENV_PREFIX,
-    Problem,
-)
+from edge_agent.core.configload import ENV_ORIGIN, ENV_PREFIX, Problem, problem_at
 from edge_agent.fleet.merge import MAP_TAG, RESOLVER, STR_TAG, Merger, node_key
-from edge_agent.fleet.parse import problem_at
 
 _VAR = re.compile(r"\$(\$\{)|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -66,15 +61,8 @@ def env_layer(env: Mapping[str, str], problems: list[Problem]) -> yaml.MappingNo
         mark = yaml.Mark(f"{ENV_ORIGIN}{name}", 0, -1, -1, None, None)
         parts = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
         if not all(parts):
-            problems.append(
-                Problem(
-                    f"{ENV_ORIGIN}{name}",
-                    0,
-                    0,
-                    "",
-                    f"expected {ENV_PREFIX}<SECTION>__<KEY>..., with no empty part",
-                )
-            )
+            expected = f"expected {ENV_PREFIX}<SECTION>__<KEY>..., with no empty part"
+            problems.append(Problem(mark.name, 0, 0, "", expected))
             continue
         value = _env_value(env[name], mark, ".".join(parts), problems)
         if value is None:

@@ -16,17 +16,8 @@ from edge_agent.core.config import AgentConfig
 from edge_agent.core.configload import is_union, lookup
 
 STR_TAG = "tag:yaml.org,2002:str"
-
-
 MAP_TAG = "tag:yaml.org,2002:map"
-
-
-NULL_TAG = "tag:yaml.org,2002:null"
-
-
 SCALARS = SafeConstructor()
-
-
 RESOLVER = Resolver()
 
 

@@ -1,8 +1,10 @@
 """A fleet's files read into layers: ``defaults``, ``groups`` (with their match rules) and
-``devices``, each kept as YAML nodes so every problem names its file, line and key."""
+``devices``. configload's ``Builder`` checks their structure; ``config`` values stay YAML
+nodes, so the merge keeps every value's file and line."""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 from dataclasses import dataclass, field
 
@@ -11,11 +13,18 @@ import yaml
 from edge_agent.core.config import AgentConfig
 from edge_agent.core.configload import (
     ENV_ORIGIN,
+    Builder,
     ConfigError,
     Problem,
+    check,
+    compose_file,
+    duplicate_keys,
+    lookup,
     node_kind,
+    problem_at,
 )
-from edge_agent.fleet.merge import NULL_TAG, SCALARS
+from edge_agent.fleet.diff import quote_key
+from edge_agent.fleet.merge import SCALARS
 
 
 @dataclass(frozen=True)
@@ -43,41 +52,103 @@ class Rendered:
 
 
 @dataclass
-class _Layer:
+class Layer:
     label: str  # 'defaults', 'groups[1] "orin-nano"', 'devices.cam-001', 'overlay'
     node: yaml.MappingNode | None
 
 
-@dataclass
-class _Group:
+@dataclass(frozen=True)
+class MatchSpec:
+    """A group's match rule: every key given must hold (none given: every device). A device's
+    entry states the same facts. Null is as if not given."""
+
+    hostname: str | None = None  # a shell glob in a rule
+    module: str | None = None
+    # As written, not resolved: `floor: 3` is the label "3", to compare as text.
+    labels: dict[yaml.ScalarNode, yaml.ScalarNode] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for key in ("hostname", "module"):
+            check(getattr(self, key) != "", key, "expected a non-empty string, got ''")
+
+    def label_values(self) -> dict[str, str]:
+        return {k.value: v.value for k, v in self.labels.items()}
+
+
+@dataclass(frozen=True)
+class DeviceSpec(MatchSpec):
+    """A device's entry; its hostname defaults to its id."""
+
+    config: yaml.MappingNode | None = None
+
+
+@dataclass(frozen=True)
+class GroupSpec:
     name: str
-    label: str
-    where: str  # file:line, for duplicate messages
-    hostname: str | None
-    module: str | None
-    labels: dict[str, str]
-    config: yaml.MappingNode | None
+    match: MatchSpec = field(default_factory=MatchSpec)
+    config: yaml.MappingNode | None = None
+
+    def __post_init__(self) -> None:
+        check(self.name != "", "name", "expected a non-empty string, got ''")
+
+    def matches(self, facts: DeviceFacts) -> bool:
+        rule = self.match
+        return (
+            (rule.hostname is None or fnmatch.fnmatchcase(facts.hostname, rule.hostname))
+            and rule.module in (None, facts.module)
+            and all(facts.labels.get(k) == v for k, v in rule.label_values().items())
+        )
+
+
+@dataclass(frozen=True)
+class FleetFile:
+    defaults: yaml.MappingNode | None = None
+    groups: list[GroupSpec] = field(default_factory=list)
+    # Keys kept as nodes: a duplicate names where the first one is.
+    devices: dict[yaml.ScalarNode, DeviceSpec] = field(default_factory=dict)
 
 
 @dataclass
-class _Device:
-    device_id: str
-    where: str
-    hostname: str
-    module: str
-    labels: dict[str, str]
-    config: yaml.MappingNode | None
+class FleetSpec:
+    defaults: list[Layer] = field(default_factory=list)  # one per file that has them
+    groups: dict[str, GroupSpec] = field(default_factory=dict)  # by layer label, in file order
+    devices: dict[str, DeviceSpec] = field(default_factory=dict)  # by id, in file order
 
 
-def problem_at(node: yaml.Node | None, path: str, message: str, file: str = "") -> Problem:
-    mark = node.start_mark if node is not None else None
-    if mark is None:
-        return Problem(file, 0, 0, path, message)
-    return Problem(mark.name or file, mark.line + 1, mark.column + 1, path, message)
+def read_fleet(path: str) -> FleetSpec:
+    """Every file of a fleet, in name order; structure errors raise ``ConfigError`` (all of them)."""
+    fleet = FleetSpec()
+    builder = Builder(path, null_is_empty=True)
+    seen: dict[str, str] = {}  # "group 'x'" / "device 'x'" -> file:line of the first
+    for file in _fleet_files(path):
+        root = compose_file(file)
+        spec = builder.build(FleetFile, root, "") if root is not None else None
+        if not isinstance(spec, FleetFile):
+            continue  # empty, or its problems are reported
+        fleet.defaults.append(Layer("defaults", spec.defaults))
+        groups = lookup(root, "groups")
+        for i, group in enumerate(spec.groups):
+            name_node = lookup(groups.value[i], "name")
+            if _unique(builder, seen, f"group {group.name!r}", name_node, f"groups[{i}].name"):
+                fleet.groups[f"groups[{i}] {quote_key(group.name)}"] = group
+        for key, device in spec.devices.items():
+            device_id = SCALARS.construct_object(key)
+            if not isinstance(device_id, str) or not device_id:
+                builder.fail(key, "devices", f"a device id must be a non-empty string, got {node_kind(key)}")
+            elif _unique(builder, seen, f"device {device_id!r}", key, f"devices.{device_id}"):
+                fleet.devices[device_id] = device
+    if builder.problems:
+        raise ConfigError(builder.problems)
+    return fleet
 
 
-def _where(node: yaml.Node) -> str:
-    return f"{node.start_mark.name}:{node.start_mark.line + 1}"
+def _unique(builder: Builder, seen: dict[str, str], what: str, node: yaml.Node, path: str) -> bool:
+    """Group names and device ids are unique across all files; a duplicate names both places."""
+    if what in seen:
+        builder.fail(node, path, f"duplicate {what} (also at {seen[what]})")
+        return False
+    seen[what] = f"{node.start_mark.name}:{node.start_mark.line + 1}"
+    return True
 
 
 def _fleet_files(path: str) -> list[str]:
@@ -90,85 +161,12 @@ def _fleet_files(path: str) -> list[str]:
     return [path]
 
 
-def _is_null(node: yaml.Node) -> bool:
-    return isinstance(node, yaml.ScalarNode) and node.tag == NULL_TAG
-
-
-def _items(node: yaml.MappingNode, path: str, problems: list[Problem], allowed: tuple[str, ...] | None):
-    """(key, key node, value node) of a mapping; unknown and duplicate keys are problems."""
-    seen: set[str] = set()
-    for k_node, v_node in node.value:
-        key = k_node.value if isinstance(k_node, yaml.ScalarNode) else None
-        sub = f"{path}.{key}" if path else str(key)
-        if not isinstance(key, str) or (allowed is not None and key not in allowed):
-            expected = f" (expected one of: {', '.join(allowed)})" if allowed else ""
-            problems.append(problem_at(k_node, sub, f"unknown key{expected}"))
-            continue
-        if key in seen:
-            problems.append(problem_at(k_node, sub, "duplicate key"))
-            continue
-        seen.add(key)
-        yield key, k_node, v_node
-
-
-def _str_value(node: yaml.Node, path: str, problems: list[Problem]) -> str | None:
-    if isinstance(node, yaml.ScalarNode):
-        value = SCALARS.construct_object(node)
-        if isinstance(value, str) and value:
-            return value
-    problems.append(problem_at(node, path, f"expected a non-empty string, got {node_kind(node)}"))
-    return None
-
-
-def _labels(node: yaml.Node, path: str, problems: list[Problem]) -> dict[str, str]:
-    if _is_null(node):
-        return {}
-    if not isinstance(node, yaml.MappingNode):
-        problems.append(problem_at(node, path, f"expected a mapping of label: value, got {node_kind(node)}"))
-        return {}
-    out = {}
-    for key, _k, v_node in _items(node, path, problems, None):
-        if isinstance(v_node, yaml.ScalarNode) and not _is_null(v_node):
-            out[key] = v_node.value  # as written: `floor: 3` is the label "3"
-        else:
-            problems.append(
-                problem_at(v_node, f"{path}.{key}", f"expected a scalar label value, got {node_kind(v_node)}")
-            )
-    return out
-
-
-def _config_node(node: yaml.Node, path: str, problems: list[Problem]) -> yaml.MappingNode | None:
-    if _is_null(node):
-        return None
-    if not isinstance(node, yaml.MappingNode):
-        problems.append(problem_at(node, path, f"expected an agent config mapping, got {node_kind(node)}"))
-        return None
-    _check_duplicates(node, path, problems)
-    return node
-
-
-def _check_duplicates(node: yaml.Node, path: str, problems: list[Problem]) -> None:
-    """Duplicate keys inside a config layer (the merge would otherwise hide them)."""
-    if isinstance(node, yaml.MappingNode):
-        seen = set()
-        for k_node, v_node in node.value:
-            key = k_node.value if isinstance(k_node, yaml.ScalarNode) else None
-            sub = f"{path}.{key}" if path else str(key)
-            if key is not None and key in seen:
-                problems.append(problem_at(k_node, sub, "duplicate key"))
-            seen.add(key)
-            _check_duplicates(v_node, sub, problems)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _check_duplicates(item, f"{path}[{i}]", problems)
-
-
-def _config_layer(label: str, node: yaml.Node | None, problems: list[Problem]) -> _Layer | None:
+def config_layer(label: str, node: yaml.Node | None, problems: list[Problem]) -> Layer | None:
     """A whole file as one config layer (an overlay, or a plain config file)."""
     if node is None:
         return None
     if not isinstance(node, yaml.MappingNode):
         problems.append(problem_at(node, "", "expected an agent config mapping, got " + node_kind(node)))
         return None
-    _check_duplicates(node, "", problems)
-    return _Layer(label, node)
+    problems += [problem_at(k, path, "duplicate key") for k, path in duplicate_keys(node, "")]
+    return Layer(label, node)

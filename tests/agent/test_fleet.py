@@ -1,6 +1,6 @@
 """Fleet configuration: layering, matching, substitution, errors, validate and diff.
 
-(agent/fleet.py; the per-file blame in agent/configload.py ``Builder.fail``)
+(agent/fleet/; the per-file blame in agent/core/configload.py ``problem_at``)
 """
 
 from __future__ import annotations
@@ -398,6 +398,46 @@ def test_fleet_structure_errors(tmp_path):
         (4, "groups[1].match.labels"),
         (5, "groups[1].config"),
         (7, "devices.d1"),
+    ]
+
+
+def test_nulls_labels_as_written_and_duplicate_keys(tmp_path):
+    path = write(
+        tmp_path,
+        """
+        groups:
+          - name: third-floor
+            match: {labels: {floor: 3}}
+            config:
+          - name: any
+            match:
+        devices:
+          a: {labels: {floor: "3"}, hostname: ~}
+          b: {labels: {floor: 03}}
+          c:
+        """,
+    )
+    fleet = load_fleet(path)
+    assert fleet.device_ids() == ["a", "b", "c"] and fleet.facts("a").hostname == "a"
+    assert fleet.matching_groups(fleet.facts("a")) == ["third-floor", "any"]
+    assert fleet.matching_groups(fleet.facts("b")) == ["any"]  # labels compare as written
+    bad = write(
+        tmp_path,
+        """
+        groups:
+          - name: g
+            match: {labels: {site: a, site: b}}
+            config: {source: {fps: 1, fps: 2}}
+        devices:
+          d: {}
+          d: {module: x}
+        """,
+        "bad.yaml",
+    )
+    assert [(p.line, p.path, p.message) for p in problems_of(load_fleet, bad)] == [
+        (3, "groups[0].match.labels.site", "duplicate key"),
+        (4, "groups[0].config.source.fps", "duplicate key"),
+        (7, "devices.d", "duplicate key"),
     ]
 
 

@@ -23,7 +23,7 @@ import pytest
 from conftest import wait_until
 from prometheus_client.core import GaugeMetricFamily
 
-from edge_agent.metrics import MetricsServer
+from edge_agent.metrics import AgentCollector, MetricsServer
 
 #: File descriptors the server may hold beyond its connections at a moment we look.
 SLACK = 4
@@ -36,7 +36,7 @@ def fd_count() -> int:
 @contextlib.contextmanager
 def serving(host: str = "127.0.0.1", port: int = 0, **limits) -> Iterator[MetricsServer]:
     """A started server for an agent with no pipeline (only the process metrics)."""
-    server = MetricsServer(SimpleNamespace(pipeline=None), host, port, **limits)
+    server = MetricsServer(AgentCollector(SimpleNamespace(pipeline=None)), host, port, **limits)
     server.start()
     try:
         yield server
@@ -239,7 +239,9 @@ def test_close_ends_the_thread_closes_every_socket_and_frees_the_port():
     assert not metrics_threads()
     gc.collect()  # sockets earlier tests dropped are closed now, not in the middle of this one
     baseline = fd_count()
-    server = MetricsServer(SimpleNamespace(pipeline=None), "127.0.0.1", 0, request_timeout_s=300)
+    server = MetricsServer(
+        AgentCollector(SimpleNamespace(pipeline=None)), "127.0.0.1", 0, request_timeout_s=300
+    )
     server.start()
     port = server.port
     idle = socket.create_connection(("127.0.0.1", port), timeout=30)

@@ -247,6 +247,10 @@ def test_service_install_dry_run_prints_and_changes_nothing(tmp_path):
         assert f"write {tmp_path / unit}" in out.stdout
         assert not (tmp_path / unit).exists()
     assert "systemctl enable edge-agent.service" in out.stdout
+    assert "enable edge-agent-uplink" not in out.stdout, "the uplink needs a broker: enabled on request"
+    assert ["systemctl", "enable", "edge-agent-uplink.service"] in install_steps(
+        str(tmp_path), "/etc/edge-agent/agent.yaml", uplink=True
+    )
     steps = install_steps(str(tmp_path), "/etc/edge-agent/agent.yaml")
     assert ["systemctl", "daemon-reload"] in steps
     assert json.dumps(steps)  # plain data

@@ -635,9 +635,7 @@ def test_non_finite_numbers_are_refused(value):
     assert (p.line, p.path) == (2, "deadline.budget_ms") and "finite" in p.message
 
 
-@pytest.mark.parametrize(
-    "path", sorted((REPO / "tools/bench").glob("*.yaml")), ids=str
-)
+@pytest.mark.parametrize("path", sorted((REPO / "tools/bench").glob("*.yaml")), ids=str)
 def test_bench_configs_validate(path):
     load_config(str(path))
 
@@ -675,3 +673,15 @@ def test_reload_kinds_come_from_the_fields_marks():
     swapped_ladder = replace(a, deadline=replace(a.deadline, ladder=(LadderStep(), shared, small)))
     assert models(two) != models(swapped_ladder)
     assert models(a) != models(replace(a, model=replace(a.model, max_detections=5)))
+
+
+def test_the_config_hash_shows_drift_but_not_who_or_where_a_device_is():
+    from edge_agent.core.config import MetricsConfig, config_hash
+
+    base = AgentConfig(device_id="a")
+    same = AgentConfig(
+        device_id="b", metrics=MetricsConfig(port=9200), publish=PublishConfig(endpoint="tcp://*:7")
+    )
+    assert config_hash(base) == config_hash(same)
+    assert config_hash(base) != config_hash(AgentConfig(device_id="a", deadline=DeadlineConfig(budget_ms=40)))
+    assert len(config_hash(base)) == 12

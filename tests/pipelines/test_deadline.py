@@ -22,7 +22,9 @@ def stamps(captured_ns: int, stage_ms: float) -> np.ndarray:
     return captured_ns + np.arange(N_STAMPS, dtype=np.int64) * int(stage_ms * MS)
 
 
-def monitor(**kw) -> DeadlineMonitor:
+def monitor(by_hand: bool = True, **kw) -> DeadlineMonitor:
+    """``by_hand``: the test judges the ladder with ``tick`` at the times it chooses; else
+    the frames it feeds do, once a second, as in the pipeline."""
     base = dict(
         budget_ms=50.0,
         miss_window_s=1.0,
@@ -32,7 +34,9 @@ def monitor(**kw) -> DeadlineMonitor:
         ladder=LADDER,
     )
     base.update(kw)
-    return DeadlineMonitor(DeadlineConfig(**base))
+    m = DeadlineMonitor(DeadlineConfig(**base))
+    m.fixed = by_hand
+    return m
 
 
 def feed(m: DeadlineMonitor, start_ns: int, seconds: float, fps: int, late: bool) -> int:
@@ -150,6 +154,40 @@ def test_ladder_steps_down_under_sustained_misses_and_back_up_after_recovery():
     assert changes == [("half", "full")]
     assert m.step == 0 and m.changes == 2
     assert [h["to"] for h in m.history] == ["half", "full"]
+
+
+def test_the_frames_that_end_step_the_ladder_once_a_second_and_each_change_is_reported_once():
+    """No thread ticks it: published and dropped frames drive the ladder, as in the pipeline."""
+    m = monitor(by_hand=False)
+    t = feed(m, 10 * S, 0.9, 30, late=True)
+    assert m.step == 0, "the first judgement waits a second after the first frame"
+    t = feed(m, t, 0.2, 30, late=True)
+    assert m.current.name == "half"
+    change = m.take_change()
+    assert change is not None and (change.previous, change.name) == ("full", "half")
+    assert m.take_change() is None
+    # At alert only, nothing is published: the frames the ladder drops drive it too.
+    t = feed(m, t, 2.0, 30, late=True)
+    assert m.current.name == "alert" and m.take_change().name == "alert"
+    for _ in range(5 * 30):
+        m.dropped("ladder", t)
+        t += S // 30
+    assert m.current.name == "half" and m.take_change().name == "half"
+    # A file's lane: its frames never step the ladder.
+    fixed = monitor(by_hand=True)
+    feed(fixed, 10 * S, 5.0, 30, late=True)
+    assert fixed.step == 0 and fixed.take_change() is None
+
+
+def test_a_stall_is_not_healthy_time():
+    """Frames that stop for longer than a window do not count as healthy when they resume."""
+    m = monitor(by_hand=False, step_up_after_s=2.0)
+    t = feed(m, 10 * S, 1.1, 30, late=True)
+    assert m.current.name == "half"
+    t = feed(m, t, 1.5, 30, late=False)  # healthy since the judgement after the window
+    t += 10 * S  # nothing ends for 10 s
+    feed(m, t, 1.1, 30, late=False)
+    assert m.current.name == "half", "the stall reset the healthy period"
 
 
 def test_ladder_does_not_flap_between_thresholds():

@@ -375,8 +375,9 @@ def test_frame_rate_cap_limits_what_a_source_sends(const_model, endpoint):
         return c[name]["captured"] - c[name]["dropped_by_reason"]["source_gap"]
 
     # The cap is a ceiling (a loaded machine only reads fewer): about 20 and 15 a second,
-    # not hundreds. A read that comes late may be followed by one half a period later, so
-    # the bound is loose, but far below what the sources offer.
+    # not hundreds. It runs on a clock like a camera's: a read that comes late may be
+    # followed by one less than a period later, so the bound is loose, but far below what
+    # the sources offer.
     assert taken("capped") <= 1.5 * 20 * elapsed + 2, (elapsed, c["capped"])
     assert taken("paced") <= 1.5 * 15 * elapsed + 2, (elapsed, c["paced"])
     # The 60 fps camera's other frames are skipped: most of them.

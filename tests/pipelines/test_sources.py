@@ -29,7 +29,7 @@ from edge_agent.pipelines.file_sources import (
     list_images,
     preload,
 )
-from edge_agent.pipelines.source_base import BufferPolicy, EndOfStream, SourceError
+from edge_agent.pipelines.source_base import BufferPolicy, EndOfStream, Pacer, SourceError
 from edge_agent.pipelines.sources import MemorySource, SyntheticSource, create_source, source_rate
 from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
 
@@ -113,6 +113,24 @@ def test_paced_source_times_out_before_the_next_frame():
     src.open()
     assert src.read(1.0).frame_id == 0
     assert src.read(0.01) is None
+
+
+def test_a_pacer_never_bursts_to_catch_up_and_a_stop_cuts_its_wait_short():
+    """One clock paces cameras, real-time files and the frame-rate cap: after a stall it
+    goes on from the newest due frame (no burst of reads), and a stop ends a wait."""
+    stop = threading.Event()
+    pacer = Pacer(100, stop.wait)
+    assert pacer.tick(1.0)[0] == 0
+    time.sleep(0.1)  # ~10 periods without a read
+    index, _, skipped = pacer.tick(1.0)
+    assert index >= 5 and skipped == index - 1
+    due_next = pacer.tick(1.0)
+    assert due_next is not None and due_next[0] == index + 1 and due_next[2] == 0  # waited, not burst
+    slow = Pacer(0.5, stop.wait)
+    assert slow.tick(1.0)[0] == 0
+    stop.set()
+    assert slow.tick(5.0) is None  # frame 1 is due within 5 s; the stop abandons the wait
+    assert slow.next_index == 1
 
 
 def test_video_file_source_delivers_every_frame_in_order(tmp_path):

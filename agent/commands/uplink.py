@@ -1,0 +1,98 @@
+"""Beyond one device: ``edge-agent uplink`` (the agent's stream to an MQTT broker) and
+``edge-agent fleet status`` (every device on that broker, one table)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+
+from edge_agent.commands.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, fail, load_config, log, setup_logging
+
+_WATCHDOG_S = 1.0
+
+
+def cmd_uplink(args: argparse.Namespace) -> int:
+    from edge_agent.metrics import MetricsServer
+    from edge_agent.sdnotify import Notifier
+    from edge_agent.service import Signals
+    from edge_agent.uplink.link import LinkError
+    from edge_agent.uplink.metrics import UplinkCollector
+    from edge_agent.uplink.process import Uplink
+    from edge_agent.uplink.spool import SpoolError
+
+    signals = Signals()
+    signals.install()
+    cfg = load_config(args.config, args.device, check_files=True)
+    setup_logging(cfg.log_level)
+    notifier = Notifier.from_env()
+    try:
+        uplink = Uplink(cfg)
+    except (LinkError, SpoolError) as e:
+        # A setting that cannot work: exit 2, which the unit does not restart (no loop).
+        return fail(str(e), EXIT_USAGE)
+    metrics = None
+    if cfg.uplink.metrics.enabled:
+        m = cfg.uplink.metrics
+        metrics = MetricsServer(UplinkCollector(uplink), m.host, m.port)
+        metrics.start()
+    uplink.start()
+    notifier.ready(_status(uplink))
+    try:
+        interval = min(_WATCHDOG_S, notifier.watchdog_interval_s() or _WATCHDOG_S)
+        while not signals.stop.wait(interval):
+            if uplink.alive() and time.monotonic() - uplink.progress < 10:
+                notifier.watchdog()  # only while the stream is being read
+            notifier.status(_status(uplink))
+        log.info("received %s, stopping", signals.received or "a stop")
+    finally:
+        notifier.stopping()
+        clean = uplink.stop()
+        if metrics is not None:
+            metrics.close()
+        notifier.close()
+    return EXIT_OK if clean else EXIT_FAILED
+
+
+def _status(uplink) -> str:
+    c = uplink.counters()
+    state = "broker connected" if c["connected"] else "broker unreachable, spooling"
+    spool = f"spool {c['spool_messages']} ({c['spool_bytes']} B)"
+    return f"{state}; sent {c['sent']}, {spool}, dropped {c['dropped']}"
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    from edge_agent.core.configload import ConfigError
+    from edge_agent.uplink.status import FleetView, table
+
+    cfg = load_config(args.config, check_files=True).uplink if args.config else None
+    try:
+        from edge_agent.core.uplink_config import UplinkConfig
+
+        overrides = {k: v for k, v in (("broker", args.broker), ("prefix", args.prefix)) if v}
+        up = dataclasses.replace(cfg, **overrides) if cfg else UplinkConfig(**overrides)
+    except (ValueError, ConfigError) as e:
+        return fail(f"fleet status: {e}", EXIT_USAGE)
+    view = FleetView(up)
+    try:
+        view.start(args.timeout)
+    except (OSError, ConnectionError) as e:
+        return fail(f"fleet status: cannot reach the broker {up.broker}: {e}")
+    try:
+        view.settle(timeout_s=args.timeout)
+        while True:
+            rows = view.rows()
+            if args.json:
+                print(json.dumps(rows), flush=True)
+            else:
+                clear = "\x1b[H\x1b[2J" if args.watch and sys.stdout.isatty() else ""
+                print(f"{clear}{table(rows)}", flush=True)
+            if not args.watch:
+                return EXIT_OK
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    finally:
+        view.stop()

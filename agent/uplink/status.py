@@ -1,0 +1,164 @@
+"""`edge-agent fleet status`: every device's retained ``status`` and ``health`` on the
+broker, as one table. Nothing is polled on the devices: a device that died shows as
+offline through its Last Will, with the last health it sent."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import threading
+import time
+from typing import Any
+
+from edge_agent.core.uplink_config import UplinkConfig
+from edge_agent.uplink.link import make_client
+
+COLUMNS = (
+    ("device", 14),
+    ("status", 8),
+    ("last seen", 10),
+    ("model", 16),
+    ("config", 13),
+    ("version", 8),
+    ("fps", 7),
+    ("e2e p99", 8),
+    ("miss", 6),
+    ("throttled", 9),
+    ("power", 14),
+)
+
+
+class FleetView:
+    """A subscriber to ``<prefix>/+/status`` and ``<prefix>/+/health``, holding the latest
+    of each per device (paho's thread writes, the caller reads under the lock)."""
+
+    def __init__(self, cfg: UplinkConfig) -> None:
+        self.cfg = cfg
+        self.devices: dict[str, dict[str, Any]] = {}
+        self.lock = threading.Lock()
+        self.connected = threading.Event()
+        self.error = ""
+        self.client = make_client(cfg, f"edge-agent-status-{os.getpid()}")
+        self.client.on_connect = self._on_connect
+        self.client.on_message = self._on_message
+        self.client.on_subscribe = self._on_subscribe
+        self.subscribed = threading.Event()
+        self.rtt_s = 0.0  # connect to CONNACK: how long the broker takes to answer
+
+    def _on_connect(self, client: Any, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
+        if reason.is_failure:
+            self.error = f"the broker refused the connection: {reason}"
+            return
+        self.rtt_s = time.monotonic() - self._connect_at
+        client.subscribe([(f"{self.cfg.prefix}/+/status", 1), (f"{self.cfg.prefix}/+/health", 1)])
+        self.connected.set()
+
+    def _on_subscribe(self, *_args: Any) -> None:
+        self.subscribed.set()
+
+    def _on_message(self, _c: Any, _u: Any, msg: Any) -> None:
+        parts = msg.topic.split("/")
+        device, kind = parts[-2], parts[-1]
+        with self.lock:
+            entry = self.devices.setdefault(device, {})
+            if kind == "status":
+                entry["status"] = msg.payload.decode(errors="replace")
+            else:
+                try:
+                    entry["health"] = json.loads(msg.payload)
+                except ValueError:
+                    entry["health"] = {}
+
+    def start(self, timeout_s: float) -> None:
+        host, port, _ = self.cfg.address()
+        self._connect_at = time.monotonic()
+        self.client.connect(host, port, keepalive=self.cfg.keepalive_s)  # OSError: unreachable
+        self.client.loop_start()
+        if not self.connected.wait(timeout_s):
+            self.stop()
+            raise ConnectionError(self.error or f"no answer from {self.cfg.broker} within {timeout_s:g} s")
+
+    def settle(self, timeout_s: float = 3.0) -> None:
+        """Wait for the retained messages, which the broker sends right after it has
+        acknowledged the subscription: until then, and a few round trips more."""
+        if self.subscribed.wait(timeout_s):
+            time.sleep(max(0.3, 3 * self.rtt_s))
+
+    def stop(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+    def rows(self, now_unix: float | None = None) -> list[dict[str, Any]]:
+        now_unix = time.time() if now_unix is None else now_unix
+        with self.lock:
+            devices = {k: dict(v) for k, v in self.devices.items()}
+        return [
+            row(name, d.get("status", "unknown"), d.get("health") or {}, now_unix)
+            for name, d in sorted(devices.items())
+        ]
+
+
+def row(device: str, status: str, health: dict[str, Any], now_unix: float) -> dict[str, Any]:
+    """One device's line, from its retained status and health."""
+    sources = health.get("sources") or {}
+    seen = health.get("last_heartbeat_unix_s") or health.get("ts_unix_s")
+    p99s = [s["e2e_p99_ms"] for s in sources.values() if s.get("e2e_p99_ms") is not None]
+    return {
+        "device": device,
+        "status": status,
+        "last_seen_s": round(now_unix - seen, 1) if seen else None,
+        "model": health.get("model", ""),
+        "config_hash": health.get("config_hash", ""),
+        "version": health.get("version", ""),
+        "fps": round(sum(s.get("fps", 0.0) for s in sources.values()), 2),
+        "e2e_p99_ms": max(p99s) if p99s else None,
+        "miss_rate": max((s.get("miss_rate", 0.0) for s in sources.values()), default=None),
+        "throttled": health.get("throttled"),
+        "power_mode": health.get("power_mode", ""),
+        "sources": sorted(sources),
+    }
+
+
+def odd_configs(rows: list[dict[str, Any]]) -> set[str]:
+    """Devices whose config hash differs from the most common one (config drift)."""
+    hashes = collections.Counter(r["config_hash"] for r in rows if r["config_hash"])
+    if len(hashes) < 2:
+        return set()
+    common = hashes.most_common(1)[0][0]
+    return {r["device"] for r in rows if r["config_hash"] and r["config_hash"] != common}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    odd = odd_configs(rows)
+
+    def cells(r: dict[str, Any]) -> list[str]:
+        def num(v: Any, fmt: str) -> str:
+            return "-" if v is None else format(v, fmt)
+
+        seen = "-" if r["last_seen_s"] is None else f"{r['last_seen_s']:.0f} s ago"
+        drift = "*" if r["device"] in odd else ""
+        throttled = "-" if r["throttled"] is None else ("yes" if r["throttled"] else "no")
+        miss = "-" if r["miss_rate"] is None else f"{r['miss_rate']:.1%}"
+        return [
+            r["device"],
+            r["status"],
+            seen,
+            r["model"] or "-",
+            (r["config_hash"] or "-") + drift,
+            r["version"] or "-",
+            num(r["fps"], ".1f"),
+            num(r["e2e_p99_ms"], ".1f"),
+            miss,
+            throttled,
+            r["power_mode"] or "-",
+        ]
+
+    lines = ["  ".join(name.ljust(width) for name, width in COLUMNS).rstrip()]
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) for c, (_, w) in zip(cells(r), COLUMNS)).rstrip())
+    if not rows:
+        lines.append("(no device has reported under this prefix)")
+    if odd:
+        lines.append(f"* config differs from the fleet's most common one: {', '.join(sorted(odd))}")
+    return "\n".join(lines)
