@@ -293,6 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     fs.add_argument(
         "--config", "-c", help="take the broker, prefix and TLS settings from this config's uplink"
     )
+    fs.add_argument("--device", help="with a fleet as --config: the device whose uplink settings to use")
     fs.add_argument("--json", action="store_true", help="print the rows as JSON")
     fs.add_argument("--watch", action="store_true", help="redraw once a second until Ctrl-C")
     fs.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the broker")

@@ -35,7 +35,8 @@ class Mosquitto:
     """One broker process on ``port``, stopped and started again on the same port and with
     the same persistence file (sessions and queued messages survive, as on a real broker)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, extra: str = "") -> None:
+        """``extra``: more mosquitto.conf lines (an ACL, a password file)."""
         self.folder = folder
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -44,7 +45,7 @@ class Mosquitto:
         self.conf = folder / "mosquitto.conf"
         self.conf.write_text(
             f"listener {self.port} 127.0.0.1\n"
-            "allow_anonymous true\n"
+            f"{extra or 'allow_anonymous true'}\n"
             "persistence true\n"
             f"persistence_location {folder}/\n"
             f"user {getpass.getuser()}\n"
@@ -85,7 +86,9 @@ class Recorder:
     """A paho subscriber (its own persistent session: messages queued for it while it is
     away are delivered when it is back) that records (topic, payload, retained)."""
 
-    def __init__(self, broker: Mosquitto, *topics: str, client_id: str = "") -> None:
+    def __init__(
+        self, broker: Mosquitto, *topics: str, client_id: str = "", username: str = "", password: str = ""
+    ) -> None:
         self.topics = topics
         self.messages: list[tuple[str, bytes, bool]] = []
         self.lock = threading.Lock()
@@ -98,6 +101,8 @@ class Recorder:
         self.client.on_connect = self._on_connect
         self.client.on_message = self._on_message
         self.client.reconnect_delay_set(1, 2)
+        if username:
+            self.client.username_pw_set(username, password)
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = 3600
         self.client.connect_async("127.0.0.1", broker.port, keepalive=5, clean_start=False, properties=props)
@@ -105,7 +110,7 @@ class Recorder:
         wait_until(self.subscribed.is_set, 15, message="the recorder subscribed")
 
     def _on_connect(self, client: Any, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
-        if not reason.is_failure:
+        if not reason.is_failure:  # subscribed again at each connection (the broker may be new)
             client.subscribe([(t, 1) for t in self.topics])
             self.subscribed.set()
 

@@ -27,6 +27,7 @@ from edge_agent.core.source_config import SyntheticSourceConfig
 
 # -- the result stream ---------------------------------------------------------------------
 
+
 class Subscriber:
     """Collects result messages on a background thread (real SUB socket)."""
 
@@ -74,6 +75,7 @@ class Subscriber:
 
 # -- files to play -------------------------------------------------------------------------
 
+
 def write_video(path: Path, frames: int, size=(160, 120)) -> Path:
     w, h = size
     vw = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 30.0, (w, h))
@@ -87,6 +89,7 @@ def write_video(path: Path, frames: int, size=(160, 120)) -> Path:
 
 
 # -- systemd's notify socket ---------------------------------------------------------------
+
 
 class NotifySocket:
     """A real datagram socket standing where systemd's would; collects what arrives."""
@@ -127,6 +130,7 @@ class NotifySocket:
 
 # -- a running agent with metrics ----------------------------------------------------------
 
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -149,6 +153,7 @@ def running_agent(const_model: Path, endpoint: str, metrics_port: int):
 def scrape(port: int) -> dict[str, list]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
 
 def value(families: dict, family: str, sample: str, **labels) -> float:
     for s in families[family]:

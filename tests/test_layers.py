@@ -162,9 +162,7 @@ def test_the_checks_catch_an_upward_import_and_a_cycle():
     """The checks themselves, on the real graph plus one bad edge each."""
     g = {k: set(v) for k, v in graph().items()}
     g["edge_agent.core.config"].add("edge_agent.pipelines.handoff")
-    assert upward(g) == [
-        "edge_agent.core.config (core) imports edge_agent.pipelines.handoff (frame path)"
-    ]
+    assert upward(g) == ["edge_agent.core.config (core) imports edge_agent.pipelines.handoff (frame path)"]
     g = {k: set(v) for k, v in graph().items()}
     g["edge_agent.pipelines.handoff"].add("edge_agent.pipelines.scheduler")
     assert ["edge_agent.pipelines.handoff", "edge_agent.pipelines.scheduler"] in cycles(g)

@@ -18,10 +18,14 @@ def cmd_uplink(args: argparse.Namespace) -> int:
     from edge_agent.metrics import MetricsServer
     from edge_agent.sdnotify import Notifier
     from edge_agent.service import Signals
-    from edge_agent.uplink.link import LinkError
-    from edge_agent.uplink.metrics import UplinkCollector
-    from edge_agent.uplink.process import Uplink
-    from edge_agent.uplink.spool import SpoolError
+
+    try:
+        from edge_agent.uplink.link import LinkError
+        from edge_agent.uplink.metrics import UplinkCollector
+        from edge_agent.uplink.process import Uplink
+        from edge_agent.uplink.spool import SpoolError
+    except ImportError as e:  # exit 2: the unit does not restart into the same error
+        return fail(f"the uplink needs paho-mqtt: pip install 'edge-agent[mqtt]' ({e})", EXIT_USAGE)
 
     signals = Signals()
     signals.install()
@@ -43,8 +47,8 @@ def cmd_uplink(args: argparse.Namespace) -> int:
     try:
         interval = min(_WATCHDOG_S, notifier.watchdog_interval_s() or _WATCHDOG_S)
         while not signals.stop.wait(interval):
-            if uplink.alive() and time.monotonic() - uplink.progress < 10:
-                notifier.watchdog()  # only while the stream is being read
+            if uplink.alive():
+                notifier.watchdog()  # only while every thread runs
             notifier.status(_status(uplink))
         log.info("received %s, stopping", signals.received or "a stop")
     finally:
@@ -67,7 +71,8 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     from edge_agent.core.configload import ConfigError
     from edge_agent.uplink.status import FleetView, table
 
-    cfg = load_config(args.config, check_files=True).uplink if args.config else None
+    # From an operator's machine: the files a config names need not exist here.
+    cfg = load_config(args.config, args.device).uplink if args.config else None
     try:
         from edge_agent.core.uplink_config import UplinkConfig
 
@@ -75,13 +80,22 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         up = dataclasses.replace(cfg, **overrides) if cfg else UplinkConfig(**overrides)
     except (ValueError, ConfigError) as e:
         return fail(f"fleet status: {e}", EXIT_USAGE)
-    view = FleetView(up)
+    from edge_agent.uplink.link import LinkError
+
+    try:
+        view = FleetView(up)
+    except LinkError as e:
+        return fail(f"fleet status: {e}", EXIT_USAGE)
     try:
         view.start(args.timeout)
     except (OSError, ConnectionError) as e:
         return fail(f"fleet status: cannot reach the broker {up.broker}: {e}")
     try:
         view.settle(timeout_s=args.timeout)
+    except ConnectionError as e:
+        view.stop()
+        return fail(f"fleet status: {e}")
+    try:
         while True:
             rows = view.rows()
             if args.json:

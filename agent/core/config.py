@@ -383,6 +383,12 @@ class AgentConfig:
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
     def __post_init__(self) -> None:
+        # The id names the device on the stream and in MQTT topics and client ids.
+        check(
+            bool(self.device_id) and not set(self.device_id) & set("/+# \t\n"),
+            "device_id",
+            "must be non-empty, without '/', '+', '#' or spaces (it is an MQTT topic level)",
+        )
         check(
             not self.sources or self.source == SyntheticSourceConfig(),
             "source",

@@ -46,7 +46,9 @@ class Forwarder(ABC):
     counted in :attr:`rate_limited` (``0`` means no cap).
     """
 
-    def __init__(self, max_rate_hz: float = 0.0) -> None:
+    def __init__(self, max_rate_hz: float = 0.0, result_topic: str = "det") -> None:
+        """``result_topic``: the agent's ``publish.topic`` (its results are ``<topic>.<source>``)."""
+        self.result_prefix = result_topic + "."
         if not max_rate_hz >= 0:
             raise ValueError(f"max_rate_hz must be >= 0 (0: no cap), not {max_rate_hz!r}")
         self._gap_s = 1.0 / max_rate_hz if max_rate_hz > 0 else 0.0
@@ -72,11 +74,11 @@ class Forwarder(ABC):
         return True
 
 
-def result_source(topic: str, body: dict[str, Any]) -> str | None:
+def result_source(topic: str, body: dict[str, Any], prefix: str = RESULT_PREFIX) -> str | None:
     """The source of a result message (None for anything else, heartbeats included)."""
-    if not topic.startswith(RESULT_PREFIX):
+    if not topic.startswith(prefix):
         return None
-    return body.get("source") or topic[len(RESULT_PREFIX) :]
+    return body.get("source") or topic[len(prefix) :]
 
 
 class ForwardAll(Forwarder):
@@ -86,7 +88,7 @@ class ForwardAll(Forwarder):
         return True
 
     def offer(self, topic: str, body: dict[str, Any], now_s: float) -> list[Message]:
-        source = result_source(topic, body)
+        source = result_source(topic, body, self.result_prefix)
         if source is None or not self.keep(body):
             return []
         subtopic = "det/" + source
@@ -194,20 +196,21 @@ class Summarize(Forwarder):
     sends ``frames: 0``. A summary is due once ``now_s`` reaches its interval's end, either
     from ``flush`` or from the next ``offer`` of that source.
 
-    The rate cap judges a summary by its interval's end, not by when ``flush`` happened to
-    run, so jitter in the flush loop never drops one when ``interval_s >= 1/max_rate_hz``;
-    the final partial summary at shutdown is never capped (it would lose frames for nothing).
+    ``interval_s`` is the cap: ``max_rate_hz`` does not apply to summaries (dropping one
+    would lose its frames from the count). ``run`` tells this uplink's summaries from those
+    of an earlier run still in the spool (their ``seq`` starts at 0 again).
     """
 
-    def __init__(self, interval_s: float, max_rate_hz: float = 0.0) -> None:
-        super().__init__(max_rate_hz)
+    def __init__(self, interval_s: float, result_topic: str = "det", run: str = "") -> None:
+        super().__init__(0.0, result_topic)
+        self.run = run
         if not interval_s > 0:
             raise ValueError(f"summary interval_s must be > 0, not {interval_s!r}")
         self.interval_s = float(interval_s)
         self._windows: dict[str, _Window] = {}
 
     def offer(self, topic: str, body: dict[str, Any], now_s: float) -> list[Message]:
-        source = result_source(topic, body)
+        source = result_source(topic, body, self.result_prefix)
         if source is None:
             source = body.get("source") if topic == HEALTH_TOPIC else None
             if source is None:
@@ -232,7 +235,7 @@ class Summarize(Forwarder):
         for source, win in self._windows.items():
             self._close_due(source, win, now_s, out)
             if final and (win.frames or win.heartbeat):
-                self._emit(source, win, now_s, out, capped=False)
+                self._emit(source, win, now_s, out)
                 win.start_s = now_s
         return out
 
@@ -242,7 +245,7 @@ class Summarize(Forwarder):
         if now_s < win.end_s:
             return
         if win.frames or win.heartbeat:
-            self._emit(source, win, win.end_s, out, capped=True)
+            self._emit(source, win, win.end_s, out)
         step = self.interval_s
         k = math.floor((now_s - win.origin_s) / step)
         while win.origin_s + (k + 1) * step <= now_s:  # floor of a rounded quotient
@@ -250,15 +253,13 @@ class Summarize(Forwarder):
         win.start_s = win.origin_s + k * step
         win.end_s = win.origin_s + (k + 1) * step
 
-    def _emit(self, source: str, win: _Window, end_s: float, out: list[Message], capped: bool) -> None:
-        """Close the interval ``[win.start_s, end_s)`` into a summary (sent unless capped)."""
+    def _emit(self, source: str, win: _Window, end_s: float, out: list[Message]) -> None:
+        """Close the interval ``[win.start_s, end_s)`` into a summary."""
         dropped = win.dropped()
         if win.hb_dropped is not None:
             win.prev_dropped = win.hb_dropped
-        subtopic = "summary/" + source
-        if not capped or self._admit(subtopic, end_s):
-            out.append((subtopic, self._payload(source, win, end_s, dropped)))
-            win.seq += 1
+        out.append(("summary/" + source, self._payload(source, win, end_s, dropped)))
+        win.seq += 1
         win.reset()
 
     def _payload(self, source: str, win: _Window, end_s: float, dropped: int) -> dict[str, Any]:
@@ -270,6 +271,7 @@ class Summarize(Forwarder):
             "type": "summary",
             "device": win.device,
             "source": source,
+            "run": self.run,
             "seq": win.seq,
             "interval_s": self.interval_s,
             "start_unix_s": win.start_s,
@@ -290,18 +292,22 @@ class Summarize(Forwarder):
         }
 
 
-#: The policies by the name a config gives; each is built from ``(interval_s, max_rate_hz)``.
-FORWARDERS: dict[str, Callable[[float, float], Forwarder]] = {
-    "all": lambda interval_s, max_rate_hz: ForwardAll(max_rate_hz),
-    "with_detections": lambda interval_s, max_rate_hz: ForwardWithDetections(max_rate_hz),
-    "summary": Summarize,
+#: The policies by the name a config gives; each is built from
+#: ``(interval_s, max_rate_hz, result_topic, run)``.
+FORWARDERS: dict[str, Callable[[float, float, str, str], Forwarder]] = {
+    "all": lambda interval_s, max_rate_hz, topic, run: ForwardAll(max_rate_hz, topic),
+    "with_detections": lambda interval_s, max_rate_hz, topic, run: ForwardWithDetections(max_rate_hz, topic),
+    "summary": lambda interval_s, max_rate_hz, topic, run: Summarize(interval_s, topic, run),
 }
 
 
-def make_forwarder(kind: str, interval_s: float, max_rate_hz: float) -> Forwarder:
-    """The policy named ``kind``; ``interval_s`` matters to ``summary`` only."""
+def make_forwarder(
+    kind: str, interval_s: float, max_rate_hz: float, result_topic: str = "det", run: str = ""
+) -> Forwarder:
+    """The policy named ``kind``; ``interval_s`` and ``run`` matter to ``summary`` only,
+    ``max_rate_hz`` to the others."""
     factory = FORWARDERS.get(kind)
     if factory is None:
         known = ", ".join(sorted(FORWARDERS))
         raise ValueError(f"unknown uplink forward policy {kind!r} (known: {known})")
-    return factory(interval_s, max_rate_hz)
+    return factory(interval_s, max_rate_hz, result_topic, run)

@@ -272,9 +272,17 @@ class Spool:
         with self._lock:
             self._handed_out = 0
 
-    def ack(self, ids: Iterable[int]) -> None:
+    def rewind(self, last_sent: int) -> None:
+        """Only the messages up to id ``last_sent`` were sent of those ``peek`` handed out
+        (a publish failed): the others are handed out again by the next ``peek``."""
+        with self._lock:
+            self._handed_out = min(self._handed_out, last_sent)
+
+    def ack(self, ids: Iterable[int], dropped: bool = False) -> None:
         """Delete the messages the broker acknowledged, in one transaction; ids that are not
-        in the spool (acked before, dropped, never existed) are ignored."""
+        in the spool (acked before, dropped, never existed) are ignored. ``dropped``: they
+        were not delivered (the broker refused them, or they exceed its packet size), so
+        they are counted with the dropped ones."""
         ids = list(ids)
         with self._lock:
             self._require_open()
@@ -293,8 +301,12 @@ class Spool:
                         db.execute(f"DELETE FROM messages WHERE id IN ({marks})", chunk)
                         count += n
                         size += s
+                if dropped and count:
+                    db.execute("UPDATE meta SET value = value + ? WHERE key = 'dropped'", (count,))
             self._count -= count
             self._size -= size
+            if dropped:
+                self._dropped += count
 
     # -- state ---------------------------------------------------------------------------
 
@@ -312,7 +324,8 @@ class Spool:
 
     @property
     def dropped(self) -> int:
-        """Messages dropped by the bound since the spool file was created (persistent)."""
+        """Messages dropped (by the bound, or not deliverable) since the spool file was
+        created (persistent)."""
         with self._lock:
             return self._dropped
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import threading
 import time
+import uuid
 from typing import Any
 
 from edge_agent.core.uplink_config import UplinkConfig
@@ -39,12 +39,13 @@ class FleetView:
         self.lock = threading.Lock()
         self.connected = threading.Event()
         self.error = ""
-        self.client = make_client(cfg, f"edge-agent-status-{os.getpid()}")
+        self.client = make_client(cfg, f"edge-agent-status-{uuid.uuid4().hex[:12]}")
         self.client.on_connect = self._on_connect
         self.client.on_message = self._on_message
         self.client.on_subscribe = self._on_subscribe
         self.subscribed = threading.Event()
         self.rtt_s = 0.0  # connect to CONNACK: how long the broker takes to answer
+        self.last_new_device = 0.0
 
     def _on_connect(self, client: Any, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
         if reason.is_failure:
@@ -54,13 +55,18 @@ class FleetView:
         client.subscribe([(f"{self.cfg.prefix}/+/status", 1), (f"{self.cfg.prefix}/+/health", 1)])
         self.connected.set()
 
-    def _on_subscribe(self, *_args: Any) -> None:
+    def _on_subscribe(self, _c: Any, _u: Any, _mid: int, reasons: Any, _p: Any) -> None:
+        refused = [r for r in reasons if r.is_failure]
+        if refused:
+            self.error = f"the broker refused the subscription: {refused[0]} (an ACL?)"
         self.subscribed.set()
 
     def _on_message(self, _c: Any, _u: Any, msg: Any) -> None:
         parts = msg.topic.split("/")
         device, kind = parts[-2], parts[-1]
         with self.lock:
+            if device not in self.devices:
+                self.last_new_device = time.monotonic()
             entry = self.devices.setdefault(device, {})
             if kind == "status":
                 entry["status"] = msg.payload.decode(errors="replace")
@@ -81,9 +87,17 @@ class FleetView:
 
     def settle(self, timeout_s: float = 3.0) -> None:
         """Wait for the retained messages, which the broker sends right after it has
-        acknowledged the subscription: until then, and a few round trips more."""
-        if self.subscribed.wait(timeout_s):
-            time.sleep(max(0.3, 3 * self.rtt_s))
+        acknowledged the subscription: until no new device has appeared for a few round
+        trips (live messages keep coming, so silence is not the sign), or ``timeout_s``."""
+        end = time.monotonic() + timeout_s
+        if not self.subscribed.wait(timeout_s):
+            return
+        if self.error:
+            raise ConnectionError(self.error)
+        quiet = max(0.3, 3 * self.rtt_s)
+        start = time.monotonic()
+        while time.monotonic() < end and time.monotonic() - max(start, self.last_new_device) < quiet:
+            time.sleep(0.05)
 
     def stop(self) -> None:
         self.client.disconnect()
@@ -103,6 +117,12 @@ def row(device: str, status: str, health: dict[str, Any], now_unix: float) -> di
     """One device's line, from its retained status and health."""
     sources = health.get("sources") or {}
     seen = health.get("last_heartbeat_unix_s") or health.get("ts_unix_s")
+    if status == "online" and health:
+        sent = health.get("ts_unix_s") or 0
+        if now_unix - sent > 3 * health.get("health_interval_s", 5) + 2:
+            status = "stale"  # the uplink holds the connection but sends no health
+        elif (health.get("agent_silent_s") or 0) > health.get("agent_silent_after_s", 5):
+            status = "silent"  # the uplink is up, the agent's stream is not
     p99s = [s["e2e_p99_ms"] for s in sources.values() if s.get("e2e_p99_ms") is not None]
     return {
         "device": device,

@@ -27,10 +27,6 @@ def number_of(img: np.ndarray) -> int:
     return sum(1 << bit for bit in range(10) if levels[bit * 16 + 3 : bit * 16 + 13].mean() > 127)
 
 
-
-
-
-
 def truncate(src: Path, dst: Path, keep: float) -> Path:
     data = src.read_bytes()
     dst.write_bytes(data[: int(len(data) * keep)])

@@ -375,8 +375,13 @@ def test_yolov5_accepts_unbatched_layout_and_applies_class_aware_nms():
 
 
 def test_decoders_registry():
-    assert {"yolov8": decode_yolov8, "yolov5": decode_yolov5, "end2end": decode_end2end,
-            "rtdetr": decode_rtdetr, "efficient_nms": decode_efficient_nms} == DECODERS
+    assert {
+        "yolov8": decode_yolov8,
+        "yolov5": decode_yolov5,
+        "end2end": decode_end2end,
+        "rtdetr": decode_rtdetr,
+        "efficient_nms": decode_efficient_nms,
+    } == DECODERS
 
 
 def test_a_bound_decoder_reads_its_outputs_by_index_in_role_order():

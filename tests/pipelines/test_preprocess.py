@@ -391,8 +391,15 @@ def test_resize_and_interpolation_follow_the_manifest(resize, interpolation, fla
     turns on small input differences); stretch fills the input, as for RT-DETR."""
     rng = np.random.default_rng(3)
     frame = rng.integers(0, 256, (480, 640, 3), np.uint8)
-    fmt = InputFormat(height=320, width=320, layout="NHWC", dtype="uint8", color="bgr",
-                      resize=resize, interpolation=interpolation)
+    fmt = InputFormat(
+        height=320,
+        width=320,
+        layout="NHWC",
+        dtype="uint8",
+        color="bgr",
+        resize=resize,
+        interpolation=interpolation,
+    )
     tensor = np.zeros((1, 320, 320, 3), np.uint8)
     geo = Preprocessor(fmt)(frame, tensor, Letterbox())
     if resize == "stretch":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import signal
 import sqlite3
 import subprocess
@@ -46,7 +47,7 @@ def write_config(
         "device_id": device,
         "source": {"type": "synthetic", "fps": fps},
         "model": {"path": str(const_model)},
-        "publish": {"endpoint": endpoint},
+        "publish": {"endpoint": endpoint, "health_interval_s": 0.5},
         "metrics": {"enabled": False},
         "deadline": {"budget_ms": budget},
         "uplink": up,
@@ -64,17 +65,17 @@ def uplink(cfg: Path, log: Path):
 
 
 def metric(port: int, name: str) -> float:
-    """One of the uplink's own metrics, scraped from its endpoint."""
-    family = f"edge_agent_uplink_{name}"
-    samples = scrape(port)[family]
+    """One of the uplink's own metrics, scraped from its endpoint; NaN (false in every
+    comparison) while the endpoint is not up yet."""
+    try:
+        samples = scrape(port)[f"edge_agent_uplink_{name}"]
+    except OSError:
+        return math.nan
     return samples[0].value  # one sample: a counter's _total, or a gauge
 
 
 def spool_empty(port: int) -> bool:
-    try:
-        return metric(port, "spool_messages") == 0
-    except OSError:  # not listening yet
-        return False
+    return metric(port, "spool_messages") == 0
 
 
 def det(recorder: Recorder) -> list[dict]:
@@ -143,10 +144,12 @@ def test_a_full_spool_drops_the_oldest_and_counts_exactly_what_is_missing(
         target = agent.pipeline.lanes[0].seq
         wait_until(lambda: max(seqs_in_order(det(recorder))) >= target, 60, message="delivery resumes")
         wait_until(lambda: spool_empty(port), 30, message="the spool empties")
-        dropped = metric(port, "dropped")
+        dropped, not_read = metric(port, "dropped"), metric(port, "stream_gaps")
     seqs = seqs_in_order(det(recorder))
     assert seqs == sorted(seqs)
-    assert gaps(seqs) == dropped > 0, (dropped, seqs)
+    # What a subscriber misses is what the spool dropped, plus any result the agent's
+    # socket dropped before the uplink read it (a stalled uplink on a loaded machine).
+    assert gaps(seqs) == dropped + not_read and dropped > 0, (dropped, not_read, seqs)
 
 
 def test_spool_survives_kill_9_and_the_last_will_marks_the_device_offline(
@@ -183,8 +186,11 @@ def test_spool_survives_kill_9_and_the_last_will_marks_the_device_offline(
             ]
         assert len(spooled) >= 20
         # A third uplink starts while the broker is still down: it says so, and retries.
+        before = len(log.read_text())
         with uplink(cfg, log):
-            wait_until(lambda: "unreachable" in log.read_text(), 30, message="the start without a broker")
+            wait_until(
+                lambda: "unreachable" in log.read_text()[before:], 30, message="the start without a broker"
+            )
             broker.start()
             wait_until(lambda: set(spooled) <= set(seqs_in_order(det(recorder))), 60, message="spool sent")
             wait_until(lambda: recorder.payloads(status)[-1:] == [b"online"], 30, message="online at last")
@@ -193,14 +199,21 @@ def test_spool_survives_kill_9_and_the_last_will_marks_the_device_offline(
 
 def test_summary_counts_equal_the_agents_results(tmp_path, broker, const_model, endpoint):
     cfg, _ = write_config(tmp_path, broker, const_model, endpoint, forward="summary", interval_s=0.5)
+    text = json.loads(cfg.read_text())
+    text["publish"]["topic"] = "vision"  # the uplink follows the agent's topic
+    cfg.write_text(json.dumps(text))
     recorder = Recorder(broker, f"edge-agent/{DEVICE}/summary/#")
-    results = Subscriber(endpoint, "det")
+    results = Subscriber(endpoint, "vision")
     with started(load_config(str(cfg)), recorder, results), uplink(cfg, tmp_path / "uplink.log"):
         wait_until(lambda: len(recorder.bodies()) >= 5, 30, message="5 summaries")
     summaries = recorder.bodies()
     assert [s["seq"] for s in summaries] == list(range(len(summaries))), "one per interval, none lost"
     by_seq = {m["seq"]: m for m in results.messages}
-    full = [s for s in summaries if s["frames"] and s["first_seq"] in by_seq and s["last_seq"] in by_seq]
+    full = [
+        s
+        for s in summaries
+        if s["frames"] and all(q in by_seq for q in range(s["first_seq"], s["last_seq"] + 1))
+    ]
     assert len(full) >= 3, summaries
     for s in full:
         mine = [by_seq[q] for q in range(s["first_seq"], s["last_seq"] + 1)]
@@ -228,28 +241,77 @@ def test_fleet_status_shows_every_device_and_the_odd_config(tmp_path, broker, co
         )[0]
         for i in range(3)
     ]
-    with contextlib.ExitStack() as running:
+    with contextlib.ExitStack() as running, contextlib.ExitStack() as agent_1:
         for i, c in enumerate(configs):
-            running.enter_context(started(load_config(str(c))))
+            (agent_1 if i == 1 else running).enter_context(started(load_config(str(c))))
             running.enter_context(uplink(c, tmp_path / f"u{i}.log"))
         view = FleetView(UplinkConfig(broker=broker.url))
         view.start(30)
         running.callback(view.stop)
 
-        def all_online() -> bool:
-            found = view.rows()
-            return len(found) == 3 and all(r["status"] == "online" and r["config_hash"] for r in found)
+        def statuses() -> dict[str, str]:
+            return {r["device"]: r["status"] for r in view.rows() if r["config_hash"]}
 
-        wait_until(all_online, 60, interval_s=0.2, message="three devices online with their health")
+        online = dict.fromkeys(("dev-0", "dev-1", "dev-2"), "online")
+        wait_until(
+            lambda: statuses() == online, 60, interval_s=0.2, message="three devices online with health"
+        )
         out = run_process(agent_command("fleet", "status", "--broker", broker.url, "--json"), 60)
         assert out.returncode == 0, out.stderr
         found = json.loads(out.stdout.splitlines()[-1])
         table = run_process(agent_command("fleet", "status", "--broker", broker.url), 60).stdout
+        # dev-1's agent stops, its uplink goes on: the device is up, its agent silent.
+        agent_1.close()
+        wait_until(lambda: statuses().get("dev-1") == "silent", 30, message="dev-1's agent silent")
+        assert statuses()["dev-0"] == "online"
     assert [r["device"] for r in found] == ["dev-0", "dev-1", "dev-2"]
     hashes = {r["device"]: r["config_hash"] for r in found}
     assert hashes["dev-0"] == hashes["dev-1"] != hashes["dev-2"], "the same config hashes the same"
     assert all(r["fps"] > 0 and r["model"] for r in found)
     assert f"{hashes['dev-2']}*" in table and "config differs" in table and "dev-2" in table.splitlines()[-1]
+
+
+def test_a_broker_that_refuses_the_connection_or_the_messages_is_reported_without_a_loop(
+    tmp_path, const_model, endpoint
+):
+    passwd, acl = tmp_path / "passwd", tmp_path / "acl"
+    for user in ("cam", "ops"):
+        subprocess.run(
+            ["mosquitto_passwd", "-b", *(["-c"] if user == "cam" else []), str(passwd), user, "pw"],
+            check=True,
+            capture_output=True,
+        )
+    # The device may say its status and health, not publish results; the operator reads all.
+    acl.write_text(
+        "user cam\ntopic write edge-agent/+/status\ntopic write edge-agent/+/health\n"
+        "user ops\ntopic read edge-agent/#\n"
+    )
+    (tmp_path / "pw").write_text("pw\n")
+    with Mosquitto(tmp_path, f"allow_anonymous false\npassword_file {passwd}\nacl_file {acl}") as broker:
+        cfg, port = write_config(tmp_path, broker, const_model, endpoint)
+        log = tmp_path / "uplink.log"
+        recorder = Recorder(broker, f"edge-agent/{DEVICE}/#", username="ops", password="pw")
+        with started(load_config(str(cfg)), recorder):
+            with uplink(cfg, log):  # no credentials: refused at every attempt
+                wait_until(lambda: metric(port, "connect_failures") >= 2, 30, message="two refusals")
+                assert metric(port, "spool_messages") > 0 and metric(port, "connected") == 0
+            assert log.read_text().count("refused the connection") == 1, "once, not at every retry"
+            cfg2, port2 = write_config(
+                tmp_path,
+                broker,
+                const_model,
+                endpoint,
+                name="auth",
+                username="cam",
+                password_file=str(tmp_path / "pw"),
+            )
+            with uplink(cfg2, log):
+                wait_until(lambda: recorder.payloads(f"edge-agent/{DEVICE}/status")[-1:] == [b"online"], 30)
+                # Results the broker refuses for good are dropped and counted, not retried forever.
+                wait_until(lambda: metric(port2, "rejected") >= 20, 30, message="refused results counted")
+                assert metric(port2, "dropped") >= metric(port2, "rejected") - metric(port2, "spool_messages")
+                assert metric(port2, "sent") == 0 and not det(recorder)
+                assert recorder.bodies("/health"), "what the ACL allows still goes"
 
 
 @pytest.mark.parametrize(

@@ -244,6 +244,7 @@ def test_a_summary_is_due_at_the_interval_end_from_flush_or_the_next_offer():
             "type": "summary",
             "device": "cam-1",
             "source": "cam0",
+            "run": "",
             "seq": 0,
             "interval_s": 1.0,
             "start_unix_s": T0,
@@ -375,18 +376,23 @@ def test_the_rate_cap_applies_to_the_filtered_policy_too():
     assert len(fwd.offer("det.cam0", result("cam0", 3, labels=("car",)), T0 + 1.0)) == 1
 
 
-def test_summaries_faster_than_the_cap_are_dropped_and_counted():
-    fwd = make_forwarder("summary", 0.1, 4.0)  # a summary each 0.1 s, at most one per 0.25 s
+def test_the_rate_cap_never_drops_a_summary_and_a_run_id_tells_runs_apart():
+    """The interval is a summary's cap: dropping one would lose its frames from the count."""
+    fwd = make_forwarder("summary", 0.1, 4.0, run="r2")  # a summary each 0.1 s; the cap not applied
     sent = []
     for i in range(20):
         sent += fwd.offer("det.cam0", result("cam0", i), T0 + 0.1 * i + 0.01)
         sent += fwd.flush(T0 + 0.1 * i + 0.05)
-    sent += fwd.flush(T0 + 2.05)  # the intervals begin at the first result, T0 + 0.01
+    sent += fwd.flush(T0 + 2.05)
     assert [s["seq"] for s in summaries(sent, "cam0")] == list(range(len(sent)))
-    assert len(sent) + fwd.rate_limited["summary/cam0"] == 20
-    assert [s["start_unix_s"] - T0 for _, s in sent] == pytest.approx(
-        [0.01, 0.31, 0.61, 0.91, 1.21, 1.51, 1.81]
-    )
+    assert sum(s["frames"] for _, s in sent) == 20 and fwd.rate_limited.total == 0
+    assert {s["run"] for _, s in sent} == {"r2"}
+
+
+def test_results_on_another_publish_topic_are_forwarded():
+    fwd = make_forwarder("all", 1.0, 0, result_topic="vision")
+    assert fwd.offer("det.cam0", result("cam0", 0), T0) == []
+    assert [sub for sub, _ in fwd.offer("vision.cam0", result("cam0", 1), T0)] == ["det/cam0"]
 
 
 def test_flush_jitter_never_trips_a_cap_equal_to_the_interval():

@@ -291,3 +291,17 @@ def test_a_second_process_cannot_open_a_spool_in_use(tmp_path):
         Spool(str(path), 1024)
     first.close()
     Spool(str(path), 1024).close()
+
+
+def test_undeliverable_messages_count_as_dropped_and_a_rewind_hands_out_the_unsent_again(tmp_path):
+    path = tmp_path / "spool.sqlite"
+    with Spool(str(path), 10_000) as spool:
+        spool.put_many([("t", bytes([i]), 1, False) for i in range(5)])
+        first = spool.peek(5)
+        spool.rewind(first[1].id)  # only two were published
+        assert [m.id for m in spool.peek(5)] == [m.id for m in first[2:]]
+        spool.ack([first[0].id], dropped=True)  # refused by the broker
+        spool.ack([first[1].id])
+        assert spool.dropped == 1 and spool.count == 3
+    with Spool(str(path), 10_000) as again:
+        assert again.dropped == 1
