@@ -21,7 +21,7 @@ from edge_agent.commands.device import cmd_power, cmd_service
 from edge_agent.commands.measure import cmd_bench, cmd_tune
 from edge_agent.commands.models import cmd_engine_build, cmd_eval, cmd_models, cmd_selftest
 from edge_agent.commands.run import cmd_run
-from edge_agent.commands.stream import cmd_keys, cmd_listen
+from edge_agent.commands.stream import cmd_health, cmd_keys, cmd_listen
 from edge_agent.commands.uplink import cmd_fleet, cmd_uplink
 
 log = logging.getLogger("edge_agent")
@@ -82,6 +82,26 @@ def build_parser() -> argparse.ArgumentParser:
     listen.add_argument("--server-key", help="CURVE: the agent's public certificate (.key)")
     listen.add_argument("--client-cert", help="CURVE: this client's secret certificate (.key_secret)")
     listen.set_defaults(func=cmd_listen)
+
+    he = _sub(sub, "health", "is the agent doing its job? exit 0 when frames flow and the miss rate is low")
+    he.add_argument(
+        "--config", "-c", help="the agent's config or fleet: its stream endpoint (default: embedded)"
+    )
+    he.add_argument("--device", help="for a fleet: this device's id (default: the host name)")
+    he.add_argument("--endpoint", help="the agent's stream (default: the config's publish.endpoint)")
+    he.add_argument(
+        "--wait-ready", action="store_true", help="wait until healthy (loading, reloading) or --timeout"
+    )
+    he.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for heartbeats")
+    he.add_argument("--max-miss-rate", type=float, default=0.05, help="the highest miss rate that is healthy")
+    he.add_argument(
+        "--expect-config", help="healthy only when the agent runs this config (its hash; after a reload)"
+    )
+    he.add_argument(
+        "--client-cert", help="CURVE: this client's secret certificate (default: uplink.curve_client_cert)"
+    )
+    he.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    he.set_defaults(func=cmd_health)
 
     cfg = _sub(sub, "config", "check, show, render and compare configs and fleets")
     cfg_sub = cfg.add_subparsers(dest="config_command", required=True, metavar="ACTION")

@@ -114,6 +114,15 @@ class GapTracker:
         return gap
 
 
+def stream_endpoint(endpoint: str) -> str:
+    """The address to connect to for an agent's bind address: ``tcp://*:5556`` and
+    ``tcp://0.0.0.0:5556`` are this host's loopback."""
+    for wildcard in ("tcp://*:", "tcp://0.0.0.0:"):
+        if endpoint.startswith(wildcard):
+            return "tcp://127.0.0.1:" + endpoint[len(wildcard) :]
+    return endpoint
+
+
 def connect(
     endpoint: str,
     topics: tuple[str, ...] = ("",),

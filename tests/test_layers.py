@@ -27,6 +27,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "edge_agent.http_endpoint",
             "edge_agent.sdnotify",
             "edge_agent.client",
+            "edge_agent.healthcheck",
             "edge_agent.uplink",
         ),
     ),

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from edge_agent.commands.common import EXIT_OK, EXIT_USAGE, fail
+from edge_agent.commands.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, fail
 
 log = logging.getLogger("edge_agent")
 
@@ -154,3 +154,28 @@ def cmd_keys(args: argparse.Namespace) -> int:
     print(f"public key (give it to the other side): {public}")
     print(f"secret key (keep it here, mode 600): {secret}")
     return EXIT_OK
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    from edge_agent import healthcheck
+    from edge_agent.commands.common import load_config
+    from edge_agent.core.config import config_hash
+
+    cfg = load_config(args.config, args.device)
+    expect = config_hash(load_config(args.expect_config, args.device)) if args.expect_config else ""
+    verdict = healthcheck.check(
+        args.endpoint or cfg.publish.endpoint,
+        args.timeout,
+        args.max_miss_rate,
+        expect,
+        wait=args.wait_ready,
+        server_key=cfg.publish.curve_server_key or None,
+        client_cert=args.client_cert or cfg.uplink.curve_client_cert or None,
+    )
+    if args.json:
+        print(json.dumps(verdict.as_dict()))
+    else:
+        print(f"{'healthy' if verdict.healthy else 'unhealthy'}: {verdict.reason}")
+        for s in verdict.sources:
+            print(f"  {s.source}: {'ok' if s.ok else 'FAIL'} ({s.reason}; config {s.config_hash})")
+    return EXIT_OK if verdict.healthy else EXIT_FAILED

@@ -34,15 +34,6 @@ _POLL_MS = 100
 _BATCH = 256  # stream messages taken per spool transaction at most
 
 
-def stream_endpoint(endpoint: str) -> str:
-    """The address to connect to for the agent's bind address (``tcp://*:5556`` and
-    ``tcp://0.0.0.0:5556`` are this host's loopback)."""
-    for wildcard in ("tcp://*:", "tcp://0.0.0.0:"):
-        if endpoint.startswith(wildcard):
-            return "tcp://127.0.0.1:" + endpoint[len(wildcard) :]
-    return endpoint
-
-
 def _encode(body: dict[str, Any]) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
@@ -63,7 +54,7 @@ class Uplink:
             self.link = Link(self.up, cfg.device_id, self.spool)
             topics = (p.topic + ".", "health")
             self._sock = client.connect(
-                stream_endpoint(p.endpoint),
+                client.stream_endpoint(p.endpoint),
                 topics,
                 p.curve_server_key or None,
                 self.up.curve_client_cert or None,
@@ -105,7 +96,7 @@ class Uplink:
         self._thread.start()
         log.info(
             "uplink: %s -> %s as %s/%s (forward: %s; spool %s, %d messages waiting)",
-            stream_endpoint(p.endpoint),
+            client.stream_endpoint(p.endpoint),
             self.up.broker,
             self.up.prefix,
             self.device_id,
