@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--frames", type=int, default=0, help="stop after N frames captured; 0: no limit")
     run.add_argument("--duration", type=float, default=0.0, help="stop after S seconds; 0: no limit")
     run.add_argument("--quiet", "-q", action="store_true", help="no status lines, only the summary")
+    run.add_argument("--view", action="store_true", help="the live view on, for this run (prints its URL)")
     run.set_defaults(func=cmd_run)
 
     listen = _sub(sub, "listen", "subscribe to a result stream and print it")

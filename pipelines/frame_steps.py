@@ -208,6 +208,9 @@ class FrameSteps:
         message["deadline_missed"] = lane.monitor.late(total)
         self.publisher.send(lane.topic, lane.builder.encode(message, slot))
         lane.seq += 1
+        tap = lane.view_tap
+        if tap is not None and tap.active:
+            tap.offer_result(slot, message["deadline_missed"])
         return total
 
     def _account(self, lane: Lane, slot: FrameSlot, total: int, end: int) -> None:

@@ -15,6 +15,7 @@ from edge_agent.pipelines.profile import Profile
 from edge_agent.pipelines.publish import MessageBuilder
 from edge_agent.pipelines.source_base import BufferPolicy, Source
 from edge_agent.pipelines.stats import PipelineStats
+from edge_agent.pipelines.view_tap import ViewTap
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class Lane:
         for p in profiles.values():
             self.stats.by_profile.setdefault(p.name, LatencyHistogram())
         self.seq = 0
+        self.view_tap: ViewTap | None = None  # the live view's, when enabled
         self.stale_seen = source.stale  # the source's stale count already accounted
         self.error: str | None = None  # why the source ended early, if it did
         self._stride_count = 0

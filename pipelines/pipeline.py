@@ -264,6 +264,9 @@ class Pipeline(FrameSteps):
                     break
                 if frame is None:
                     continue
+                tap = lane.view_tap
+                if tap is not None and tap.active:  # someone watches: its pixels, if one is due
+                    tap.offer_pixels(frame)
                 self.scheduler.expect()  # the inference thread wakes while we preprocess
                 slot = self.prepare(frame, lane)
                 if slot is not None and not self.scheduler.put(lane.index, slot, self._abort):

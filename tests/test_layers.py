@@ -22,6 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "service",
         (
             "edge_agent.runner",
+            "edge_agent.reloading",
             "edge_agent.service",
             "edge_agent.metrics",
             "edge_agent.http_endpoint",
@@ -29,6 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
             "edge_agent.client",
             "edge_agent.healthcheck",
             "edge_agent.uplink",
+            "edge_agent.view",
         ),
     ),
     (

@@ -4,6 +4,7 @@ line per heartbeat and a per-stage summary at exit."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -58,6 +59,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     signals.install()
     rendered = load()
     config = rendered.config
+    if args.view:
+        config = dataclasses.replace(config, view=dataclasses.replace(config.view, enabled=True))
     setup_logging(config.log_level)
     latency_first_interpreter()
     if args.config and rendered.defaults_only:  # a truncated deploy must not pass unnoticed
@@ -73,6 +76,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         _exit_now(EXIT_OK)
     agent.start(signals.stop)
     log.info("running: %s", json.dumps(agent.describe()))
+    if agent.view is not None:
+        print(f"live view: {agent.view.url}", file=sys.stderr, flush=True)
     t0 = time.monotonic()
 
     # Footprint after warm-up and at the end: a soak run (--duration) shows any growth.

@@ -300,6 +300,27 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class ViewConfig:
+    """The live view in a browser (`edge-agent run --view`). Loopback by default, like the
+    metrics; a ``token`` is then asked for in every URL (``?token=...``) when set."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = 8090  # 0: any free port (logged)
+    fps: float = 5.0  # annotated frames a second per source, at most
+    quality: int = 70  # JPEG quality
+    max_width: int = 960  # wider frames are scaled down (aspect kept)
+    token: str = ""
+
+    def __post_init__(self) -> None:
+        check(0 <= self.port <= 65535, "port", "must be within 0..65535")
+        check(0.1 <= self.fps <= 30, "fps", "must be within 0.1..30")
+        check(10 <= self.quality <= 100, "quality", "must be within 10..100")
+        check(64 <= self.max_width <= 7680, "max_width", "must be within 64..7680")
+        check(all(c.isalnum() or c in "-_" for c in self.token), "token", "letters, digits, '-' and '_' only")
+
+
+@dataclass(frozen=True)
 class ResilienceConfig:
     """What the agent does when inference keeps failing: reload the backend, then fall
     back to ONNX Runtime on the CPU (with ``fallback_model``, or the same model), then
@@ -379,6 +400,7 @@ class AgentConfig:
     service: ServiceConfig = field(default_factory=ServiceConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
+    view: ViewConfig = field(default_factory=ViewConfig)  # taken at start (a reload keeps the running view)
     uplink: UplinkConfig = field(default_factory=UplinkConfig, metadata=reloads(ELSEWHERE))
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 

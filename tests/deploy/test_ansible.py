@@ -50,7 +50,7 @@ def fleet(folder: Path, endpoint: str, budget_ms: float = 50, broken: bool = Fal
         "  metrics: {enabled: false}\n"
         "  source: {type: synthetic, fps: 20}\n"
         f"  deadline: {{budget_ms: {budget_ms}}}\n"
-        + ("  deadline: {budget_ms: fast}\n" if broken else "")
+        + ("  model: {path: /nonexistent/model.onnx}\n" if broken else "")
         + f"devices:\n  {DEVICE}: {{labels: {{site: berlin}}}}\n"
     )
     return folder
@@ -166,7 +166,10 @@ def test_a_rollout_installs_is_idempotent_refuses_a_broken_fleet_and_rolls_back_
 
             before = config.read_text()
             rc, counts, out = rollout.run(fleet(tmp_path / "broken", endpoint, broken=True))
-            assert rc != 0 and "duplicate key" in out, out[-4000:]
+            # It renders, but names a model that is not there: `config validate` stops it.
+            assert rc != 0 and "model.path: file not found" in out, out[-4000:]
+            failed_task = re.findall(r"TASK \[(.*?)\]", out.split("fatal:")[0])[-1]
+            assert "Validate it" in failed_task, failed_task
             assert config.read_text() == before and beats_hash(health) == deployed
 
             # Valid, but no frame can meet a 1 ms budget: health fails, the config goes back.

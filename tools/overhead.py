@@ -1,13 +1,17 @@
-"""Does the uplink cost the frame path anything? The agent's end-to-end latency and its
-overhead (end to end minus capture and inference) with no uplink, and with an uplink
-attached (``forward: all``) whose broker is down, so it spools every result to disk.
+"""What do the uplink and the live view cost the frame path? The agent's end-to-end latency
+and its overhead (end to end minus capture and inference), in modes run side by side:
 
-    .venv/bin/python tools/uplink_overhead.py --model yolov8n-busy-640.onnx --rounds 3 --seconds 20
+- ``--compare uplink``: no uplink; an uplink attached (``forward: all``) whose broker is
+  down, so it spools every result to disk;
+- ``--compare view``: the live view off; on with no client; on with 3 clients watching
+  its MJPEG stream.
 
-Runs ``edge-agent run`` for ``--seconds`` per round and mode, the two modes interleaved
-(ABAB...) so that a change of the host's speed hits both alike; the latencies are the
-agent's own (each result's ``latency_ms``), read by a ZeroMQ subscriber that runs in both
-modes. Prints p50/p99 per mode over all rounds, and what the uplink spooled.
+    .venv/bin/python tools/overhead.py --compare uplink --model yolov8n-busy-640.onnx --rounds 3
+
+Runs ``edge-agent run`` for ``--seconds`` per round and mode, the modes interleaved
+(ABAB...) so that a change of the host's speed hits all alike; the latencies are the
+agent's own (each result's ``latency_ms``), read by a ZeroMQ subscriber that runs in every
+mode. Prints p50/p99 per mode over all rounds.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +40,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def write_config(folder: Path, args: argparse.Namespace) -> Path:
+def write_config(folder: Path, args: argparse.Namespace, view: bool = False) -> Path:
     cfg = {
         "device_id": "bench",
         "source": {"type": "synthetic", "fps": args.fps},
@@ -43,6 +48,7 @@ def write_config(folder: Path, args: argparse.Namespace) -> Path:
         "publish": {"endpoint": f"tcp://127.0.0.1:{free_port()}"},
         "metrics": {"enabled": False},
         "deadline": {"budget_ms": args.budget_ms},
+        "view": {"enabled": view, "port": args.view_port},
         "uplink": {
             "broker": f"mqtt://127.0.0.1:{free_port()}",  # nothing listens: the broker is down
             "forward": "all",
@@ -50,7 +56,7 @@ def write_config(folder: Path, args: argparse.Namespace) -> Path:
             "metrics": {"enabled": False},
         },
     }
-    path = folder / "agent.yaml"
+    path = folder / ("view.yaml" if view else "agent.yaml")
     path.write_text(json.dumps(cfg))
     return path
 
@@ -70,8 +76,20 @@ def collect(endpoint: str, stop: threading.Event, out: list[tuple[float, float]]
     sock.close(linger=0)
 
 
-def one_run(cfg: Path, seconds: float, with_uplink: bool) -> list[tuple[float, float]]:
-    endpoint = json.loads(cfg.read_text())["publish"]["endpoint"]
+def watch(port: int, stop: threading.Event) -> None:
+    """A viewer: reads the MJPEG stream until ``stop`` (reconnecting while the agent starts)."""
+    while not stop.is_set():
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/stream/cam0.mjpg", timeout=5) as r:
+                while not stop.is_set() and r.read(65536):
+                    pass
+        except OSError:
+            stop.wait(0.2)
+
+
+def one_run(cfg: Path, seconds: float, with_uplink: bool, viewers: int = 0) -> list[tuple[float, float]]:
+    settings = json.loads(cfg.read_text())
+    endpoint = settings["publish"]["endpoint"]
     exe = [sys.executable, "-m", "edge_agent"]
     uplink = None
     if with_uplink:
@@ -79,6 +97,12 @@ def one_run(cfg: Path, seconds: float, with_uplink: bool) -> list[tuple[float, f
     stop, samples = threading.Event(), []
     reader = threading.Thread(target=collect, args=(endpoint, stop, samples))
     reader.start()
+    watchers = [
+        threading.Thread(target=watch, args=(settings["view"]["port"], stop), daemon=True)
+        for _ in range(viewers)
+    ]
+    for w in watchers:
+        w.start()
     try:
         agent = subprocess.run(
             [*exe, "run", "--config", str(cfg), "--duration", str(seconds), "--quiet"],
@@ -104,14 +128,24 @@ def main() -> int:
     p.add_argument("--budget-ms", type=float, default=50.0)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--compare", choices=("uplink", "view"), default="uplink")
+    p.add_argument("--view-port", type=int, default=8090)
     args = p.parse_args()
-    folder = Path(tempfile.mkdtemp(prefix="uplink-overhead-"))
-    cfg = write_config(folder, args)
-    runs: dict[str, list[tuple[float, float]]] = {"agent alone": [], "uplink, broker down": []}
+    folder = Path(tempfile.mkdtemp(prefix="overhead-"))
+    plain, viewed = write_config(folder, args), write_config(folder, args, view=True)
+    modes = {  # name: (config, uplink attached, viewers)
+        "uplink": {"agent alone": (plain, False, 0), "uplink, broker down": (plain, True, 0)},
+        "view": {
+            "view off": (plain, False, 0),
+            "view on, no client": (viewed, False, 0),
+            "view on, 3 clients": (viewed, False, 3),
+        },
+    }[args.compare]
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in modes}
     for r in range(args.rounds):
-        for name, with_uplink in (("agent alone", False), ("uplink, broker down", True)):
+        for name, (cfg, with_uplink, viewers) in modes.items():
             t0 = time.monotonic()
-            got = one_run(cfg, args.seconds, with_uplink)
+            got = one_run(cfg, args.seconds, with_uplink, viewers)
             runs[name] += got
             print(
                 f"round {r + 1} {name:<20} {len(got):5d} results ({time.monotonic() - t0:.0f} s)", flush=True
@@ -125,9 +159,10 @@ def main() -> int:
         a = np.array(samples)
         e2e, ovh = np.percentile(a[:, 0], [50, 99]), np.percentile(a[:, 1], [50, 99])
         print(f"{name:<22}{len(a):>8}{e2e[0]:>10.2f}{e2e[1]:>10.2f}{ovh[0]:>10.2f}{ovh[1]:>10.2f}")
-    with sqlite3.connect(folder / "spool.sqlite") as db:
-        (n,) = db.execute("SELECT COUNT(*) FROM messages").fetchone()
-    print(f"\nthe uplink's spool holds {n} results (the broker was down throughout): {folder}")
+    if args.compare == "uplink":
+        with sqlite3.connect(folder / "spool.sqlite") as db:
+            (n,) = db.execute("SELECT COUNT(*) FROM messages").fetchone()
+        print(f"\nthe uplink's spool holds {n} results (the broker was down throughout): {folder}")
     return 0
 
 

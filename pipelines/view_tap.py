@@ -1,0 +1,116 @@
+"""The live view's tap on one lane: the newest frame's pixels and detections, handed from
+the frame path to the view's thread, at most ``fps`` times a second, and only while
+someone watches.
+
+While nobody watches (``active`` false) the frame path does nothing but read that flag:
+no copy, no encoding. While someone does, the capture stage copies a due frame's pixels into a preallocated
+buffer (newest wins), and the post stage, when that same frame is published, copies its
+detections and latency beside it and swaps it with the ready buffer (two buffers, so
+pixels and detections always belong together). The view's thread copies the ready frame
+under the lock, then draws and encodes on its own time. A frame dropped after its pixels
+were taken is simply never ready: the next due frame replaces it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from edge_agent.core.stages import CAPTURED, PUBLISH
+
+
+class ViewFrame:
+    """One annotated-frame-to-be: pixels, detections, labels and the frame's figures."""
+
+    def __init__(self, max_det: int) -> None:
+        self.image = np.empty((0, 0, 3), np.uint8)
+        self.height = self.width = 0
+        self.frame_id = -1
+        self.det_xyxy = np.zeros((max_det, 4), np.float32)
+        self.det_score = np.zeros(max_det, np.float32)
+        self.det_class = np.zeros(max_det, np.int32)
+        self.det_count = 0
+        self.labels: tuple[str, ...] | list[str] = ()
+        self.e2e_ms = 0.0
+        self.missed = False
+
+    def take_pixels(self, image: np.ndarray) -> None:
+        h, w = image.shape[:2]
+        if self.image.shape[0] < h or self.image.shape[1] < w or self.image.shape[2:] != image.shape[2:]:
+            self.image = np.empty(image.shape, image.dtype)  # a new camera size: once
+        self.image[:h, :w] = image
+        self.height, self.width = h, w
+
+    def copy_from(self, other: ViewFrame) -> None:
+        self.take_pixels(other.image[: other.height, : other.width])
+        n = other.det_count
+        self.det_xyxy[:n] = other.det_xyxy[:n]
+        self.det_score[:n] = other.det_score[:n]
+        self.det_class[:n] = other.det_class[:n]
+        self.det_count, self.labels = n, other.labels
+        self.frame_id, self.e2e_ms, self.missed = other.frame_id, other.e2e_ms, other.missed
+
+
+class ViewTap:
+    """Written by the lane's capture and post stages, read by the view's thread."""
+
+    def __init__(self, source: str, fps: float, max_det: int, wake: threading.Event) -> None:
+        self.source = source
+        self.period_ns = int(1e9 / fps)
+        self.max_det = max_det
+        self.active = False  # someone watches this source: set by the view
+        self.captures = 0  # frames whose pixels were taken (0 while nobody watched)
+        self.ready_seq = 0  # bumped at each ready frame
+        self._filling = ViewFrame(max_det)  # the capture stage's
+        self._ready = ViewFrame(max_det)  # the newest whole frame, for the view
+        self._pending = -1  # the frame id whose pixels are in the buffer, not yet published
+        self._next_ns = 0
+        self._lock = threading.Lock()
+        self._wake = wake  # the view thread's: a frame is ready on some tap
+
+    # -- the frame path (only while active) -------------------------------------------
+
+    def offer_pixels(self, frame: Any) -> None:
+        """Capture stage: take this frame's pixels if one is due."""
+        now = time.monotonic_ns()
+        if now < self._next_ns:
+            return
+        self._next_ns = now + self.period_ns
+        with self._lock:
+            self._filling.take_pixels(frame.image)
+            self._pending = frame.frame_id
+            self.captures += 1
+
+    def offer_result(self, slot: Any, missed: bool) -> None:
+        """Post stage: the frame whose pixels were taken is published; its detections."""
+        if slot.frame_id != self._pending:
+            return
+        with self._lock:
+            if slot.frame_id != self._pending:  # a newer frame's pixels came in between
+                return
+            f, n = self._filling, slot.det_count
+            f.det_xyxy[:n] = slot.det_xyxy[:n]
+            f.det_score[:n] = slot.det_score[:n]
+            f.det_class[:n] = slot.det_class[:n]
+            f.det_count = n
+            f.labels = slot.profile.model.manifest.labels
+            f.frame_id = slot.frame_id
+            f.e2e_ms = (int(slot.stamps[PUBLISH]) - int(slot.stamps[CAPTURED])) / 1e6
+            f.missed = missed
+            self._filling, self._ready = self._ready, f
+            self._pending = -1
+            self.ready_seq += 1
+        self._wake.set()
+
+    # -- the view's thread --------------------------------------------------------------
+
+    def take(self, into: ViewFrame, seen_seq: int) -> int:
+        """Copy the ready frame into ``into`` if it is newer than ``seen_seq``; its seq."""
+        with self._lock:
+            if self.ready_seq == seen_seq:
+                return seen_seq
+            into.copy_from(self._ready)
+            return self.ready_seq

@@ -1,0 +1,212 @@
+"""The live view with real parts: an agent on the synthetic camera, its HTTP server, MJPEG
+read off a socket, and the page rendered by a real headless Chromium."""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from conftest import free_endpoint, run_process, started, wait_until
+from helpers import free_port
+
+from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig, ViewConfig
+from edge_agent.core.source_config import SyntheticSourceConfig
+from edge_agent.pipelines.view_tap import ViewFrame
+from edge_agent.view.annotate import PALETTE, annotate, colour
+
+W, H = 320, 240  # the synthetic camera's frames in these tests
+
+
+def config(const_model: Path, port: int, size: tuple[int, int] = (W, H), **view) -> AgentConfig:
+    return AgentConfig(
+        source=SyntheticSourceConfig(fps=30, width=size[0], height=size[1]),
+        model=ModelConfig(path=str(const_model)),
+        publish=PublishConfig(endpoint=free_endpoint()),
+        metrics=MetricsConfig(enabled=False),
+        view=ViewConfig(enabled=True, port=port, **{"fps": 10.0, **view}),
+    )
+
+
+def get(url: str, timeout_s: float = 10) -> bytes:
+    return urllib.request.urlopen(url, timeout=timeout_s).read()
+
+
+def mjpeg_frames(port: int, source: str, n: int, pause_s: float = 0.0) -> list[tuple[float, int, bytes]]:
+    """Read ``n`` parts of a multipart MJPEG stream off a raw socket: (arrival, frame id, JPEG)."""
+    out: list[tuple[float, int, bytes]] = []
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 * 1024)  # a small client: no backlog here
+        s.settimeout(15)
+        s.connect(("127.0.0.1", port))
+        s.sendall(f"GET /stream/{source}.mjpg HTTP/1.0\r\n\r\n".encode())
+        f = s.makefile("rb")
+        assert b"200" in f.readline()
+        while f.readline() not in (b"\r\n", b""):
+            pass  # the response headers
+        while len(out) < n:
+            headers = {}
+            line = f.readline()
+            while line not in (b"\r\n", b""):
+                key, _, value = line.decode().partition(":")
+                headers[key.strip().lower()] = value.strip()
+                line = f.readline()
+            if not line:
+                raise AssertionError("the stream ended")
+            if "content-length" in headers:
+                jpeg = f.read(int(headers["content-length"]))
+                out.append((time.monotonic(), int(headers["x-frame-id"]), jpeg))
+                f.readline()  # the CRLF after the body
+                if pause_s:
+                    time.sleep(pause_s)  # the test's input: a slow client
+    return out
+
+
+def test_boxes_are_drawn_where_the_detections_are():
+    image = np.zeros((200, 300, 3), np.uint8)
+    f = ViewFrame(4)
+    f.det_xyxy[:2] = [(40, 60, 140, 160), (200, 20, 280, 90)]
+    f.det_class[:2] = [1, 3]
+    f.det_score[:2] = [0.9, 0.5]
+    f.det_count, f.labels, f.frame_id, f.e2e_ms = 2, ["a", "b", "c", "d"], 7, 12.5
+    annotate(image, f)
+    for (x1, y1, x2, y2), cls in (((40, 60, 140, 160), 1), ((200, 20, 280, 90), 3)):
+        c = np.array(colour(cls))
+        for x, y in ((x1, (y1 + y2) // 2), (x2, (y1 + y2) // 2), ((x1 + x2) // 2, y2)):
+            assert (image[y, x] == c).all(), (cls, x, y, image[y, x])
+        assert (image[(y1 + y2) // 2, (x1 + x2) // 2] == 0).all(), "inside the box stays as it was"
+    assert image[8:20, 5:60].any(), "the stamp is in the corner"
+    assert colour(1) != colour(3) and colour(len(PALETTE) + 1) == colour(1)
+
+
+def test_the_frame_path_does_nothing_while_nobody_watches_and_mjpeg_flows_at_the_view_fps(const_model):
+    port = free_port()
+    with started(config(const_model, port)) as agent:
+        tap = agent.view.taps["cam0"]
+        wait_until(lambda: agent.pipeline.published() >= 30, 30, message="30 frames published")
+        assert tap.captures == 0 and agent.view.encoded == 0, "no copy, no encoding while nobody watches"
+        frames = mjpeg_frames(port, "cam0", 20)
+        assert tap.captures >= 20 and agent.view.encoded >= 20
+        wait_until(lambda: not tap.active, 10, message="the tap goes quiet when the client is gone")
+        taken = tap.captures
+        published = agent.pipeline.published()
+        wait_until(lambda: agent.pipeline.published() >= published + 15, 30, message="frames go on")
+        assert tap.captures == taken
+    for _, _, jpeg in frames:
+        img = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+        assert img is not None and img.shape == (H, W, 3)
+    # At most view.fps (10): 20 frames take at least ~1.9 s; a loaded machine only slower.
+    assert frames[-1][0] - frames[0][0] >= 19 / 10 * 0.9
+
+
+def test_a_wide_frame_is_scaled_to_max_width_and_a_token_guards_every_url(const_model):
+    port = free_port()
+    with started(config(const_model, port, max_width=160, token="s3cret")):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            get(f"http://127.0.0.1:{port}/snapshot/cam0.jpg")
+        assert e.value.code == 403
+        jpeg = get(f"http://127.0.0.1:{port}/snapshot/cam0.jpg?token=s3cret")
+        img = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
+        assert img.shape == (120, 160, 3)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            get(f"http://127.0.0.1:{port}/snapshot/nope.jpg?token=s3cret")
+        assert e.value.code == 404
+
+
+def test_a_slow_client_neither_slows_the_agent_nor_queues_frames(const_model):
+    port = free_port()
+    # Camera-sized frames (~100 KB as JPEG): the sockets' buffers hold about one of them.
+    with started(config(const_model, port, (1280, 720), max_width=1280)) as agent:
+        wait_until(lambda: agent.pipeline.published() >= 10, 30, message="frames flow")
+        before = agent.pipeline.published()
+        frames = mjpeg_frames(port, "cam0", 5, pause_s=2.0)  # one frame every 2 s
+        during = agent.pipeline.published() - before
+    # The pipeline went on while the reader dawdled (30 fps for 8 s; a loaded machine fewer).
+    assert during >= 60, during
+    # After what the sockets hold, each read gets the newest frame, not the next of a
+    # backlog: ids jump by about 2 s of frames (the camera makes 60 in that time).
+    ids = [i for _, i, _ in frames]
+    assert ids[-1] - ids[-2] >= 20, ids
+    assert sum(1 for a, b in itertools.pairwise(ids) if b - a < 20) <= 4, f"a backlog: {ids}"
+    assert len(agent.view.latest) == 1, "one encoded frame per source is all the view keeps"
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert found, "the live view's browser test needs Chromium (apt-get install chromium; .ci/run does)"
+    return found
+
+
+def _browser(tmp: Path, *args: str) -> list[str]:
+    return [
+        _chromium(),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp}",
+        "--virtual-time-budget=5000",
+        *args,
+    ]
+
+
+def test_the_page_shows_the_live_frame_and_the_figures_in_a_real_browser(const_model, tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    with started(config(const_model, port)):
+        wait_until(lambda: b"cam0" in get(url + "api/health"), 30, message="a heartbeat")
+        snapshot = cv2.imdecode(np.frombuffer(get(url + "snapshot/cam0.jpg"), np.uint8), cv2.IMREAD_COLOR)
+        shot = tmp_path / "page.png"
+        out = run_process(_browser(tmp_path / "a", "--window-size=900,700", f"--screenshot={shot}", url), 90)
+        assert shot.is_file(), out.stderr[-2000:]
+        dom = run_process(_browser(tmp_path / "b", "--dump-dom", url), 90).stdout
+    page = cv2.imread(str(shot))
+
+    def has(img: np.ndarray, bgr: tuple[int, int, int]) -> bool:
+        return bool((np.abs(img.astype(int) - bgr).max(axis=2) <= 24).sum() >= 20)
+
+    # The const model reports classes 0 and 2: their box colours are in the snapshot, and so
+    # in the browser's rendering of the page (the live image), and no other class's is.
+    drawn = [c for c in PALETTE if has(snapshot, c)]
+    assert colour(0) in drawn and colour(2) in drawn, drawn
+    assert all(has(page, c) for c in (colour(0), colour(2)))
+    # The figures line, filled in by the page's script from /api/health.
+    assert "fps " in dom and "e2e p50" in dom and "ladder full" in dom, dom[-3000:]
+    assert "waiting for the first heartbeat" not in dom
+
+
+def test_run_view_prints_the_url(tmp_path, const_model):
+    from conftest import agent_command, spawn
+
+    port = free_port()
+    cfg = tmp_path / "a.yaml"
+    cfg.write_text(
+        f"model: {{path: {const_model}}}\nmetrics: {{enabled: false}}\n"
+        f"publish: {{endpoint: '{free_endpoint()}'}}\nview: {{port: {port}}}\n"
+    )
+    with spawn(
+        agent_command("run", "--config", str(cfg), "--view", "--quiet"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        from conftest import read_line
+
+        line = ""
+        end = time.monotonic() + 60
+        while "live view:" not in line and time.monotonic() < end:
+            line = read_line(proc.stderr, 60)
+        assert line.strip().endswith(f"http://127.0.0.1:{port}/"), line
+        assert get(f"http://127.0.0.1:{port}/").startswith(b"<!doctype html>")
