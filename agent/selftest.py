@@ -129,31 +129,120 @@ def compare(
     return score_err, box_err, (found / total if total else 1.0)
 
 
+@dataclass(frozen=True)
+class Target:
+    """One TensorRT configuration the self-test builds, runs and compares with the CPU."""
+
+    name: str
+    core: int = -1  # the model engine's DLA core; -1: GPU
+    preprocess: str = "cpu"  # cpu | gpu | dla: where the float variant's normalisation runs
+    zero_copy: bool = True
+    answers: str = ""  # the open question (README) this target settles on a device
+
+
+def tensorrt_targets(n_dla: int) -> list[Target]:
+    """Every target for a device with ``n_dla`` DLA cores (the DLA ones only where present)."""
+    targets = [
+        Target("tensorrt-gpu", answers="zero-copy (mapped) buffers on the GPU"),
+        Target("tensorrt-gpu-copy", zero_copy=False, answers="device buffers and async copies"),
+        Target("tensorrt-gpu-preprocess-gpu", preprocess="gpu", answers="device preprocessing on the GPU"),
+    ]
+    for i in range(n_dla):
+        targets.append(Target(f"tensorrt-dla{i}", core=i, answers="the model on a DLA core, zero-copy I/O"))
+    if n_dla:
+        targets += [
+            Target("tensorrt-dla0-copy", core=0, zero_copy=False, answers="DLA I/O through device buffers"),
+            Target(
+                "tensorrt-gpu-preprocess-dla",
+                preprocess="dla",
+                answers="Shuffle/Scale/Gather on the DLA (the preprocessing engine's placement)",
+            ),
+        ]
+    return targets
+
+
+def skipped_targets(reason: str, n_dla: int = 1) -> list[Check]:
+    """The targets as skipped checks, each with the reason (off-device, or no DLA)."""
+    return [Check(t.name, "skip", f"{reason} (would check: {t.answers})") for t in tensorrt_targets(n_dla)]
+
+
+def float_variant(folder: str) -> ModelConfig:
+    """The bundled detector taking float NCHW pixels (0..255, BGR), so that device
+    preprocessing has a float input to produce; its outputs equal the uint8 model's."""
+    import onnx
+
+    from edge_agent.models import manifest as mf
+
+    src = Path(mf.__file__).parent / mf.BUNDLED_MODEL
+    proto = onnx.load(str(src / "model.onnx"))
+    g = proto.graph
+    first = g.node[0]  # Transpose NHWC -> NCHW, then a Cast to float
+    assert first.op_type == "Transpose", first.op_type
+    for node in g.node:
+        renamed = [g.input[0].name if i == first.output[0] else i for i in node.input]
+        del node.input[:]
+        node.input.extend(renamed)
+    g.node.remove(first)
+    t = g.input[0].type.tensor_type
+    t.elem_type = onnx.TensorProto.FLOAT
+    dims = list(t.shape.dim)
+    order = [dims[0], dims[3], dims[1], dims[2]]
+    values = [(d.dim_param, d.dim_value) for d in order]
+    for d, (param, value) in zip(t.shape.dim, values):
+        d.Clear()
+        if param:
+            d.dim_param = param
+        else:
+            d.dim_value = value
+    out = Path(folder) / "shapes-det-float"
+    out.mkdir(parents=True, exist_ok=True)
+    onnx.save(proto, str(out / "model.onnx"))
+    text = (src / "manifest.yaml").read_text()
+    text = text.replace("layout: NHWC", "layout: NCHW").replace("dtype: uint8", "dtype: float32")
+    text = text.replace("  color: bgr", "  color: bgr\n  scale: 1.0")
+    (out / "manifest.yaml").write_text(text)
+    return ModelConfig(
+        path=str(out / "model.onnx"), manifest=str(out / "manifest.yaml"), score_threshold=0.001
+    )
+
+
 def _tensorrt_check(
-    name: str, core: int, frames: int, cache_dir: str, ref_raw: list[np.ndarray], ref_res: list[FrameResult]
+    target: Target, frames: int, cache_dir: str, ref_raw: list[np.ndarray], ref_res: list[FrameResult]
 ) -> Check:
-    """Build and run one TensorRT target (GPU or a DLA core) and compare it with the CPU reference."""
+    """Build and run one TensorRT target and compare it with the CPU reference."""
     from edge_agent.pipelines.model import load_model
 
-    cfg = TensorRTConfig(dla_core=core, preprocess="cpu")
+    cfg = TensorRTConfig(dla_core=target.core, preprocess=target.preprocess, zero_copy=target.zero_copy)
     if cache_dir:
         cfg = replace(cfg, cache_dir=cache_dir)
+    model = None
     try:
+        model_cfg = ModelConfig(score_threshold=0.001)
+        if target.preprocess != "cpu":
+            model_cfg = float_variant(str(Path(cfg.cache_dir).expanduser()))
         t0 = time.monotonic()
-        model = load_model(ModelConfig(score_threshold=0.001), cfg)
+        model = load_model(model_cfg, cfg)
         build_s = time.monotonic() - t0
         raw, res, ms, parts = _run_model(model, frames)
+        return _judge(target, model.backend.describe(), raw, res, ms, parts, build_s, ref_raw, ref_res)
     except Exception as e:  # the self-test reports every failure, it does not stop at one
-        return Check(name, "fail", f"{type(e).__name__}: {e}")
+        return Check(target.name, "fail", f"{type(e).__name__}: {e}")
+    finally:
+        if model is not None:
+            model.close()
+
+
+def _judge(target: Target, info: dict, raw, res, ms, parts, build_s: float, ref_raw, ref_res) -> Check:
     score_err, box_err, matched = compare(ref_raw, raw, ref_res, res)
     passed = score_err <= SCORE_ATOL and box_err <= BOX_ATOL_PX and matched >= MIN_MATCHED
-    info = model.backend.describe()
-    check = Check(
-        name,
+    if target.preprocess != "cpu" and info.get("preprocess") != "device":
+        passed = False  # it ran, but not what this target is for: the notes say why
+    return Check(
+        target.name,
         "pass" if passed else "fail",
         f"max |score diff| {score_err:.4f} (≤ {SCORE_ATOL}), max |box diff| {box_err:.2f} px "
         f"(≤ {BOX_ATOL_PX}), detections matched {matched:.1%} (≥ {MIN_MATCHED:.0%}), "
-        f"{np.median(ms):.2f} ms/frame, load+build {build_s:.1f} s",
+        f"{np.median(ms):.2f} ms/frame, load+build {build_s:.1f} s; checks: {target.answers}",
         {
             "score_err": score_err,
             "box_err": box_err,
@@ -163,8 +252,6 @@ def _tensorrt_check(
             "backend": info,
         },
     )
-    model.close()
-    return check
 
 
 def run_selftest(frames: int = 50, cache_dir: str = "") -> list[Check]:
@@ -173,7 +260,10 @@ def run_selftest(frames: int = 50, cache_dir: str = "") -> list[Check]:
 
     checks = [platform_check(), clocks_check()]
     cpu = load_model(ModelConfig(score_threshold=0.001), OnnxRuntimeConfig())
-    ref_raw, ref_res, ref_ms, _ = _run_model(cpu, frames)
+    try:
+        ref_raw, ref_res, ref_ms, _ = _run_model(cpu, frames)
+    finally:
+        cpu.close()
     m_ap, _ = mean_average_precision(ref_res, len(cpu.manifest.labels))
     ok = m_ap >= 0.9
     checks.append(
@@ -185,20 +275,21 @@ def run_selftest(frames: int = 50, cache_dir: str = "") -> list[Check]:
             {"map50": m_ap, "ms_p50": float(np.median(ref_ms))},
         )
     )
-    cpu.close()
     reason = tensorrt_unavailable()
     if reason:
         checks.append(Check("tensorrt", "skip", f"TensorRT is not available on this machine: {reason}"))
-        return checks
-    targets = [("tensorrt-gpu", -1)]
+        return checks + skipped_targets("TensorRT is not available on this machine")
     import tensorrt as trt
 
-    n_dla = trt.Builder(trt.Logger(trt.Logger.WARNING)).num_DLA_cores
-    targets += [(f"tensorrt-dla{i}", i) for i in range(n_dla)]
+    from edge_agent.pipelines.backends.trt_support import shared_logger
+
+    n_dla = trt.Builder(shared_logger(trt)).num_DLA_cores
     if not n_dla:
         checks.append(Check("dla", "skip", "this device has no DLA (an Orin Nano has none)"))
-    for name, core in targets:
-        checks.append(_tensorrt_check(name, core, frames, cache_dir, ref_raw, ref_res))
+        have = {t.name for t in tensorrt_targets(0)}
+        checks += [c for c in skipped_targets("this device has no DLA") if c.name not in have]
+    for target in tensorrt_targets(n_dla):
+        checks.append(_tensorrt_check(target, frames, cache_dir, ref_raw, ref_res))
     return checks
 
 

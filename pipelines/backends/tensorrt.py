@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,33 +30,16 @@ import numpy as np
 from edge_agent.core.config import TensorRTConfig
 from edge_agent.core.files import file_sha256
 from edge_agent.models.manifest import InputFormat
-from edge_agent.pipelines.backends import trt_build
+from edge_agent.pipelines.backends import trt_build, trt_support
 from edge_agent.pipelines.backends.base import BackendError, InferenceBackend, IOSet, TensorSpec
 from edge_agent.pipelines.backends.engine_cache import EngineCache, EngineKey
+from edge_agent.pipelines.backends.trt_support import bind, import_tensorrt, ones, sized
 from edge_agent.power import sysfs
 
 log = logging.getLogger(__name__)
 
 FRAME_TENSOR = "frame"  # the preprocessing engine's input
 PREPROCESSED = "input"  # its output, the model's input
-
-
-def import_tensorrt() -> tuple[Any, Any]:
-    """``tensorrt`` and ``pycuda.driver``, or a BackendError saying where to get them."""
-    try:
-        import tensorrt as trt
-    except ImportError as e:
-        raise BackendError(
-            f"the tensorrt backend needs TensorRT's Python bindings ({e}); on a Jetson they "
-            "come with JetPack (python3-libnvinfer): create the venv with --system-site-packages"
-        ) from None
-    try:
-        import pycuda.driver as cuda
-    except ImportError as e:
-        raise BackendError(
-            f"the tensorrt backend needs pycuda ({e}): pip install 'edge-agent[jetson]'"
-        ) from None
-    return trt, cuda
 
 
 @dataclass
@@ -68,7 +50,7 @@ class _Slot:
     host: dict[str, np.ndarray]  # page-locked, one per IO tensor the host touches
     device: dict[str, int]  # device address of every tensor, preprocessing's included
     allocations: dict[str, Any] = field(default_factory=dict)  # DeviceAllocation per tensor
-    events: list[Any] = field(default_factory=list)  # start, after preprocessing, end
+    events: list[Any] = field(default_factory=list)  # start, after preprocessing, end, done (blocking)
     uploaded: bool = False
     batch: int = 1  # frames the buffers hold
 
@@ -128,11 +110,9 @@ class TensorRTBackend(InferenceBackend):
         dev = cuda.Device(0)
         # The primary context is the one TensorRT (through the CUDA runtime) uses.
         self._cuda_ctx = dev.retain_primary_context()
-        major, minor = dev.compute_capability()
-        release = sysfs.detect().l4t
-        self._device = f"{dev.name()} sm_{major}{minor}" + (f" {release}" if release else "")
+        self._device = trt_support.device_description(cuda, dev, sysfs.detect().l4t)
         self._model_path = model_path
-        self._logger = trt.Logger(trt.Logger.WARNING)
+        self._logger = trt_support.shared_logger(trt)
         # TensorRT's own plugins (EfficientNMS_TRT in end-to-end exports) must be registered
         # before the parser or the runtime meets a graph or an engine that holds one.
         trt.init_libnvinfer_plugins(self._logger, "")
@@ -207,18 +187,29 @@ class TensorRTBackend(InferenceBackend):
         # a fixed batch) only its own, which smaller batches pad.
         self._batch = (shape[0], settings.min_batch == 0)
         onnx_sha = file_sha256(model_path)
-        calibrator, calib_sha = None, ""
+        make_calibrator, calib_sha = None, ""
         stem = Path(model_path).parent.name if Path(model_path).stem == "model" else Path(model_path).stem
         if settings.precision == "int8":
-            calibrator, calib_sha = self._calibrator(stem, onnx_sha, shape)
+            make_calibrator, calib_sha = self._calibrator(stem, onnx_sha, shape)
         key = self._key_for(settings, onnx_sha, "model", calib_sha)
         self._key = key
 
         def build() -> bytes:
             log.info("tensorrt: building %s (minutes on a Nano; cached afterwards)", key.describe())
-            plan, off_dla = trt_build.build_engine(
-                self.trt, self._logger, model_path, settings, self._cache.timing_cache_path(key), calibrator
-            )
+            # Made (its device buffer allocated) only for a build, with the context current.
+            calibrator = make_calibrator() if make_calibrator else None
+            try:
+                plan, off_dla = trt_build.build_engine(
+                    self.trt,
+                    self._logger,
+                    model_path,
+                    settings,
+                    self._cache.timing_cache_path(key),
+                    calibrator,
+                )
+            finally:
+                if calibrator is not None:
+                    calibrator.close()
             self.off_dla["model"] = off_dla
             return plan
 
@@ -242,48 +233,33 @@ class TensorRTBackend(InferenceBackend):
         raise AssertionError("unreachable")
 
     def _calibrator(self, stem: str, onnx_sha: str, shape: tuple[int, ...]) -> tuple[Any, str]:
-        folder = self.config.calibration_images
-        files = sorted(
-            str(p) for p in Path(folder).glob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png", ".bmp")
-        )[: self.config.calibration_frames]
-        if not files:
-            raise BackendError(f"int8 calibration: no images in {folder}")
-        images_sha = hashlib.sha256(
-            "\n".join(f"{f}:{os.path.getsize(f)}" for f in files).encode()
-        ).hexdigest()
-        cache = self._cache.calibration_cache_path(stem, onnx_sha, images_sha)
-        fmt = self._fmt
-
-        def batches():
-            import cv2
-
-            from edge_agent.pipelines.preprocess import Letterbox, Preprocessor
-
-            pre = Preprocessor(fmt)
-            tensor = np.zeros(shape, np.dtype(fmt.dtype))
-            for f in files:
-                img = cv2.imread(f, cv2.IMREAD_COLOR)
-                if img is not None:
-                    pre(img, tensor, Letterbox())  # the same letterbox as live frames
-                    yield tensor
-
-        calibrator = trt_build.make_calibrator(self.trt, self.cuda, batches, cache)
-        # The images (and the ONNX, already in the key) decide the calibration; hashing the
-        # cache file would change the key once the first build has written it.
-        return calibrator, images_sha
+        return trt_support.calibration(self, stem, onnx_sha, shape)
 
     def host_format(self, fmt: InputFormat) -> InputFormat:
         return self._host_fmt
+
+    def _no_device_preprocessing(self, fmt: InputFormat, settings: trt_build.BuildSettings) -> str:
+        """Why the device preprocessing engine cannot serve this model ("" if it can)."""
+        if fmt.layout != "NCHW":
+            return "the model takes float NHWC input (the device network writes NCHW)"
+        spec = self._model_in_spec
+        if self._batch[1] and self._batch[0] > 1:
+            # Its outputs would be sized for the one frame it takes while the model writes
+            # all of its fixed batch into them: past the end of the buffers.
+            return f"the model takes a fixed batch of {self._batch[0]}, the preprocessing engine one frame"
+        if spec.shape[1:] != (3, fmt.height, fmt.width) or spec.dtype.kind != "f":
+            says = f"{fmt.dtype} 3x{fmt.height}x{fmt.width}"
+            return f"the model takes {spec.dtype} {spec.shape}, the manifest says {says}"
+        if settings.dla_core >= 0 and not settings.gpu_fallback:
+            # Would fail to build on every start: the DLA has no uint8 tensors.
+            return "the uint8 → fp16 cast cannot run on the DLA and gpu_fallback is off"
+        return ""
 
     def _device_preprocessing(self, fmt: InputFormat) -> InputFormat:
         """Float models: normalisation moves to a device engine, the host writes uint8 NHWC."""
         if fmt.dtype == "uint8" or self.config.preprocess == "cpu":
             if fmt.dtype == "uint8":
                 self.notes.append("model takes uint8: normalisation is already in its graph")
-            return fmt
-        if fmt.layout != "NCHW":
-            # The device network writes NCHW; an NHWC float model keeps the CPU path.
-            self.notes.append("preprocessing on the CPU: the model takes float NHWC input")
             return fmt
         core = 0 if self.config.preprocess == "dla" else -1
         shape = (1, fmt.height, fmt.width, 3)
@@ -292,32 +268,34 @@ class TensorRTBackend(InferenceBackend):
         )
         settings = trt_build.BuildSettings(**{**settings.__dict__, "precision": "fp16"})
         self.notes += [f"preprocessing: {n}" for n in notes]
+        why = self._no_device_preprocessing(fmt, settings)
+        if why:
+            self.notes.append(f"preprocessing on the CPU: {why}")
+            return fmt
+        model_in = self._model_in_spec  # the engine's own input, not the manifest's word
+        out_dtype = self.trt.DataType.HALF if model_in.dtype == np.float16 else self.trt.DataType.FLOAT
         # Only what the device engine computes: the resize happens on the host before it.
-        used = (fmt.height, fmt.width, fmt.layout, fmt.dtype, fmt.color, fmt.scale, fmt.mean, fmt.std)
-        fmt_sha = hashlib.sha256(repr(used).encode()).hexdigest()
-        key = self._key_for(settings, fmt_sha, "preprocess")
+        used = (
+            fmt.height,
+            fmt.width,
+            fmt.layout,
+            str(model_in.dtype),
+            fmt.color,
+            fmt.scale,
+            fmt.mean,
+            fmt.std,
+        )
+        key = self._key_for(settings, hashlib.sha256(repr(used).encode()).hexdigest(), "preprocess")
         try:
-            with self._current():
-
-                def build() -> bytes:
-                    plan, off_dla = trt_build.build_preprocess_engine(
-                        self.trt, self._logger, fmt, settings, self._cache.timing_cache_path(key)
-                    )
-                    self.off_dla["preprocess"] = off_dla
-                    return plan
-
-                self.pre_engine = self._cached_engine("preprocess", key, build)
-                self.pre_context = self.pre_engine.create_execution_context()
-        except BackendError as e:
+            self._build_preprocessing(fmt, settings, key, out_dtype)
+        except Exception as e:  # BackendError, or an add_* that returned None (AttributeError)
             # Device preprocessing is an optimisation: the CPU path still gives right answers.
-            self.notes.append(f"preprocessing on the CPU: the device engine failed ({e})")
+            self.notes.append(f"preprocessing on the CPU: the device engine failed ({type(e).__name__}: {e})")
             self.pre_engine = self.pre_context = None
             return fmt
         where = f"DLA{settings.dla_core}" if settings.dla_core >= 0 else "GPU"
         self.notes.append(f"preprocessing (normalise, NCHW) on {where}")
         self._inputs = [TensorSpec(FRAME_TENSOR, shape, np.dtype(np.uint8))]
-        # The preprocessing engine takes one frame: a fixed-batch model is padded behind it.
-        self._batch = (1, True)
         return InputFormat(
             height=fmt.height,
             width=fmt.width,
@@ -328,6 +306,23 @@ class TensorRTBackend(InferenceBackend):
             resize=fmt.resize,
             interpolation=fmt.interpolation,
         )
+
+    def _build_preprocessing(
+        self, fmt: InputFormat, settings: trt_build.BuildSettings, key: EngineKey, out_dtype: Any
+    ) -> None:
+        with self._current():
+
+            def build() -> bytes:
+                plan, off_dla = trt_build.build_preprocess_engine(
+                    self.trt, self._logger, fmt, settings, self._cache.timing_cache_path(key), out_dtype
+                )
+                self.off_dla["preprocess"] = off_dla
+                return plan
+
+            self.pre_engine = self._cached_engine("preprocess", key, build)
+            self.pre_context = self.pre_engine.create_execution_context()
+            spec = self._model_in_spec
+            trt_support.check_preprocessed(self.pre_engine, PREPROCESSED, spec.shape, spec.dtype, self.trt)
 
     def _read_io(self) -> None:
         trt, engine, ctx = self.trt, self.engine, self.context
@@ -340,12 +335,16 @@ class TensorRTBackend(InferenceBackend):
         shape = tuple(engine.get_tensor_shape(self._model_input))
         if any(d < 0 for d in shape):
             # Input shapes first: output shapes resolve from them.
-            ctx.set_input_shape(self._model_input, self._key.input_shape if self._key else _ones(shape))
+            want = self._key.input_shape if self._key else ones(shape)
+            if not ctx.set_input_shape(self._model_input, want):
+                raise BackendError(f"{self._model_path}: the engine refused input shape {want}")
         self._inputs = [self._spec(self._model_input)]
         # Kept: ``allocate`` may run (a reload) while another thread enqueues on the
         # context, and an execution context is not thread-safe.
         self._model_in_spec = self._inputs[0]
         self._outputs = [self._spec(n) for n in outputs]
+        for spec in self._outputs:
+            trt_support.known_shape(spec.name, spec.shape, self._model_path)
 
     def batch_axis(self) -> tuple[int, bool]:
         return self._batch
@@ -388,10 +387,12 @@ class TensorRTBackend(InferenceBackend):
                 self._buffer(slot, self._model_input, model_in.shape, model_in.dtype, host=False)
             else:
                 spec = self._inputs[0]
-                self._buffer(slot, spec.name, _sized(spec.shape, size), spec.dtype, host=True)
+                self._buffer(slot, spec.name, sized(spec.shape, size), spec.dtype, host=True)
             for spec in self._outputs:
-                self._buffer(slot, spec.name, _sized(spec.shape, size), spec.dtype, host=True)
-            slot.events = [cuda.Event(), cuda.Event(), cuda.Event()]
+                self._buffer(slot, spec.name, sized(spec.shape, size), spec.dtype, host=True)
+            flags = cuda.event_flags
+            blocking = cuda.Event(flags.BLOCKING_SYNC | flags.DISABLE_TIMING)
+            slot.events = [cuda.Event(), cuda.Event(), cuda.Event(), blocking]
         host_in = self._inputs[0].name
         return IOSet(
             inputs={host_in: slot.host[host_in]},
@@ -414,35 +415,38 @@ class TensorRTBackend(InferenceBackend):
     def infer(self, io: IOSet) -> None:
         slot: _Slot = io.handle
         cuda, stream = self.cuda, slot.stream
-        start, mid, end = slot.events
+        start, mid, end, done = slot.events
         with self._current():
             if not self._zero_copy and not slot.uploaded:
                 name = self._inputs[0].name
                 cuda.memcpy_htod_async(slot.allocations[name], slot.host[name], stream)
             start.record(stream)
             if self.pre_context is not None:
-                self.pre_context.set_tensor_address(FRAME_TENSOR, slot.device[FRAME_TENSOR])
-                self.pre_context.set_tensor_address(PREPROCESSED, slot.device[self._model_input])
+                bind(self.pre_context, FRAME_TENSOR, slot.device[FRAME_TENSOR])
+                bind(self.pre_context, PREPROCESSED, slot.device[self._model_input])
                 if not self.pre_context.execute_async_v3(stream.handle):
                     raise BackendError("the preprocessing engine failed to enqueue")
             mid.record(stream)
             # One execution context serves every slot, one batch at a time: the batch size
             # (a dynamic engine) and the addresses are set for this slot before each enqueue.
             if not self._batch[1]:
-                shape = _sized(self._inputs[0].shape, slot.batch)
+                shape = sized(self._inputs[0].shape, slot.batch)
                 if not self.context.set_input_shape(self._model_input, shape):
                     raise BackendError(f"the engine refused input shape {shape} (outside its profile)")
-            self.context.set_tensor_address(self._model_input, slot.device[self._model_input])
+            bind(self.context, self._model_input, slot.device[self._model_input])
             for spec in self._outputs:
-                self.context.set_tensor_address(spec.name, slot.device[spec.name])
+                bind(self.context, spec.name, slot.device[spec.name])
             if not self.context.execute_async_v3(stream.handle):
                 raise BackendError("the model engine failed to enqueue")
             end.record(stream)
             if not self._zero_copy:
                 for spec in self._outputs:
                     cuda.memcpy_dtoh_async(slot.host[spec.name], slot.allocations[spec.name], stream)
-            # The host reads the outputs next: everything on the stream must be done.
-            stream.synchronize()
+            # The host reads the outputs next: everything on the stream must be done. A
+            # BLOCKING_SYNC event sleeps the thread; stream.synchronize() on the primary
+            # context (CU_CTX_SCHED_AUTO) would spin a CPU core for the whole inference.
+            done.record(stream)
+            done.synchronize()
             slot.uploaded = False
             io.extra["device_preprocess_ms"] = mid.time_since(start)
             io.extra["device_compute_ms"] = end.time_since(mid)
@@ -483,12 +487,3 @@ class TensorRTBackend(InferenceBackend):
         with contextlib.suppress(Exception):
             self._cuda_ctx.detach()
         self._cuda_ctx = None
-
-
-def _sized(shape: tuple[int, ...], batch: int) -> tuple[int, ...]:
-    """``shape`` with its leading (batch) axis set to ``batch``."""
-    return (batch, *shape[1:])
-
-
-def _ones(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return tuple(1 if d < 0 else d for d in shape)

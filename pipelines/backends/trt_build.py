@@ -179,43 +179,107 @@ def make_progress_monitor(trt: Any, out: TextIO | None = None) -> Any:
     return BuildProgress()
 
 
-def make_calibrator(trt: Any, cuda: Any, batches: Callable[[], Iterator[np.ndarray]], cache: Path) -> Any:
+class _Feed:
+    """The calibrator's work, apart from the TensorRT base class: one device buffer,
+    allocated here (with the context current), filled batch by batch."""
+
+    def __init__(self, cuda: Any, batches: Callable[[], Iterator[np.ndarray]], nbytes: int, context: Any):
+        self.cuda, self.batches, self.nbytes, self.context = cuda, batches, nbytes, context
+        self.device = cuda.mem_alloc(nbytes)
+        self.it: Iterator[np.ndarray] | None = None
+        self.count = 0
+
+    def next(self) -> list[int] | None:
+        if self.it is None:
+            self.it = self.batches()
+        batch = next(self.it, None)
+        if batch is None:
+            return None
+        batch = np.ascontiguousarray(batch)
+        if batch.nbytes != self.nbytes:
+            raise BackendError(f"calibration batch of {batch.nbytes} B, the input takes {self.nbytes} B")
+        if self.context is not None:
+            self.context.push()  # the builder's thread may have no current context
+        try:
+            self.cuda.memcpy_htod(self.device, batch)
+        finally:
+            if self.context is not None:
+                self.cuda.Context.pop()
+        self.count += 1
+        return [int(self.device)]
+
+    def close(self) -> None:
+        if self.device is not None:
+            self.device.free()
+            self.device = None
+
+
+def make_calibrator(
+    trt: Any,
+    cuda: Any,
+    batches: Callable[[], Iterator[np.ndarray]],
+    cache: Path,
+    nbytes: int,
+    context: Any = None,
+) -> Any:
     """An entropy calibrator fed with preprocessed frames; its cache is kept in ``cache``.
 
     Deprecated since TensorRT 10.1 but the only INT8 path the DLA takes (implicit
-    quantisation), and still working in 10.x.
+    quantisation), and still working in 10.x. Call it with the CUDA context current: the
+    device buffer (``nbytes``, one batch) is allocated here, not in the callback.
+    ``get_batch`` runs on whatever thread TensorRT calls it from (unconfirmed), so it
+    pushes ``context`` itself. The binding turns an exception in ``get_batch`` into "no
+    more data" (pyInt8.cpp), which would end calibration early without a word: it is kept
+    in ``error`` instead, and ``_build`` raises it once the build returns.
     """
 
     class Calibrator(trt.IInt8EntropyCalibrator2):
         def __init__(self) -> None:
             trt.IInt8EntropyCalibrator2.__init__(self)
-            self._it: Iterator[np.ndarray] | None = None
-            self._device = None
-            self.count = 0
+            self.feed = _Feed(cuda, batches, nbytes, context)
+            self.error: BaseException | None = None
+            self.from_cache = False
+
+        @property
+        def count(self) -> int:
+            return self.feed.count
 
         def get_batch_size(self) -> int:
             return 1
 
         def get_batch(self, names: list[str]) -> list[int] | None:
-            if self._it is None:
-                self._it = batches()
-            batch = next(self._it, None)
-            if batch is None:
+            if self.error is not None:
                 return None
-            batch = np.ascontiguousarray(batch)
-            if self._device is None:
-                self._device = cuda.mem_alloc(batch.nbytes)
-            cuda.memcpy_htod(self._device, batch)
-            self.count += 1
-            return [int(self._device)]
+            try:
+                return self.feed.next()
+            except BaseException as e:  # raised again after the build, see check_calibration
+                self.error = e
+                return None
 
         def read_calibration_cache(self) -> bytes | None:
-            return cache.read_bytes() if cache.exists() else None
+            data = cache.read_bytes() if cache.exists() else None
+            self.from_cache = bool(data)
+            return data
 
         def write_calibration_cache(self, data: Any) -> None:
             atomic_write(cache, bytes(data))
 
+        def close(self) -> None:
+            """Free the device buffer (with the context current)."""
+            self.feed.close()
+
     return Calibrator()
+
+
+def check_calibration(calibrator: Any, what: str) -> None:
+    """Raise what the calibrator swallowed, or that it fed no frames at all."""
+    if calibrator is None:
+        return
+    error = getattr(calibrator, "error", None)
+    if error is not None:
+        raise BackendError(f"{what}: int8 calibration failed: {type(error).__name__}: {error}") from error
+    if not getattr(calibrator, "from_cache", False) and getattr(calibrator, "count", 1) == 0:
+        raise BackendError(f"{what}: int8 calibration fed no frames (no image could be read)")
 
 
 def _parse(trt: Any, logger: Any, onnx_path: str) -> tuple[Any, Any, Any]:
@@ -247,14 +311,21 @@ def build_engine(
 
 
 def build_preprocess_engine(
-    trt: Any, logger: Any, fmt: InputFormat, settings: BuildSettings, timing_cache: Path
+    trt: Any,
+    logger: Any,
+    fmt: InputFormat,
+    settings: BuildSettings,
+    timing_cache: Path,
+    out_dtype: Any = None,
 ) -> tuple[bytes, list[str]]:
     """The preprocessing network for a float-input model, as an engine.
 
     Input ``frame``: the letterboxed uint8 NHWC BGR frame (1, H, W, 3). Output ``input``:
     the model's input, NCHW, colour order, scale and mean/std as the manifest says. The
     uint8 → fp16 cast cannot run on the DLA (it has no uint8 tensors); the transpose, the
-    channel swap and the per-channel scale are what the DLA may take.
+    channel swap and the per-channel scale are what the DLA may take. ``out_dtype`` (a
+    ``trt.DataType``): the model input's own type, which the output must match; without it
+    the manifest's dtype.
     """
     check_version(trt, settings.precision)
     builder = trt.Builder(logger)
@@ -274,7 +345,9 @@ def build_preprocess_engine(
     out = network.add_scale(t, trt.ScaleMode.CHANNEL, shift=shift, scale=scale).get_output(0)
     out.name = "input"
     network.mark_output(out)
-    out.dtype = trt.DataType.HALF if fmt.dtype == "float16" else trt.DataType.FLOAT
+    if out_dtype is None:
+        out_dtype = trt.DataType.HALF if fmt.dtype == "float16" else trt.DataType.FLOAT
+    out.dtype = out_dtype
     plan, off_dla = _build(trt, builder, network, settings, timing_cache, None, False, "preprocessing")
     del weights
     return plan, off_dla
@@ -314,6 +387,7 @@ def _build(
         )
     t0 = time.monotonic()
     plan = builder.build_serialized_network(network, config)
+    check_calibration(calibrator, what)
     if plan is None:
         raise BackendError(f"{what}: TensorRT could not build the engine (see its log above)")
     log.info("%s: engine built in %.1f s", what, time.monotonic() - t0)

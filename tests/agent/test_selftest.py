@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -22,6 +23,8 @@ def test_selftest_checks_what_it_can_and_says_tensorrt_is_absent(tmp_path):
     assert checks["tensorrt"]["status"] == "skip"
     assert "not available on this machine" in checks["tensorrt"]["detail"]
     assert "| tensorrt | skip |" in report.with_suffix(".md").read_text()
+    for name in ("tensorrt-gpu-copy", "tensorrt-gpu-preprocess-gpu", "tensorrt-gpu-preprocess-dla"):
+        assert checks[name]["status"] == "skip" and "not available" in checks[name]["detail"], name
 
 
 def test_engine_build_without_tensorrt_says_where_it_comes_from():
@@ -58,3 +61,49 @@ def test_compare_counts_reference_detections_found_again(got_boxes, got_classes,
     score_err, box_err, found = compare(raw, raw2, ref, got)
     assert found == matched
     assert score_err == pytest.approx(0.02) and box_err == pytest.approx(1.5)
+
+
+def test_off_device_every_tensorrt_target_is_listed_as_skipped_with_its_reason():
+    from edge_agent.selftest import skipped_targets, tensorrt_targets
+
+    names = [c.name for c in skipped_targets("TensorRT is not available on this machine")]
+    assert names == [
+        "tensorrt-gpu",
+        "tensorrt-gpu-copy",
+        "tensorrt-gpu-preprocess-gpu",
+        "tensorrt-dla0",
+        "tensorrt-dla0-copy",
+        "tensorrt-gpu-preprocess-dla",
+    ]
+    assert all(
+        c.status == "skip" and "not available" in c.detail
+        for c in skipped_targets("TensorRT is not available on this machine")
+    )
+    no_dla = tensorrt_targets(0)
+    assert [t.name for t in no_dla] == names[:3]
+    assert {(t.preprocess, t.zero_copy) for t in no_dla} == {("cpu", True), ("cpu", False), ("gpu", True)}
+
+
+def test_the_float_variant_gives_the_bundled_detectors_outputs(tmp_path):
+    """What device preprocessing runs on a device: the same detector taking float NCHW pixels."""
+    from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig
+    from edge_agent.evaluation import heldout_images
+    from edge_agent.pipelines.model import load_model
+    from edge_agent.pipelines.preprocess import Letterbox
+    from edge_agent.selftest import float_variant
+
+    cfg = float_variant(str(tmp_path))
+    ref = load_model(ModelConfig(score_threshold=0.001), OnnxRuntimeConfig())
+    var = load_model(replace(cfg, input_adapter="off"), OnnxRuntimeConfig())
+    try:
+        assert var.backend.inputs[0].shape[1:] == (3, 320, 320)
+        ((image, _gt),) = list(heldout_images(1))
+        outs = []
+        for m in (ref, var):
+            io = m.backend.allocate()
+            m.run_one(image, io, Letterbox())
+            outs.append(io.outputs[m.output_index].copy())
+        np.testing.assert_allclose(outs[1], outs[0], atol=1e-4)
+    finally:
+        ref.close()
+        var.close()

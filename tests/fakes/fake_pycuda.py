@@ -14,6 +14,18 @@ FakeTensorRT so one list shows the whole protocol in order) and enforces pycuda'
 - after ``init()``, every call that needs a context raises ``FakeLogicError`` (pycuda's
   ``LogicError``) unless a context is current in the calling thread;
 - the host side of ``memcpy_*_async`` must come from ``pagelocked_empty``;
+- a second ``free()`` of an allocation raises (pycuda ``src/cpp/cuda.hpp``:
+  ``device_allocation::free`` / ``pagelocked_host_allocation::free`` throw
+  CUDA_ERROR_INVALID_HANDLE once ``m_valid`` is false);
+- ``get_device_pointer()`` needs a current context (``host_pointer::get_device_pointer``
+  calls ``cuMemHostGetDevicePointer``) and, stricter than a UVA device needs, the
+  DEVICEMAP flag (the documented way to map);
+- ``detach()`` from a thread other than the one that retained the context raises: the
+  real ``context::detach`` then silently skips the release (a leaked primary-context
+  reference), which a test could not see otherwise; a second ``detach()`` raises
+  ("cannot detach from invalid context");
+- ``Event.synchronize()`` waits for the stream up to that event (an event created with
+  ``event_flags.BLOCKING_SYNC`` blocks instead of spinning; ``synced_events`` records the flags);
 - device work (copies, kernels enqueued by TensorRT, events) marks its stream pending
   until ``stream.synchronize()``; ``pending_streams()`` lets a test check that nothing is
   left in flight when the host goes on to read outputs, and ``Event.time_since`` refuses
@@ -50,7 +62,10 @@ class FakeDeviceAllocation:
         return self.address
 
     def free(self) -> None:
+        if self.address not in self._drv._device_ranges:
+            raise FakeLogicError("device_allocation::free failed: invalid handle (freed twice)")
         self._drv._record("DeviceAllocation.free", self.address)
+        del self._drv._device_ranges[self.address]
 
 
 class FakePagelockedHostAllocation:
@@ -59,6 +74,7 @@ class FakePagelockedHostAllocation:
     def __init__(self, drv: FakeCudaDriver, shape: tuple[int, ...], dtype: np.dtype, flags: int) -> None:
         self._drv = drv
         self.flags = flags
+        self.freed = False
         self._mem = np.zeros(max(int(np.prod(shape)) * dtype.itemsize, 1), np.uint8)
         self.__array_interface__ = {
             "shape": tuple(shape),
@@ -79,13 +95,22 @@ class FakePagelockedHostAllocation:
         return self.flags
 
     def get_device_pointer(self) -> int:
+        self._drv._needs_context("get_device_pointer")
+        if not self.flags & self._drv.host_alloc_flags.DEVICEMAP:
+            raise FakeLogicError("cuMemHostGetDevicePointer failed: invalid value (not DEVICEMAP)")
+        if self.freed:
+            raise FakeLogicError("cuMemHostGetDevicePointer failed: invalid value (freed)")
         # Unified addressing: the device sees page-locked host memory at the same address.
         self._drv._record("PagelockedHostAllocation.get_device_pointer", self.address)
         self._drv._device_ranges[self.address] = self.nbytes
         return self.address
 
     def free(self) -> None:
+        if self.freed:
+            raise FakeLogicError("pagelocked_host_allocation::free failed: invalid handle (freed twice)")
         self._drv._record("PagelockedHostAllocation.free", self.address)
+        self.freed = True
+        self._drv._device_ranges.pop(self.address, None)
 
 
 class _DeviceBase:
@@ -112,6 +137,12 @@ class _DeviceBase:
         self._drv._record("Device.compute_capability", self.ordinal)
         return self._drv.cc
 
+    def get_attribute(self, attr: Any) -> int:
+        self._drv._record("Device.get_attribute", self.ordinal, attr)
+        if attr != self._drv.device_attribute.MULTIPROCESSOR_COUNT:
+            raise AssertionError(f"the fake knows only MULTIPROCESSOR_COUNT, not {attr}")
+        return self._drv.sm_count
+
     def retain_primary_context(self) -> Any:
         self._drv._record("Device.retain_primary_context", self.ordinal)
         ctx = self._drv.Context(self)
@@ -125,6 +156,7 @@ class _ContextBase:
     def __init__(self, device: Any) -> None:
         self.device = device
         self.detached = False
+        self.owner = threading.get_ident()
 
     def push(self) -> None:
         if self.detached:
@@ -141,6 +173,10 @@ class _ContextBase:
         stack.pop()
 
     def detach(self) -> None:
+        if self.detached:
+            raise FakeLogicError("context::detach failed: cannot detach from invalid context")
+        if threading.get_ident() != self.owner:
+            raise FakeLogicError("context::detach: the context belongs to another thread (a leak in pycuda)")
         self._drv._record("Context.detach")
         self.detached = True
         stack = self._drv._stack()
@@ -155,6 +191,7 @@ class _StreamBase:
         self._drv._needs_context("Stream")
         self.handle = next(self._drv._handles)
         self.pending = False
+        self.seq = 0  # pieces of work enqueued so far
         self.clock = 0.0  # device time when the last enqueued work on it finishes
         self._drv.streams[self.handle] = self
         self._drv._record("Stream", self.handle)
@@ -176,6 +213,8 @@ class _EventBase:
 
     def __init__(self, flags: int = 0) -> None:
         self._drv._needs_context("Event")
+        self.flags = flags
+        self.seq = -1
         self.stream: Any = None
         self.time: float | None = None
         self.reached = False
@@ -187,12 +226,22 @@ class _EventBase:
         if stream is None:
             raise AssertionError("Event.record() on the default stream: pass the slot's stream")
         self._drv._record("Event.record", stream.handle)
-        self.stream, self.time, self.reached = stream, stream.clock, False
+        stream.seq += 1
+        self.stream, self.time, self.reached, self.seq = stream, stream.clock, False, stream.seq
         stream.pending = True
         return self
 
     def synchronize(self) -> Any:
-        self.reached = True
+        """Wait until the stream reaches this event: the work before it is done."""
+        self._drv._needs_context("Event.synchronize")
+        if self.stream is None:
+            raise AssertionError("Event.synchronize() on an event that was never recorded")
+        self._drv._record("Event.synchronize", self.stream.handle, self.flags)
+        for ev in self._drv.events:
+            if ev.stream is self.stream and 0 <= ev.seq <= self.seq:
+                ev.reached = True
+        if self.seq == self.stream.seq:
+            self.stream.pending = False
         return self
 
     def time_since(self, start: Any) -> float:
@@ -214,11 +263,13 @@ class FakeCudaDriver:
         device_name: str = "Orin (fake)",
         compute_capability: tuple[int, int] = (8, 7),
         device_count: int = 1,
+        sm_count: int = 8,
     ) -> None:
         self.calls = calls if calls is not None else []
         self.device_name = device_name
         self.cc = compute_capability
         self.device_count = device_count
+        self.sm_count = sm_count
         self.initialized = False
         self.contexts: list[Any] = []
         self.streams: dict[int, Any] = {}
@@ -228,6 +279,8 @@ class FakeCudaDriver:
         self._addresses = itertools.count(0x7F00_0000_0000, 1 << 24)
         self._device_ranges: dict[int, int] = {}  # device address -> size in bytes
         self.host_alloc_flags = SimpleNamespace(PORTABLE=1, DEVICEMAP=2, WRITECOMBINED=4)
+        self.event_flags = SimpleNamespace(DEFAULT=0, BLOCKING_SYNC=1, DISABLE_TIMING=2, INTERPROCESS=4)
+        self.device_attribute = SimpleNamespace(MULTIPROCESSOR_COUNT="MULTIPROCESSOR_COUNT")
         # Classes bound to this driver instance, so several fakes never share state.
         self.Device = type("FakeDevice", (_DeviceBase,), {"_drv": self})
         self.Context = type("FakeContext", (_ContextBase,), {"_drv": self})
@@ -271,6 +324,13 @@ class FakeCudaDriver:
     def is_device_address(self, address: int) -> bool:
         return any(base <= address < base + max(n, 1) for base, n in self._device_ranges.items())
 
+    def device_bytes_at(self, address: int) -> int:
+        """Bytes of device-visible memory from ``address`` to the end of its allocation (0: none)."""
+        for base, n in self._device_ranges.items():
+            if base <= address < base + max(n, 1):
+                return base + n - address
+        return 0
+
     def enqueue(self, handle: Any, what: str, ms: float) -> Any:
         """Device work on the stream ``handle`` (TensorRT's kernels call this)."""
         self._needs_context(what)
@@ -280,6 +340,7 @@ class FakeCudaDriver:
         if stream is None:
             raise AssertionError(f"{what}: {handle:#x} is not a stream created with Stream()")
         stream.pending = True
+        stream.seq += 1
         stream.clock += ms
         return stream
 

@@ -149,10 +149,8 @@ def test_zero_copy_slots_are_mapped_and_need_no_copies(const_model, cache):
     names = [n for n, _ in f.since(mark)]
     assert not [n for n in names if n.startswith("memcpy")], names
     addresses = dict(args[1:] for args in f.trt.args_of("IExecutionContext.set_tensor_address")[-2:])
-    assert addresses == {
-        "images": a.inputs["images"].base.get_device_pointer(),
-        "output0": a.outputs[0].base.get_device_pointer(),
-    }
+    # Unified addressing: the mapped buffers' device pointers are their host addresses.
+    assert addresses == {"images": a.inputs["images"].base.address, "output0": a.outputs[0].base.address}
 
 
 def test_copy_mode_uploads_on_the_slot_stream_then_copies_back_before_sync(const_model, cache):
@@ -170,9 +168,9 @@ def test_copy_mode_uploads_on_the_slot_stream_then_copies_back_before_sync(const
         n
         for n, _ in f.since(mark)
         if n in ("memcpy_htod_async", "IExecutionContext.execute_async_v3", "memcpy_dtoh_async")
-        or n == "Stream.synchronize"
+        or n == "Event.synchronize"
     ]
-    assert protocol == ["IExecutionContext.execute_async_v3", "memcpy_dtoh_async", "Stream.synchronize"]
+    assert protocol == ["IExecutionContext.execute_async_v3", "memcpy_dtoh_async", "Event.synchronize"]
     assert all(
         args[-1] == sa for n, args in f.since(mark) if n.startswith(("memcpy", "IExecutionContext.exe"))
     )
@@ -191,7 +189,7 @@ def test_infer_sets_every_address_and_waits_for_the_stream(const_model, cache):
     names = [n for n, _ in f.since(mark)]
     execute = names.index("IExecutionContext.execute_async_v3")
     assert names[:execute].count("IExecutionContext.set_tensor_address") == 2
-    assert names.index("Stream.synchronize") > execute
+    assert names.index("Event.synchronize") > execute
     assert f.cuda.pending_streams() == [], "work left in flight when the host reads outputs"
     assert f.cuda.context_depth() == 0
 
@@ -298,7 +296,7 @@ def test_device_preprocessing_on_the_dla(float_model, cache):
     assert execs[0][1] == execs[1][1] == io.handle.stream.handle, "on the slot's stream"
     addr = {(a[0], a[1]): a[2] for n, a in calls if n == "IExecutionContext.set_tensor_address"}
     assert addr[("network", "input")] == addr[("model.onnx", "images")] == io.handle.device["images"]
-    assert addr[("network", "frame")] == io.inputs["frame"].base.get_device_pointer()
+    assert addr[("network", "frame")] == io.inputs["frame"].base.address
     assert be.timings(io) == {"device_preprocess_ms": 0.25, "device_compute_ms": 1.5}
     assert f.cuda.pending_streams() == []
 
@@ -471,7 +469,9 @@ def test_agent_resolves_each_engine_batch_to_the_sources_that_run_it():
     assert with_batch(TensorRTConfig(max_batch=2), 3).max_batch == 2, "an explicit size stays"
 
 
-def test_a_fixed_batch_float_model_behind_the_preprocessing_engine_runs_one_frame(tmp_path, cache):
+def test_a_fixed_batch_float_model_keeps_cpu_preprocessing_and_runs_its_batch(tmp_path, cache):
+    """#22 item 1: the one-frame preprocessing engine in front of a fixed batch of 4 sized the
+    outputs for one frame while the model wrote four (the strict fake's size check)."""
     out = yolov8_output([(160, 160, 40, 40)], [0], [0.9], 4, 2100)
     d = tmp_path / "fixed4"
     d.mkdir()
@@ -481,9 +481,13 @@ def test_a_fixed_batch_float_model_behind_the_preprocessing_engine_runs_one_fram
     f = Fakes()
     be = f.backend(cache, preprocess="gpu")
     be.load(str(model), FLOAT_FMT)
-    assert be.describe()["preprocess"] == "device"
-    assert be.batch_axis() == (1, True), "the frame tensor holds one frame"
-    assert be.allocate(4).inputs["frame"].shape == (1, 320, 320, 3)
+    assert be.describe()["preprocess"] == "cpu"
+    assert any("fixed batch of 4" in n for n in be.notes), be.notes
+    assert be.batch_axis() == (4, True)
+    io = be.allocate(1)
+    assert io.inputs["images"].shape == (4, 3, 320, 320) and io.outputs[0].shape == (4, 8, 2100)
+    be.infer(io)  # every buffer holds what the engine writes
+    assert f.cuda.pending_streams() == []
 
 
 def test_an_engine_for_a_batch_range_has_its_own_cache_key(const_model, cache):

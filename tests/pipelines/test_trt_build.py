@@ -396,7 +396,7 @@ def test_calibrator_feeds_batches_and_keeps_its_cache(tmp_path):
     ctx.push()
     batches = [np.full((1, 3, 4, 4), i, np.float32) for i in range(3)]
     cache = tmp_path / "calib.cache"
-    calib = trt_build.make_calibrator(trt, cuda, lambda: iter(batches), cache)
+    calib = trt_build.make_calibrator(trt, cuda, lambda: iter(batches), cache, batches[0].nbytes)
     assert isinstance(calib, trt.IInt8EntropyCalibrator2) and calib._fake_initialised
     assert calib.get_batch_size() == 1
     assert calib.read_calibration_cache() is None
@@ -408,7 +408,7 @@ def test_calibrator_feeds_batches_and_keeps_its_cache(tmp_path):
     assert calib.count == 3
     calib.write_calibration_cache(memoryview(b"calibration table"))
     assert cache.read_bytes() == b"calibration table"
-    assert trt_build.make_calibrator(trt, cuda, lambda: iter(()), cache).read_calibration_cache() == (
+    assert trt_build.make_calibrator(trt, cuda, lambda: iter(()), cache, 4).read_calibration_cache() == (
         b"calibration table"
     )
     ctx.pop()
@@ -421,7 +421,7 @@ def test_int8_build_runs_the_calibrator(const_model, tmp_path):
     cuda.Device(0).retain_primary_context().push()
     cache = tmp_path / "calib.cache"
     frames = [np.zeros(SHAPE, np.uint8)] * 4
-    calib = trt_build.make_calibrator(trt, cuda, lambda: iter(frames), cache)
+    calib = trt_build.make_calibrator(trt, cuda, lambda: iter(frames), cache, frames[0].nbytes)
     trt_build.build_engine(
         trt, None, str(const_model), settings(precision="int8"), tmp_path / "t", calib, progress=False
     )

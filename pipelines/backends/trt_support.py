@@ -1,0 +1,174 @@
+"""Helpers of the TensorRT backend that need no engine: the process's one TensorRT logger,
+the device part of the engine key, the calibration fingerprint, IO-shape checks.
+
+Kept apart from ``tensorrt.py`` so each stays small; nothing here imports TensorRT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge_agent.core.files import file_sha256
+from edge_agent.models.manifest import InputFormat
+from edge_agent.pipelines.backends import trt_build
+from edge_agent.pipelines.backends.base import BackendError
+
+DEVICE_TREE_MODEL = "/proc/device-tree/model"
+
+_loggers: dict[int, tuple[Any, Any]] = {}
+_lock = threading.Lock()
+
+
+def import_tensorrt() -> tuple[Any, Any]:
+    """``tensorrt`` and ``pycuda.driver``, or a BackendError saying where to get them."""
+    try:
+        import tensorrt as trt
+    except ImportError as e:
+        raise BackendError(
+            f"the tensorrt backend needs TensorRT's Python bindings ({e}); on a Jetson they "
+            "come with JetPack (python3-libnvinfer): create the venv with --system-site-packages"
+        ) from None
+    try:
+        import pycuda.driver as cuda
+    except ImportError as e:
+        raise BackendError(
+            f"the tensorrt backend needs pycuda ({e}): pip install 'edge-agent[jetson]'"
+        ) from None
+    return trt, cuda
+
+
+def shared_logger(trt: Any) -> Any:
+    """One ``trt.Logger`` per process (per ``trt`` module): TensorRT keeps the first logger it
+    is given for the whole process and warns about others (NVIDIA/TensorRT#1475)."""
+    with _lock:
+        held = _loggers.get(id(trt))
+        if held is None or held[0] is not trt:
+            held = (trt, trt.Logger(trt.Logger.WARNING))
+            _loggers[id(trt)] = held  # keeps ``trt`` alive, so its id is not reused
+        return held[1]
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().strip().strip("\x00")
+    except OSError:
+        return ""
+
+
+def device_description(cuda: Any, dev: Any, release: str) -> str:
+    """The device part of the engine key: GPU name, compute capability, SM count, board, L4T.
+
+    Orin modules share a compute capability (sm_87) and may share a CUDA device name while
+    their SM counts differ (an Orin Nano's engine must not load on an AGX): the SM count
+    and the device-tree model tell them apart. Whether Orin variants report distinct names
+    is unconfirmed, so both are in the key.
+    """
+    major, minor = dev.compute_capability()
+    parts = [f"{dev.name()} sm_{major}{minor}"]
+    # An old pycuda without the attribute: the key is weaker, not wrong.
+    with contextlib.suppress(Exception):
+        parts.append(f"{int(dev.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT))} SMs")
+    board = _read(DEVICE_TREE_MODEL)
+    if board:
+        parts.append(board)
+    if release:
+        parts.append(release)
+    return " ".join(parts)
+
+
+def calibration_fingerprint(files: Iterable[str], fmt: InputFormat, shape: tuple[int, ...]) -> str:
+    """What decides INT8 scales: the images' contents and the normalisation applied to them.
+
+    Names and sizes are not enough (an image edited in place keeps both), and the same
+    images under another mean/std/scale/colour give other scales.
+    """
+    h = hashlib.sha256()
+    norm = (fmt.height, fmt.width, fmt.layout, fmt.dtype, fmt.color, fmt.scale, fmt.mean, fmt.std)
+    h.update(repr((norm, fmt.resize, fmt.interpolation, fmt.pad_value, tuple(shape))).encode())
+    for f in files:
+        h.update(f"\n{file_sha256(f)}".encode())
+    return h.hexdigest()
+
+
+def known_shape(name: str, shape: tuple[int, ...], model: str) -> tuple[int, ...]:
+    """``shape``, or a BackendError naming the output if a dimension is data-dependent (-1).
+
+    An NMS inside the graph (ONNX NonMaxSuppression) sizes its output at run time; the
+    pipeline's buffers are fixed, and sizing from -1 would allocate garbage. EfficientNMS_TRT
+    exports have fixed-size outputs and work.
+    """
+    if any(d < 0 for d in shape):
+        raise BackendError(
+            f"{model}: output {name!r} has a data-dependent shape {shape} (an NMS inside the graph?); "
+            "the pipeline needs fixed-size outputs: export with EfficientNMS_TRT (fixed top-k) or without NMS"
+        )
+    return shape
+
+
+def check_preprocessed(pre: Any, out_name: str, want_shape: tuple[int, ...], want_dtype: np.dtype, trt: Any):
+    """The preprocessing engine's output must be exactly the model's input buffer."""
+    shape = tuple(pre.get_tensor_shape(out_name))
+    dtype = np.dtype(trt.nptype(pre.get_tensor_dtype(out_name)))
+    if shape != tuple(want_shape) or dtype != want_dtype:
+        raise BackendError(
+            f"the preprocessing engine writes {dtype} {shape}, "
+            f"the model takes {want_dtype} {tuple(want_shape)}"
+        )
+
+
+def calibration(be: Any, stem: str, onnx_sha: str, shape: tuple[int, ...]) -> tuple[Any, str]:
+    """For the backend ``be``: a factory of its INT8 calibrator, and the calibration fingerprint."""
+    folder, fmt = be.config.calibration_images, be._fmt
+    files = sorted(
+        str(p) for p in Path(folder).glob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png", ".bmp")
+    )[: be.config.calibration_frames]
+    if not files:
+        raise BackendError(f"int8 calibration: no images in {folder}")
+    # Contents and normalisation: both the engine key and the calibration cache's name.
+    calib_sha = calibration_fingerprint(files, fmt, shape)
+    cache = be._cache.calibration_cache_path(stem, onnx_sha, calib_sha)
+
+    def batches():
+        import cv2
+
+        from edge_agent.pipelines.preprocess import Letterbox, Preprocessor
+
+        pre = Preprocessor(fmt)
+        tensor = np.zeros(shape, np.dtype(fmt.dtype))
+        for f in files:
+            img = cv2.imread(f, cv2.IMREAD_COLOR)
+            if img is not None:
+                pre(img, tensor, Letterbox())  # the same letterbox as live frames
+                yield tensor
+
+    nbytes = int(np.prod(shape)) * np.dtype(fmt.dtype).itemsize
+
+    def make() -> Any:
+        # Called with the context current: the calibrator allocates its buffer there.
+        return trt_build.make_calibrator(be.trt, be.cuda, batches, cache, nbytes, be._cuda_ctx)
+
+    return make, calib_sha
+
+
+def bind(context: Any, name: str, address: int) -> None:
+    # False: TensorRT refused the address (unknown name, misaligned); enqueueing anyway
+    # would run with the previous slot's buffer.
+    if not context.set_tensor_address(name, address):
+        raise BackendError(f"TensorRT refused the address {address:#x} for tensor {name!r}")
+
+
+def sized(shape: tuple[int, ...], batch: int) -> tuple[int, ...]:
+    """``shape`` with its leading (batch) axis set to ``batch``."""
+    return (batch, *shape[1:])
+
+
+def ones(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(1 if d < 0 else d for d in shape)

@@ -1,0 +1,197 @@
+"""The fakes are as strict as TensorRT 10.3's bindings and pycuda: each rule the backend's
+tests rely on, shown to fire (#22)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from fakes.fake_pycuda import FakeCudaDriver, FakeLogicError
+from fakes.fake_tensorrt import FakeTensorRT
+
+from edge_agent.pipelines.backends import trt_build
+
+SHAPE = (1, 320, 320, 3)
+
+
+def settings(**kw) -> trt_build.BuildSettings:
+    base = dict(
+        precision="fp16",
+        dla_core=-1,
+        gpu_fallback=True,
+        workspace_bytes=1 << 20,
+        optimization_level=3,
+        input_name="images",
+        input_shape=SHAPE,
+    )
+    return trt_build.BuildSettings(**{**base, **kw})
+
+
+@pytest.fixture
+def cuda():
+    drv = FakeCudaDriver()
+    drv.init()
+    ctx = drv.Device(0).retain_primary_context()
+    ctx.push()
+    yield drv
+    drv.Context.pop()
+
+
+# -- pycuda ---------------------------------------------------------------------------------------
+
+
+def test_a_second_free_raises(cuda):
+    mem = cuda.mem_alloc(16)
+    mem.free()
+    with pytest.raises(FakeLogicError, match="freed twice"):
+        mem.free()
+    host = cuda.pagelocked_empty((4,), np.float32)
+    host.base.free()
+    with pytest.raises(FakeLogicError, match="freed twice"):
+        host.base.free()
+
+
+def test_get_device_pointer_needs_devicemap_and_a_context(cuda):
+    plain = cuda.pagelocked_empty((4,), np.float32)
+    with pytest.raises(FakeLogicError, match="DEVICEMAP"):
+        plain.base.get_device_pointer()
+    mapped = cuda.pagelocked_empty((4,), np.float32, mem_flags=cuda.host_alloc_flags.DEVICEMAP)
+    assert mapped.base.get_device_pointer() == mapped.base.address
+    cuda.Context.pop()
+    try:
+        with pytest.raises(FakeLogicError, match="no currently active context"):
+            mapped.base.get_device_pointer()
+    finally:
+        cuda.contexts[0].push()
+
+
+def test_detach_belongs_to_the_creating_thread(cuda):
+    ctx = cuda.contexts[0]
+    errors: list[BaseException] = []
+
+    def detach():
+        try:
+            ctx.detach()
+        except BaseException as e:  # checked below
+            errors.append(e)
+
+    t = threading.Thread(target=detach)
+    t.start()
+    t.join(timeout=10)
+    assert len(errors) == 1 and isinstance(errors[0], FakeLogicError)
+
+
+def test_a_blocking_event_waits_for_the_work_before_it(cuda):
+    stream = cuda.Stream()
+    done = cuda.Event(cuda.event_flags.BLOCKING_SYNC)
+    cuda.enqueue(stream.handle, "kernel", 1.0)
+    done.record(stream)
+    assert cuda.pending_streams() == [stream.handle]
+    done.synchronize()
+    assert cuda.pending_streams() == []
+    cuda.enqueue(stream.handle, "later kernel", 1.0)
+    done.synchronize()
+    assert cuda.pending_streams() == [stream.handle], "work after the event is not waited for"
+
+
+# -- TensorRT -------------------------------------------------------------------------------------
+
+
+def engine_and_context(trt, const_model, tmp_path, **kw):
+    plan, _ = trt_build.build_engine(
+        trt, None, str(const_model), settings(**kw), tmp_path / "t", progress=False
+    )
+    engine = trt.Runtime(None).deserialize_cuda_engine(plan)
+    return engine, engine.create_execution_context()
+
+
+def test_set_input_shape_returns_false_for_a_refused_shape(const_model, tmp_path):
+    _, ctx = engine_and_context(FakeTensorRT(), const_model, tmp_path)
+    assert ctx.set_input_shape("images", (2, 320, 320, 3)) is False, "outside the profile"
+    assert ctx.set_input_shape("images", (1, 3, 320, 320)) is False, "not the engine's shape"
+    assert ctx.set_input_shape("images", SHAPE) is True
+
+
+def test_execute_checks_every_buffer_size(const_model, tmp_path, cuda):
+    trt = FakeTensorRT(cuda=cuda)
+    _, ctx = engine_and_context(trt, const_model, tmp_path)
+    ctx.set_input_shape("images", SHAPE)
+    stream = cuda.Stream()
+    ctx.set_tensor_address("images", int(cuda.mem_alloc(320 * 320 * 3)))
+    ctx.set_tensor_address("output0", int(cuda.mem_alloc(8 * 2100 * 4 - 4)))  # one float short
+    with pytest.raises(AssertionError, match=r"'output0' .* needs 67200 B .* holds 67196 B"):
+        ctx.execute_async_v3(stream.handle)
+    ctx.set_tensor_address("output0", int(cuda.mem_alloc(8 * 2100 * 4)))
+    assert ctx.execute_async_v3(stream.handle)
+
+
+def test_a_calibrator_exception_is_swallowed_as_no_more_data(const_model, tmp_path):
+    trt = FakeTensorRT()
+
+    class Calibrator(trt.IInt8EntropyCalibrator2):
+        calls = 0
+
+        def __init__(self):
+            trt.IInt8EntropyCalibrator2.__init__(self)
+
+        def read_calibration_cache(self):
+            return None
+
+        def write_calibration_cache(self, data):
+            pass
+
+        def get_batch(self, names):
+            Calibrator.calls += 1
+            raise RuntimeError("lost")
+
+    calib = Calibrator()
+    trt_build.build_engine(
+        trt, None, str(const_model), settings(precision="int8"), tmp_path / "t", calib, progress=False
+    )
+    assert Calibrator.calls == 1 and trt.builds == 1, "built on no data, as the binding does"
+
+
+def test_a_progress_monitor_exception_cancels_the_build(const_model, tmp_path, monkeypatch):
+    trt = FakeTensorRT()
+
+    class Broken(trt.IProgressMonitor):
+        def phase_start(self, *a):
+            raise ValueError("bug in the monitor")
+
+    monkeypatch.setattr(trt_build, "make_progress_monitor", lambda trt: Broken())
+    with pytest.raises(trt_build.BackendError, match="could not build"):
+        trt_build.build_engine(trt, None, str(const_model), settings(), tmp_path / "t")
+    assert trt.build_failures == ["cancelled by the progress monitor"]
+
+
+def test_the_builder_refuses_what_tensorrt_refuses(const_model, tmp_path):
+    trt = FakeTensorRT(num_dla_cores=1)
+    builder = trt.Builder(None)
+
+    def build(net_fn, **kw):
+        network = builder.create_network(0)
+        net_fn(network)
+        config = builder.create_builder_config()
+        trt_build.apply_settings(trt, builder, network, config, settings(**kw))
+        return builder.build_serialized_network(network, config)
+
+    def uint8_shuffle(n):
+        n.mark_output(n.add_shuffle(n.add_input("images", trt.DataType.UINT8, SHAPE)).get_output(0))
+
+    def scale_3d(n):
+        x = n.add_input("images", trt.DataType.HALF, (3, 320, 320))
+        n.mark_output(n.add_scale(x, trt.ScaleMode.CHANNEL, np.zeros(3), np.ones(3)).get_output(0))
+
+    def dynamic(n):
+        n.mark_output(
+            n.add_cast(
+                n.add_input("images", trt.DataType.UINT8, (-1, 320, 320, 3)), trt.DataType.HALF
+            ).get_output(0)
+        )
+
+    assert build(uint8_shuffle) is None and "uint8" in trt.build_failures[-1]
+    assert build(scale_3d, input_shape=(3, 320, 320)) is None and "4 dimensions" in trt.build_failures[-1]
+    ranged = dict(dla_core=0, input_shape=(4, 320, 320, 3), min_batch=1)
+    assert build(dynamic, **ranged) is None and "min != max" in trt.build_failures[-1]
+    assert build(dynamic, dla_core=0, input_shape=(4, 320, 320, 3)) is not None
