@@ -11,7 +11,7 @@ from typing import Any
 
 from edge_agent.core.config import AgentConfig, OnnxRuntimeConfig, PublishConfig, config_hash
 from edge_agent.core.plan import capture_part, model_batches
-from edge_agent.core.reloads import ELSEWHERE, MODELS, REBIND, marked_fields, marked_values
+from edge_agent.core.reloads import AT_START, ELSEWHERE, MODELS, REBIND, marked_fields, marked_values
 from edge_agent.pipelines.model import LoadedModel
 from edge_agent.pipelines.pipeline import Pipeline
 from edge_agent.pipelines.profile import Profile, prepare_buffers
@@ -48,16 +48,17 @@ class Reloading:
         """
         old = self.config
         assert self.pipeline is not None and self.publisher is not None and self.health is not None
-        changed = [
-            f.name
-            for f in fields(AgentConfig)
-            if getattr(old, f.name) != getattr(new, f.name) and ELSEWHERE not in f.metadata.get("reload", ())
-        ]
+        differ = [f for f in fields(AgentConfig) if getattr(old, f.name) != getattr(new, f.name)]
+        later = [f.name for f in differ if AT_START in f.metadata.get("reload", ())]
+        if later:
+            log.warning("reload: %s take effect at the next start", ", ".join(later))
+        skip = (ELSEWHERE, AT_START)
+        changed = [f.name for f in differ if not set(skip) & set(f.metadata.get("reload", ()))]
         # CURVE: keys added to (or removed from) the allowed folder count from now on, even
         # when the config itself did not change. A rebind below reads the folder anyway.
         self.publisher.refresh_clients()
         if not changed and not force:
-            self.config = new  # at most a section another process reads (the uplink's)
+            self.config = new  # at most a section read elsewhere (the uplink's) or at start
             self.health.config_hash = config_hash(new)
             return []
         models_changed = self._models_changed(old, new, force)

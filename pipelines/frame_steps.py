@@ -210,7 +210,10 @@ class FrameSteps:
         lane.seq += 1
         tap = lane.view_tap
         if tap is not None and tap.active:
-            tap.offer_result(slot, message["deadline_missed"])
+            try:
+                tap.offer_result(slot, message["deadline_missed"])
+            except Exception:  # the view must never fail a frame that is already published
+                log.exception("view: the frame's detections could not be handed over")
         return total
 
     def _account(self, lane: Lane, slot: FrameSlot, total: int, end: int) -> None:

@@ -78,7 +78,9 @@ class ViewTap:
         now = time.monotonic_ns()
         if now < self._next_ns:
             return
-        self._next_ns = now + self.period_ns
+        # On a grid, so a 30 fps camera gives a 10 fps view 10 frames a second (not one per
+        # period plus the wait for the next frame); never a burst after a pause.
+        self._next_ns = max(self._next_ns + self.period_ns, now)
         with self._lock:
             self._filling.take_pixels(frame.image)
             self._pending = frame.frame_id
@@ -91,7 +93,7 @@ class ViewTap:
         with self._lock:
             if slot.frame_id != self._pending:  # a newer frame's pixels came in between
                 return
-            f, n = self._filling, slot.det_count
+            f, n = self._filling, min(slot.det_count, self.max_det)  # a reload may raise max_detections
             f.det_xyxy[:n] = slot.det_xyxy[:n]
             f.det_score[:n] = slot.det_score[:n]
             f.det_class[:n] = slot.det_class[:n]

@@ -87,7 +87,13 @@ class Recorder:
     away are delivered when it is back) that records (topic, payload, retained)."""
 
     def __init__(
-        self, broker: Mosquitto, *topics: str, client_id: str = "", username: str = "", password: str = ""
+        self,
+        broker: Mosquitto,
+        *topics: str,
+        client_id: str = "",
+        username: str = "",
+        password: str = "",
+        ca_file: str = "",
     ) -> None:
         self.topics = topics
         self.messages: list[tuple[str, bytes, bool]] = []
@@ -103,6 +109,8 @@ class Recorder:
         self.client.reconnect_delay_set(1, 2)
         if username:
             self.client.username_pw_set(username, password)
+        if ca_file:
+            self.client.tls_set(ca_certs=ca_file)
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = 3600
         self.client.connect_async("127.0.0.1", broker.port, keepalive=5, clean_start=False, properties=props)
@@ -154,3 +162,49 @@ def settle(condition: Any, timeout_s: float, message: str) -> Any:
 
 def monotonic_s() -> float:
     return time.monotonic()
+
+
+def make_tls(folder: Path) -> tuple[Path, Path, Path]:
+    """A CA and a server certificate for 127.0.0.1 signed by it (openssl): (ca, cert, key)."""
+    ca_key, ca, key, csr, cert = (
+        folder / n for n in ("ca.key", "ca.crt", "server.key", "server.csr", "server.crt")
+    )
+    ext = folder / "san.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1\n")
+    for cmd in (
+        [
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=edge-agent test CA",
+            "-keyout",
+            ca_key,
+            "-out",
+            ca,
+        ],
+        ["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", key, "-out", csr],
+        [
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            ca,
+            "-CAkey",
+            ca_key,
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            ext,
+            "-out",
+            cert,
+        ],
+    ):
+        subprocess.run(["openssl", *map(str, cmd)], check=True, capture_output=True)
+    return ca, cert, key

@@ -52,15 +52,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     from edge_agent.service import Signals, Supervisor
 
     def load():
-        return load_effective(args.config, args.device, args.overlay, check_files=True)
+        rendered = load_effective(args.config, args.device, args.overlay, check_files=True)
+        if args.view:  # --view holds for the run, reloads included
+            cfg = rendered.config
+            rendered = dataclasses.replace(
+                rendered, config=dataclasses.replace(cfg, view=dataclasses.replace(cfg.view, enabled=True))
+            )
+        return rendered
 
     # Before anything slow: a SIGHUP or SIGTERM at any moment is handled, never fatal.
     signals = Signals()
     signals.install()
     rendered = load()
     config = rendered.config
-    if args.view:
-        config = dataclasses.replace(config, view=dataclasses.replace(config.view, enabled=True))
     setup_logging(config.log_level)
     latency_first_interpreter()
     if args.config and rendered.defaults_only:  # a truncated deploy must not pass unnoticed

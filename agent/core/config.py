@@ -16,7 +16,7 @@ from typing import Literal
 
 from edge_agent.core import configload
 from edge_agent.core.configload import check, path_field
-from edge_agent.core.reloads import ELSEWHERE, MODELS, REBIND, reloads
+from edge_agent.core.reloads import AT_START, ELSEWHERE, MODELS, REBIND, reloads
 from edge_agent.core.source_config import (
     ImageFolderSourceConfig,
     SourceConfig,
@@ -400,7 +400,7 @@ class AgentConfig:
     service: ServiceConfig = field(default_factory=ServiceConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
-    view: ViewConfig = field(default_factory=ViewConfig)  # taken at start (a reload keeps the running view)
+    view: ViewConfig = field(default_factory=ViewConfig, metadata=reloads(AT_START))
     uplink: UplinkConfig = field(default_factory=UplinkConfig, metadata=reloads(ELSEWHERE))
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -445,6 +445,7 @@ LOCAL_KEYS = (
     "power.state_file",
     "uplink.spool_path",
     "uplink.metrics",
+    "view",  # a person watching one device is no drift
 )
 
 

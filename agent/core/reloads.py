@@ -10,6 +10,7 @@ LANE = "lane"  # a source's scheduling: its lane takes it, the capture keeps run
 REBIND = "rebind"  # the result socket is closed and bound again
 MODELS = "models"  # the models are loaded again (engines rebuilt where the key changed)
 ELSEWHERE = "elsewhere"  # read by another process (the uplink): the agent does nothing
+AT_START = "at_start"  # taken when the agent starts; a reload leaves the running one (and says so)
 
 
 def reloads(*kinds: str) -> dict[str, tuple[str, ...]]:

@@ -29,37 +29,52 @@ function q() { return TOKEN ? "?token=" + encodeURIComponent(TOKEN) : ""; }
 function draw(name, budget) {
   const c = document.getElementById("chart-" + name), g = c.getContext("2d"), h = history[name];
   g.clearRect(0, 0, c.width, c.height);
-  const top = Math.max(budget * 1.5, ...h.map(p => p[1]), 1);
+  const top = Math.max(budget * 1.5, ...h.map(p => p[1] || 0), 1);
   const y = v => c.height - 4 - (c.height - 8) * v / top, x = i => c.width * i / 59;
   g.strokeStyle = "#777"; g.setLineDash([4, 4]); g.beginPath();
   g.moveTo(0, y(budget)); g.lineTo(c.width, y(budget)); g.stroke();
   g.setLineDash([]);
   [[0, "#4fc3f7"], [1, "#ffb74d"]].forEach(([k, colour]) => {
     g.strokeStyle = colour; g.beginPath();
+    let drawing = false;  // a second without frames (null) breaks the line
     h.forEach((p, i) => {
       const at = x(i + 60 - h.length);
-      if (i) g.lineTo(at, y(p[k])); else g.moveTo(at, y(p[k]));
+      if (p[k] === null) { drawing = false; return; }
+      if (drawing) g.lineTo(at, y(p[k])); else g.moveTo(at, y(p[k]));
+      drawing = true;
     });
     g.stroke();
   });
 }
+function show(name, b) {
+  const w = b.latency_ms.window, c = b.counts, missed = c.late + (c.dropped_by_reason.stale || 0);
+  const ms = v => w.count ? `${v.toFixed(1)} ms` : "–";  // no frame in the last second
+  const throttled = b.power && b.power.throttled ? "yes" : "no";
+  const el = document.getElementById("stats-" + name);
+  el.textContent = `fps ${b.fps.toFixed(1)} | e2e p50 ${ms(w.p50)} p99 ${ms(w.p99)} | ` +
+    `missed ${missed} (${(100 * b.miss_rate).toFixed(1)}%) | ladder ${b.ladder.name} | ` +
+    `throttled ${throttled}`;
+  el.className = "stats" + (b.miss_rate > 0 ? " missed" : "");
+  (history[name] = history[name] || []).push(w.count ? [w.p50, w.p99] : [null, null]);
+  if (history[name].length > 60) history[name].shift();
+  draw(name, b.deadline.budget_ms);
+}
 async function tick() {
+  let beats = {};
   try {
-    const beats = await (await fetch("/api/health" + q(), {cache: "no-store"})).json();
+    beats = await (await fetch("/api/health" + q(), {cache: "no-store"})).json();
+  } catch (e) {  // the agent restarts: say so, try again next second
     for (const name of SOURCES) {
-      const b = beats[name]; if (!b) continue;
-      const w = b.latency_ms.window, c = b.counts, missed = c.late + (c.dropped_by_reason.stale || 0);
-      const throttled = b.power && b.power.throttled ? "yes" : "no";
-      const el = document.getElementById("stats-" + name);
-      el.textContent = `fps ${b.fps.toFixed(1)} | e2e p50 ${w.p50.toFixed(1)} ms ` +
-        `p99 ${w.p99.toFixed(1)} ms | missed ${missed} (${(100 * b.miss_rate).toFixed(1)}%) | ` +
-        `ladder ${b.ladder.name} | throttled ${throttled}`;
-      el.className = "stats" + (b.miss_rate > 0 ? " missed" : "");
-      (history[name] = history[name] || []).push([w.p50, w.p99]);
-      if (history[name].length > 60) history[name].shift();
-      draw(name, b.deadline.budget_ms);
+      document.getElementById("stats-" + name).textContent = "no answer from the agent";
     }
-  } catch (e) { /* the agent restarts: try again next second */ }
+    return;
+  }
+  for (const name of SOURCES) {
+    try { if (beats[name]) show(name, beats[name]); } catch (e) { /* one odd heartbeat hides no other */ }
+  }
+}
+for (const img of document.querySelectorAll("img")) {  // reconnect the stream after a restart
+  img.onerror = () => setTimeout(() => { img.src = img.src.split("#")[0] + "#" + Date.now(); }, 2000);
 }
 setInterval(tick, 1000); tick();
 </script></body></html>

@@ -15,6 +15,7 @@ only while a stream is open on it (or for a moment after a snapshot was asked fo
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import socket
@@ -38,6 +39,8 @@ from edge_agent.view.page import page
 log = logging.getLogger(__name__)
 
 MAX_STREAMS = 16  # open MJPEG streams at most; more are refused (503)
+MAX_CONNECTIONS = 32  # connections being served at most; more are closed at once
+_REQUEST_TIMEOUT_S = 5.0  # a connection that sends no whole request in this time is closed
 _SNAPSHOT_WAIT_S = 3.0
 _WRITE_TIMEOUT_S = 10.0  # a client that takes nothing for this long is dropped
 _SEND_BUFFER = 64 * 1024
@@ -50,6 +53,7 @@ class Encoded:
     width: int
     height: int
     frame_id: int
+    at: float  # time.monotonic() when encoded
 
 
 class ViewServer:
@@ -85,11 +89,9 @@ class ViewServer:
         class Handler(_Handler):
             view = server
 
-        self._httpd = ThreadingHTTPServer((self.cfg.host, self.cfg.port), Handler)
-        self._httpd.daemon_threads = True
+        self._httpd = _Server((self.cfg.host, self.cfg.port), Handler)
         host, port = self._httpd.server_address[:2]
-        token = f"?token={self.cfg.token}" if self.cfg.token else ""
-        self.url = f"http://{host}:{port}/{token}"
+        self.url = f"http://{host}:{port}/"  # the token is not logged: ?token=... is the user's
         self._threads = [
             threading.Thread(
                 target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2}, name="view-http"
@@ -110,6 +112,8 @@ class ViewServer:
         self._stop.set()
         self._wake.set()
         with self._cond:
+            for tap in self.taps.values():
+                tap.active = False  # a stream still writing must not keep the capture copying
             self._cond.notify_all()
         if self._httpd is not None:
             self._httpd.shutdown()
@@ -122,23 +126,23 @@ class ViewServer:
 
     def _set_active(self, source: str) -> None:
         tap = self.taps.get(source)
-        if tap is not None:
+        if tap is not None and not self._stop.is_set():
             streams = self._streams.get(source, 0)
             tap.active = streams > 0 or time.monotonic() < self._wanted_until.get(source, 0)
 
-    def watch(self, source: str, delta: int) -> None:
+    def watch(self, source: str, delta: int) -> bool:
+        """A stream opens (+1; False when MAX_STREAMS are open) or closes (-1)."""
         with self._cond:
+            if delta > 0 and sum(self._streams.values()) >= MAX_STREAMS:
+                return False
             self._streams[source] = self._streams.get(source, 0) + delta
             self._set_active(source)
+            return True
 
     def want(self, source: str) -> None:
         with self._cond:
             self._wanted_until[source] = time.monotonic() + _SNAPSHOT_WAIT_S
             self._set_active(source)
-
-    def streams(self) -> int:
-        with self._cond:
-            return sum(self._streams.values())
 
     # -- the encoder ----------------------------------------------------------------------
 
@@ -148,18 +152,18 @@ class ViewServer:
         while not self._stop.is_set():
             self._wake.wait(0.5)
             self._wake.clear()
-            for source, tap in list(self.taps.items()):
-                frame = frames.setdefault(source, ViewFrame(tap.max_det))
-                seq = tap.take(frame, seen.get(source, 0))
-                if seq != seen.get(source, 0):
-                    seen[source] = seq
-                    try:
+            try:
+                for source, tap in list(self.taps.items()):  # a reload may add one meanwhile
+                    frame = frames.setdefault(source, ViewFrame(tap.max_det))
+                    seq = tap.take(frame, seen.get(source, 0))
+                    if seq != seen.get(source, 0):
+                        seen[source] = seq
                         self._publish(source, seq, frame)
-                    except Exception:  # a bad frame must not end the view
-                        log.exception("view: annotating a frame of %s failed", source)
-            with self._cond:
-                for source in self.taps:
-                    self._set_active(source)  # a snapshot's moment may have passed
+                with self._cond:
+                    for source in list(self.taps):
+                        self._set_active(source)  # a snapshot's moment may have passed
+            except Exception:  # a bad frame must not end the view
+                log.exception("view: annotating a frame failed")
 
     def _publish(self, source: str, seq: int, frame: ViewFrame) -> None:
         image = frame.image[: frame.height, : frame.width]
@@ -175,7 +179,9 @@ class ViewServer:
         if not ok:
             raise RuntimeError("JPEG encoding failed")
         with self._cond:
-            self.latest[source] = Encoded(seq, jpeg.tobytes(), image.shape[1], image.shape[0], frame.frame_id)
+            self.latest[source] = Encoded(
+                seq, jpeg.tobytes(), image.shape[1], image.shape[0], frame.frame_id, time.monotonic()
+            )
             self.encoded += 1
             self._cond.notify_all()
 
@@ -194,18 +200,41 @@ class ViewServer:
         return None
 
 
+class _Server(ThreadingHTTPServer):
+    """At most MAX_CONNECTIONS served at once; handler threads are daemons (a stream that is
+    still writing never holds up the agent's exit)."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type) -> None:
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(address, handler)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        return self.slots.acquire(blocking=False)  # full: the connection is closed at once
+
+    def shutdown_request(self, request: Any) -> None:
+        super().shutdown_request(request)
+        self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("view: a connection from %s failed", client_address, exc_info=True)
+
+
 class _Handler(BaseHTTPRequestHandler):
     view: ViewServer
     protocol_version = "HTTP/1.0"  # one request per connection; a stream ends with it
     server_version = "edge-agent-view"
+    timeout = _REQUEST_TIMEOUT_S  # for reading the request; a stream sets its own for writing
 
     def log_message(self, format: str, *args: Any) -> None:
-        log.debug("view: %s %s", self.address_string(), format % args)
+        log.debug("view: %s %s", self.address_string(), (format % args).split("?")[0])
 
     def do_GET(self) -> None:
         url = urlsplit(self.path)
         view = self.view
-        if view.cfg.token and parse_qs(url.query).get("token", [""])[0] != view.cfg.token:
+        given = parse_qs(url.query).get("token", [""])[0]
+        if view.cfg.token and not hmac.compare_digest(given.encode(), view.cfg.token.encode()):
             self._send(HTTPStatus.FORBIDDEN, b"a token is needed: ?token=...\n", "text/plain")
             return
         path = url.path
@@ -244,7 +273,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         view = self.view
         view.want(source)
-        e = view.latest.get(source) or view.wait_newer(source, -1, _SNAPSHOT_WAIT_S)
+        e = view.latest.get(source)
+        if e is None or time.monotonic() - e.at > 2 / view.cfg.fps + 0.5:  # nobody watched lately
+            e = view.wait_newer(source, e.seq if e else -1, _SNAPSHOT_WAIT_S)
         if e is None:
             self._send(HTTPStatus.SERVICE_UNAVAILABLE, b"no frame yet\n", "text/plain")
             return
@@ -254,26 +285,25 @@ class _Handler(BaseHTTPRequestHandler):
         if not self._known(source):
             return
         view = self.view
-        if view.streams() >= MAX_STREAMS:
+        if not view.watch(source, +1):
             self._send(HTTPStatus.SERVICE_UNAVAILABLE, b"too many viewers\n", "text/plain")
             return
-        self.connection.settimeout(_WRITE_TIMEOUT_S)
-        # A small send buffer: a client that reads slowly holds up its own thread once the
-        # sockets hold a frame (or a few small ones), then gets the newest frame each time
-        # it reads, instead of working through a backlog in the kernel.
-        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
-        self.send_response(HTTPStatus.OK)
-        self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        view.watch(source, +1)
-        sent = -1
         try:
-            while True:
-                e = view.wait_newer(source, sent, 5.0)
+            self.connection.settimeout(_WRITE_TIMEOUT_S)
+            # A small send buffer: a client that reads slowly holds up its own thread once the
+            # sockets hold a frame (or a few small ones), then gets the newest frame each time
+            # it reads, instead of working through a backlog in the kernel.
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
+            self.send_header("Cache-Control", "no-store")
+            self.end_headers()
+            sent, last = -1, None
+            while not view._stop.is_set():
+                # No new frame for 5 s (a camera down): the last one again, so a client that
+                # vanished is found out by the write timeout instead of holding a slot.
+                e = view.wait_newer(source, sent, 5.0) or last
                 if e is None:
-                    if view._stop.is_set():
-                        return
                     continue
                 head = (
                     f"--frame\r\nContent-Type: image/jpeg\r\nX-Frame-Id: {e.frame_id}\r\n"
@@ -281,7 +311,7 @@ class _Handler(BaseHTTPRequestHandler):
                 )
                 self.wfile.write(head.encode() + e.jpeg + b"\r\n")
                 self.wfile.flush()
-                sent = e.seq
+                sent, last = e.seq, e
         except OSError:  # the client went, or took nothing for _WRITE_TIMEOUT_S
             return
         finally:

@@ -96,8 +96,9 @@ def test_the_frame_path_does_nothing_while_nobody_watches_and_mjpeg_flows_at_the
         frames = mjpeg_frames(port, "cam0", 20)
         assert tap.captures >= 20 and agent.view.encoded >= 20
         wait_until(lambda: not tap.active, 10, message="the tap goes quiet when the client is gone")
-        taken = tap.captures
-        published = agent.pipeline.published()
+        published = agent.pipeline.published()  # (a frame read just before may still hand over)
+        wait_until(lambda: agent.pipeline.published() >= published + 5, 30, message="frames go on")
+        taken, published = tap.captures, agent.pipeline.published()
         wait_until(lambda: agent.pipeline.published() >= published + 15, 30, message="frames go on")
         assert tap.captures == taken
     for _, _, jpeg in frames:
@@ -110,9 +111,10 @@ def test_the_frame_path_does_nothing_while_nobody_watches_and_mjpeg_flows_at_the
 def test_a_wide_frame_is_scaled_to_max_width_and_a_token_guards_every_url(const_model):
     port = free_port()
     with started(config(const_model, port, max_width=160, token="s3cret")):
-        with pytest.raises(urllib.error.HTTPError) as e:
-            get(f"http://127.0.0.1:{port}/snapshot/cam0.jpg")
-        assert e.value.code == 403
+        for path in ("", "api/health", "stream/cam0.mjpg", "snapshot/cam0.jpg", "snapshot/cam0.jpg?token=no"):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                get(f"http://127.0.0.1:{port}/{path}")
+            assert e.value.code == 403, path
         jpeg = get(f"http://127.0.0.1:{port}/snapshot/cam0.jpg?token=s3cret")
         img = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
         assert img.shape == (120, 160, 3)
@@ -127,16 +129,21 @@ def test_a_slow_client_neither_slows_the_agent_nor_queues_frames(const_model):
     with started(config(const_model, port, (1280, 720), max_width=1280)) as agent:
         wait_until(lambda: agent.pipeline.published() >= 10, 30, message="frames flow")
         before = agent.pipeline.published()
-        frames = mjpeg_frames(port, "cam0", 5, pause_s=2.0)  # one frame every 2 s
+        frames = mjpeg_frames(port, "cam0", 8, pause_s=1.0)  # one frame a second
         during = agent.pipeline.published() - before
-    # The pipeline went on while the reader dawdled (30 fps for 8 s; a loaded machine fewer).
+    # The pipeline went on while the reader dawdled (30 fps for 7 s; a loaded machine fewer).
     assert during >= 60, during
-    # After what the sockets hold, each read gets the newest frame, not the next of a
-    # backlog: ids jump by about 2 s of frames (the camera makes 60 in that time).
+    # After what the sockets hold (a few frames), each read gets the newest frame, not the
+    # next of a backlog: ids jump by about a second of frames (the camera makes 30).
     ids = [i for _, i, _ in frames]
-    assert ids[-1] - ids[-2] >= 20, ids
-    assert sum(1 for a, b in itertools.pairwise(ids) if b - a < 20) <= 4, f"a backlog: {ids}"
+    assert all(b - a >= 10 for a, b in itertools.pairwise(ids[-3:])), f"a backlog: {ids}"
     assert len(agent.view.latest) == 1, "one encoded frame per source is all the view keeps"
+
+
+def test_a_connection_that_sends_nothing_is_closed(const_model):
+    port = free_port()
+    with started(config(const_model, port)), socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        assert s.recv(1) == b"", "closed by the server (request timeout), not held forever"
 
 
 def _chromium() -> str:
@@ -210,3 +217,18 @@ def test_run_view_prints_the_url(tmp_path, const_model):
             line = read_line(proc.stderr, 60)
         assert line.strip().endswith(f"http://127.0.0.1:{port}/"), line
         assert get(f"http://127.0.0.1:{port}/").startswith(b"<!doctype html>")
+
+
+def test_a_reload_keeps_the_running_view_and_swaps_nothing_for_a_view_change(const_model, caplog):
+    from dataclasses import replace
+
+    port = free_port()
+    cfg = config(const_model, port)
+    with started(cfg) as agent:
+        pipeline, tap = agent.pipeline, agent.view.taps["cam0"]
+        assert agent.reload(replace(cfg, view=replace(cfg.view, fps=2.0))) == []
+        assert agent.pipeline is pipeline and agent.view.cfg.fps == 10.0, "no swap, the running view stays"
+        assert "view take effect at the next start" in caplog.text
+        # A real reload rebuilds the lanes: the new lane gets the same tap (a viewer keeps watching).
+        assert agent.reload(replace(cfg, deadline=replace(cfg.deadline, budget_ms=40))) == ["deadline"]
+        assert agent.pipeline.lanes[0].view_tap is tap

@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from broker import Mosquitto, Recorder, gaps, seqs_in_order
+from broker import Mosquitto, Recorder, gaps, make_tls, seqs_in_order
 from conftest import agent_command, run_process, spawn, started, wait_until
 from helpers import Subscriber, free_port, scrape
 
@@ -27,12 +27,12 @@ DEVICE = "cam-site-1"
 
 
 def write_config(
-    tmp_path: Path, broker: Mosquitto, const_model: Path, endpoint: str, name: str = "agent", **uplink
+    tmp_path: Path, mosquitto: Mosquitto, const_model: Path, endpoint: str, name: str = "agent", **uplink
 ) -> tuple[Path, int]:
     """An agent config with an uplink section; returns it and the uplink's metrics port."""
     port = free_port()
     up = {
-        "broker": broker.url,
+        "broker": mosquitto.url,
         "forward": "all",
         "spool_path": str(tmp_path / f"{name}-spool.sqlite"),
         "health_interval_s": 0.5,
@@ -312,6 +312,28 @@ def test_a_broker_that_refuses_the_connection_or_the_messages_is_reported_withou
                 assert metric(port2, "dropped") >= metric(port2, "rejected") - metric(port2, "spool_messages")
                 assert metric(port2, "sent") == 0 and not det(recorder)
                 assert recorder.bodies("/health"), "what the ACL allows still goes"
+
+
+def test_results_go_over_tls_and_a_broker_of_another_ca_is_refused(tmp_path, const_model, endpoint):
+    ca, cert, key = make_tls(tmp_path)
+    (tmp_path / "other").mkdir()
+    other_ca, _, _ = make_tls(tmp_path / "other")
+    with Mosquitto(tmp_path, f"allow_anonymous true\ncafile {ca}\ncertfile {cert}\nkeyfile {key}") as broker:
+        tls_url = broker.url.replace("mqtt://", "mqtts://")
+        recorder = Recorder(broker, f"edge-agent/{DEVICE}/det/#", ca_file=str(ca))
+        with started(load_config(str(write_config(tmp_path, broker, const_model, endpoint)[0]))):
+            cfg, port = write_config(
+                tmp_path, broker, const_model, endpoint, name="tls", broker=tls_url, ca_file=str(ca)
+            )
+            with uplink(cfg, tmp_path / "tls.log"):
+                wait_until(lambda: len(det(recorder)) >= 10, 30, message="results over TLS")
+            # The same broker, checked against another CA: not connected, spooling, no crash.
+            cfg, port = write_config(
+                tmp_path, broker, const_model, endpoint, name="wrong", broker=tls_url, ca_file=str(other_ca)
+            )
+            with uplink(cfg, tmp_path / "wrong.log") as proc:
+                wait_until(lambda: metric(port, "spool_messages") >= 10, 30, message="spooling")
+                assert metric(port, "connected") == 0 and metric(port, "sent") == 0 and proc.poll() is None
 
 
 @pytest.mark.parametrize(
