@@ -24,6 +24,7 @@ import numpy as np
 
 from edge_agent import __version__
 from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig, TensorRTConfig
+from edge_agent.core.files import read_text
 from edge_agent.evaluation import FrameResult, heldout_images, mean_average_precision
 from edge_agent.pipelines.decode import box_iou
 from edge_agent.pipelines.preprocess import Letterbox, boxes_to_source
@@ -41,14 +42,6 @@ class Check:
     status: str  # pass | fail | skip
     detail: str
     data: dict[str, Any] = field(default_factory=dict)
-
-
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read().strip().strip("\x00")
-    except OSError:
-        return ""
 
 
 def _run(cmd: list[str], timeout_s: float = 5.0) -> str:
@@ -70,7 +63,7 @@ def platform_check() -> Check:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "l4t": sysfs.detect().l4t,
-        "model": _read("/proc/device-tree/model"),
+        "model": read_text("/proc/device-tree/model"),
         "opencv": cv2.__version__,
         "opencv_gstreamer": has_gstreamer(),
     }
@@ -85,7 +78,7 @@ def clocks_check() -> Check:
         data["nvpmodel"] = _run(["nvpmodel", "-q"])
     for f in sorted(glob.glob("/sys/class/devfreq/*/cur_freq")):
         name = Path(f).parent.name
-        data[f"devfreq {name} cur_freq_hz"] = _read(f)
+        data[f"devfreq {name} cur_freq_hz"] = read_text(f)
     if not data:
         return Check("clocks", "skip", "no nvpmodel and no devfreq devices (not a Jetson)")
     return Check("clocks", "pass", "; ".join(f"{k}: {v}" for k, v in data.items())[:300], data)
@@ -217,19 +210,33 @@ def _tensorrt_check(
         cfg = replace(cfg, cache_dir=cache_dir)
     model = None
     try:
-        model_cfg = ModelConfig(score_threshold=0.001)
-        if target.preprocess != "cpu":
-            model_cfg = float_variant(str(Path(cfg.cache_dir).expanduser()))
-        t0 = time.monotonic()
-        model = load_model(model_cfg, cfg)
-        build_s = time.monotonic() - t0
-        raw, res, ms, parts = _run_model(model, frames)
-        return _judge(target, model.backend.describe(), raw, res, ms, parts, build_s, ref_raw, ref_res)
-    except Exception as e:  # the self-test reports every failure, it does not stop at one
-        return Check(target.name, "fail", f"{type(e).__name__}: {e}")
+        try:
+            model_cfg = ModelConfig(score_threshold=0.001)
+            if target.preprocess != "cpu":
+                model_cfg = float_variant(str(Path(cfg.cache_dir).expanduser()))
+            t0 = time.monotonic()
+            model = load_model(model_cfg, cfg)
+            build_s = time.monotonic() - t0
+            raw, res, ms, parts = _run_model(model, frames)
+            check = _judge(target, model.backend.describe(), raw, res, ms, parts, build_s, ref_raw, ref_res)
+        except Exception as e:  # the self-test reports every failure, it does not stop at one
+            check = Check(target.name, "fail", f"{type(e).__name__}: {e}")
     finally:
-        if model is not None:
-            model.close()
+        closed = _close(model)
+    if closed:  # a close that fails fails this target, not the targets after it
+        return Check(target.name, "fail", f"{check.detail}; {closed}", check.data)
+    return check
+
+
+def _close(model: Any) -> str:
+    """Close ``model``; what went wrong, or ""."""
+    if model is None:
+        return ""
+    try:
+        model.close()
+    except Exception as e:
+        return f"close() failed: {type(e).__name__}: {e}"
+    return ""
 
 
 def _judge(target: Target, info: dict, raw, res, ms, parts, build_s: float, ref_raw, ref_res) -> Check:
@@ -237,12 +244,19 @@ def _judge(target: Target, info: dict, raw, res, ms, parts, build_s: float, ref_
     passed = score_err <= SCORE_ATOL and box_err <= BOX_ATOL_PX and matched >= MIN_MATCHED
     if target.preprocess != "cpu" and info.get("preprocess") != "device":
         passed = False  # it ran, but not what this target is for: the notes say why
+    placed = ""
+    if target.preprocess == "dla":  # which preprocessing layers the DLA did not take
+        off = (info.get("off_dla") or {}).get("preprocess")
+        if off is None:  # listed by the build only
+            placed = ", off the DLA: unknown (the engine came from the cache)"
+        else:
+            placed = f", off the DLA: {', '.join(off) if off else 'none'}"
     return Check(
         target.name,
         "pass" if passed else "fail",
         f"max |score diff| {score_err:.4f} (≤ {SCORE_ATOL}), max |box diff| {box_err:.2f} px "
         f"(≤ {BOX_ATOL_PX}), detections matched {matched:.1%} (≥ {MIN_MATCHED:.0%}), "
-        f"{np.median(ms):.2f} ms/frame, load+build {build_s:.1f} s; checks: {target.answers}",
+        f"{np.median(ms):.2f} ms/frame, load+build {build_s:.1f} s{placed}; checks: {target.answers}",
         {
             "score_err": score_err,
             "box_err": box_err,

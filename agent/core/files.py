@@ -1,4 +1,5 @@
-"""Writing files so that a crash or power cut never leaves one half-written."""
+"""Writing files so that a crash or power cut never leaves one half-written, and reading the
+small text files of /proc and /sys."""
 
 from __future__ import annotations
 
@@ -42,3 +43,13 @@ def file_sha256(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """A small text file's contents, stripped of whitespace and device-tree NULs; "" when it
+    cannot be read (not there, not allowed): for reports, never for decisions."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().strip().strip("\x00")
+    except OSError:
+        return ""

@@ -128,8 +128,9 @@ class TensorRTBackend(InferenceBackend):
             "tensorrt: %s; %s", self._key.describe() if self._key else "", "; ".join(self.notes) or "as asked"
         )
 
-    def _model_input_shape(self, model_path: str) -> tuple[str, tuple[int, ...], bool]:
-        """The input's name, the shape to build for, and whether its batch axis is dynamic."""
+    def _model_input_shape(self, model_path: str) -> tuple[str, tuple[int, ...], bool, str]:
+        """The input's name, the shape to build for, whether its batch axis is dynamic, and
+        its dtype (numpy's name; the manifest's where the ONNX type is not one the agent reads)."""
         # Read from the ONNX itself: no TensorRT parse, and a plugin graph (which ONNX
         # Runtime cannot load) is read too.
         from edge_agent.models import onnx_info
@@ -146,7 +147,7 @@ class TensorRTBackend(InferenceBackend):
             fed = (1,) * len(dims)
         shape = tuple(d if d else w for d, w in zip(dims, fed))
         dynamic = bool(dims) and not dims[0]
-        return inp.name, shape, dynamic
+        return inp.name, shape, dynamic, inp.dtype or f.dtype
 
     def _max_batch(self) -> int:
         """The batch to build for: the config's, except where batching is not supported."""
@@ -178,7 +179,7 @@ class TensorRTBackend(InferenceBackend):
         )
 
     def _engine_for_model(self, model_path: str) -> Any:
-        name, shape, dynamic = self._model_input_shape(model_path)
+        name, shape, dynamic, dtype = self._model_input_shape(model_path)
         settings, notes = trt_build.settings_for(
             self.config, name, shape, self._num_dla, dynamic_batch=dynamic
         )
@@ -190,7 +191,7 @@ class TensorRTBackend(InferenceBackend):
         make_calibrator, calib_sha = None, ""
         stem = Path(model_path).parent.name if Path(model_path).stem == "model" else Path(model_path).stem
         if settings.precision == "int8":
-            make_calibrator, calib_sha = self._calibrator(stem, onnx_sha, shape)
+            make_calibrator, calib_sha = self._calibrator(stem, onnx_sha, shape, dtype)
         key = self._key_for(settings, onnx_sha, "model", calib_sha)
         self._key = key
 
@@ -232,28 +233,20 @@ class TensorRTBackend(InferenceBackend):
                 raise BackendError(f"{path}: the engine TensorRT just built does not deserialize")
         raise AssertionError("unreachable")
 
-    def _calibrator(self, stem: str, onnx_sha: str, shape: tuple[int, ...]) -> tuple[Any, str]:
-        return trt_support.calibration(self, stem, onnx_sha, shape)
+    def _calibrator(self, stem: str, onnx_sha: str, shape: tuple[int, ...], dtype: str) -> tuple[Any, str]:
+        cfg = self.config
+        folder, frames = cfg.calibration_images, cfg.calibration_frames
+        cache = lambda calib_sha: self._cache.calibration_cache_path(stem, onnx_sha, calib_sha)  # noqa: E731
+        modules = (self.trt, self.cuda, self._cuda_ctx)
+        return trt_support.calibration(modules, folder, frames, self._fmt, cache, shape, dtype)
 
     def host_format(self, fmt: InputFormat) -> InputFormat:
         return self._host_fmt
 
-    def _no_device_preprocessing(self, fmt: InputFormat, settings: trt_build.BuildSettings) -> str:
-        """Why the device preprocessing engine cannot serve this model ("" if it can)."""
-        if fmt.layout != "NCHW":
-            return "the model takes float NHWC input (the device network writes NCHW)"
-        spec = self._model_in_spec
-        if self._batch[1] and self._batch[0] > 1:
-            # Its outputs would be sized for the one frame it takes while the model writes
-            # all of its fixed batch into them: past the end of the buffers.
-            return f"the model takes a fixed batch of {self._batch[0]}, the preprocessing engine one frame"
-        if spec.shape[1:] != (3, fmt.height, fmt.width) or spec.dtype.kind != "f":
-            says = f"{fmt.dtype} 3x{fmt.height}x{fmt.width}"
-            return f"the model takes {spec.dtype} {spec.shape}, the manifest says {says}"
-        if settings.dla_core >= 0 and not settings.gpu_fallback:
-            # Would fail to build on every start: the DLA has no uint8 tensors.
-            return "the uint8 → fp16 cast cannot run on the DLA and gpu_fallback is off"
-        return ""
+    @property
+    def _device_pre(self) -> bool:
+        """Preprocessing runs in the device engine (its engine and context both made)."""
+        return self.pre_engine is not None and self.pre_context is not None
 
     def _device_preprocessing(self, fmt: InputFormat) -> InputFormat:
         """Float models: normalisation moves to a device engine, the host writes uint8 NHWC."""
@@ -268,7 +261,7 @@ class TensorRTBackend(InferenceBackend):
         )
         settings = trt_build.BuildSettings(**{**settings.__dict__, "precision": "fp16"})
         self.notes += [f"preprocessing: {n}" for n in notes]
-        why = self._no_device_preprocessing(fmt, settings)
+        why = trt_support.no_device_preprocessing(fmt, settings, self._model_in_spec, self._batch)
         if why:
             self.notes.append(f"preprocessing on the CPU: {why}")
             return fmt
@@ -319,10 +312,14 @@ class TensorRTBackend(InferenceBackend):
                 self.off_dla["preprocess"] = off_dla
                 return plan
 
-            self.pre_engine = self._cached_engine("preprocess", key, build)
-            self.pre_context = self.pre_engine.create_execution_context()
+            engine = self._cached_engine("preprocess", key, build)
+            context = engine.create_execution_context()
+            if context is None:  # the caller falls back to CPU preprocessing
+                raise BackendError("TensorRT could not create the preprocessing engine's execution context")
             spec = self._model_in_spec
-            trt_support.check_preprocessed(self.pre_engine, PREPROCESSED, spec.shape, spec.dtype, self.trt)
+            trt_support.check_preprocessed(engine, PREPROCESSED, spec.shape, spec.dtype, self.trt)
+            # Both or neither: ``_device_pre`` is the one condition every path tests.
+            self.pre_engine, self.pre_context = engine, context
 
     def _read_io(self) -> None:
         trt, engine, ctx = self.trt, self.engine, self.context
@@ -381,7 +378,7 @@ class TensorRTBackend(InferenceBackend):
         with self._current():
             slot = _Slot(stream=cuda.Stream(), host={}, device={}, batch=size)
             self._slots.append(slot)
-            if self.pre_engine is not None:
+            if self._device_pre:
                 self._buffer(slot, FRAME_TENSOR, self._inputs[0].shape, np.dtype(np.uint8), host=True)
                 model_in = self._model_in_spec
                 self._buffer(slot, self._model_input, model_in.shape, model_in.dtype, host=False)
@@ -421,7 +418,7 @@ class TensorRTBackend(InferenceBackend):
                 name = self._inputs[0].name
                 cuda.memcpy_htod_async(slot.allocations[name], slot.host[name], stream)
             start.record(stream)
-            if self.pre_context is not None:
+            if self._device_pre:
                 bind(self.pre_context, FRAME_TENSOR, slot.device[FRAME_TENSOR])
                 bind(self.pre_context, PREPROCESSED, slot.device[self._model_input])
                 if not self.pre_context.execute_async_v3(stream.handle):
@@ -461,7 +458,7 @@ class TensorRTBackend(InferenceBackend):
             "device": self._device,
             "engine": self._key.describe() if self._key else "",
             "zero_copy": self._zero_copy,
-            "preprocess": "device" if self.pre_engine is not None else "cpu",
+            "preprocess": "device" if self._device_pre else "cpu",
             "notes": list(self.notes),
             "off_dla": self.off_dla,
         }
@@ -481,6 +478,11 @@ class TensorRTBackend(InferenceBackend):
                     mem.free()
                 for arr in slot.host.values():
                     arr.base.free()
+                # An IOSet may still hold the slot (``handle``): its stream and events must
+                # go now, with the context current, not after the detach below.
+                slot.events, slot.stream = [], None
+                for held in (slot.allocations, slot.host, slot.device):
+                    held.clear()
             self._slots.clear()
             self.pre_context = self.pre_engine = None
             self.context = self.engine = None

@@ -187,9 +187,11 @@ class _Feed:
         self.cuda, self.batches, self.nbytes, self.context = cuda, batches, nbytes, context
         self.device = cuda.mem_alloc(nbytes)
         self.it: Iterator[np.ndarray] | None = None
-        self.count = 0
+        self.count = 0  # batches fed
+        self.asked = 0  # calls of get_batch: 0 if TensorRT never calibrated (refused first, or Q/DQ)
 
     def next(self) -> list[int] | None:
+        self.asked += 1
         if self.it is None:
             self.it = self.batches()
         batch = next(self.it, None)
@@ -230,7 +232,8 @@ def make_calibrator(
     ``get_batch`` runs on whatever thread TensorRT calls it from (unconfirmed), so it
     pushes ``context`` itself. The binding turns an exception in ``get_batch`` into "no
     more data" (pyInt8.cpp), which would end calibration early without a word: it is kept
-    in ``error`` instead, and ``_build`` raises it once the build returns.
+    in ``error`` instead, and ``_build`` raises it once the build returns. Anything that is
+    not an Exception (KeyboardInterrupt, SystemExit) goes through as it is.
     """
 
     class Calibrator(trt.IInt8EntropyCalibrator2):
@@ -244,6 +247,10 @@ def make_calibrator(
         def count(self) -> int:
             return self.feed.count
 
+        @property
+        def asked(self) -> int:
+            return self.feed.asked
+
         def get_batch_size(self) -> int:
             return 1
 
@@ -252,7 +259,7 @@ def make_calibrator(
                 return None
             try:
                 return self.feed.next()
-            except BaseException as e:  # raised again after the build, see check_calibration
+            except Exception as e:  # raised again after the build, see check_calibration
                 self.error = e
                 return None
 
@@ -272,13 +279,19 @@ def make_calibrator(
 
 
 def check_calibration(calibrator: Any, what: str) -> None:
-    """Raise what the calibrator swallowed, or that it fed no frames at all."""
+    """After a successful build: raise what the calibrator swallowed, or that TensorRT asked
+    for frames and got none at all.
+
+    TensorRT may never ask (a network with explicit Q/DQ ignores the calibrator): that is
+    not "no frames".
+    """
     if calibrator is None:
         return
     error = getattr(calibrator, "error", None)
     if error is not None:
         raise BackendError(f"{what}: int8 calibration failed: {type(error).__name__}: {error}") from error
-    if not getattr(calibrator, "from_cache", False) and getattr(calibrator, "count", 1) == 0:
+    asked, fed = getattr(calibrator, "asked", 0), getattr(calibrator, "count", 1)
+    if not getattr(calibrator, "from_cache", False) and asked and not fed:
         raise BackendError(f"{what}: int8 calibration fed no frames (no image could be read)")
 
 
@@ -387,9 +400,15 @@ def _build(
         )
     t0 = time.monotonic()
     plan = builder.build_serialized_network(network, config)
-    check_calibration(calibrator, what)
     if plan is None:
-        raise BackendError(f"{what}: TensorRT could not build the engine (see its log above)")
+        # The builder's reason first (it may refuse before calibrating); a calibration
+        # error, if any, rides along.
+        error = getattr(calibrator, "error", None)
+        also = f"; int8 calibration failed too: {type(error).__name__}: {error}" if error else ""
+        raise BackendError(
+            f"{what}: TensorRT could not build the engine (see its log above){also}"
+        ) from error
+    check_calibration(calibrator, what)
     log.info("%s: engine built in %.1f s", what, time.monotonic() - t0)
     used = config.get_timing_cache()
     if used is not None:

@@ -1,7 +1,8 @@
 """Helpers of the TensorRT backend that need no engine: the process's one TensorRT logger,
 the device part of the engine key, the calibration fingerprint, IO-shape checks.
 
-Kept apart from ``tensorrt.py`` so each stays small; nothing here imports TensorRT.
+Kept apart from ``tensorrt.py`` so each stays small. Only ``import_tensorrt`` imports
+TensorRT (and pycuda); everything else takes the modules as arguments.
 """
 
 from __future__ import annotations
@@ -9,13 +10,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from edge_agent.core.files import file_sha256
+from edge_agent.core.files import file_sha256, read_text
 from edge_agent.models.manifest import InputFormat
 from edge_agent.pipelines.backends import trt_build
 from edge_agent.pipelines.backends.base import BackendError
@@ -55,14 +56,6 @@ def shared_logger(trt: Any) -> Any:
         return held[1]
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            return f.read().strip().strip("\x00")
-    except OSError:
-        return ""
-
-
 def device_description(cuda: Any, dev: Any, release: str) -> str:
     """The device part of the engine key: GPU name, compute capability, SM count, board, L4T.
 
@@ -76,7 +69,7 @@ def device_description(cuda: Any, dev: Any, release: str) -> str:
     # An old pycuda without the attribute: the key is weaker, not wrong.
     with contextlib.suppress(Exception):
         parts.append(f"{int(dev.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT))} SMs")
-    board = _read(DEVICE_TREE_MODEL)
+    board = read_text(DEVICE_TREE_MODEL)
     if board:
         parts.append(board)
     if release:
@@ -124,17 +117,32 @@ def check_preprocessed(pre: Any, out_name: str, want_shape: tuple[int, ...], wan
         )
 
 
-def calibration(be: Any, stem: str, onnx_sha: str, shape: tuple[int, ...]) -> tuple[Any, str]:
-    """For the backend ``be``: a factory of its INT8 calibrator, and the calibration fingerprint."""
-    folder, fmt = be.config.calibration_images, be._fmt
+def calibration(
+    modules: tuple[Any, Any, Any],
+    folder: str,
+    frames: int,
+    fmt: InputFormat,
+    cache_path: Callable[[str], Path],
+    shape: tuple[int, ...],
+    dtype: str,
+) -> tuple[Any, str]:
+    """A factory of the INT8 calibrator, and the calibration fingerprint.
+
+    ``modules``: (tensorrt, pycuda.driver, the CUDA context); ``folder``, ``frames``: the
+    images and how many of them; ``cache_path``: the calibration cache's path for a
+    fingerprint; ``shape`` and ``dtype``: the model input's own (an fp16-input model takes
+    fp16 bytes whatever the manifest says).
+    """
+    trt, cuda, cuda_ctx = modules
     files = sorted(
         str(p) for p in Path(folder).glob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png", ".bmp")
-    )[: be.config.calibration_frames]
+    )[:frames]
     if not files:
         raise BackendError(f"int8 calibration: no images in {folder}")
     # Contents and normalisation: both the engine key and the calibration cache's name.
     calib_sha = calibration_fingerprint(files, fmt, shape)
-    cache = be._cache.calibration_cache_path(stem, onnx_sha, calib_sha)
+    cache = cache_path(calib_sha)
+    np_dtype = np.dtype(dtype)
 
     def batches():
         import cv2
@@ -143,19 +151,42 @@ def calibration(be: Any, stem: str, onnx_sha: str, shape: tuple[int, ...]) -> tu
 
         pre = Preprocessor(fmt)
         tensor = np.zeros(shape, np.dtype(fmt.dtype))
+        fed = np.zeros(shape, np_dtype) if np_dtype != tensor.dtype else tensor
         for f in files:
             img = cv2.imread(f, cv2.IMREAD_COLOR)
             if img is not None:
                 pre(img, tensor, Letterbox())  # the same letterbox as live frames
-                yield tensor
+                if fed is not tensor:
+                    fed[...] = tensor  # the model input's own type
+                yield fed
 
-    nbytes = int(np.prod(shape)) * np.dtype(fmt.dtype).itemsize
+    nbytes = int(np.prod(shape)) * np_dtype.itemsize
 
     def make() -> Any:
         # Called with the context current: the calibrator allocates its buffer there.
-        return trt_build.make_calibrator(be.trt, be.cuda, batches, cache, nbytes, be._cuda_ctx)
+        return trt_build.make_calibrator(trt, cuda, batches, cache, nbytes, cuda_ctx)
 
     return make, calib_sha
+
+
+def no_device_preprocessing(fmt: InputFormat, settings: Any, spec: Any, batch: tuple[int, bool]) -> str:
+    """Why the device preprocessing engine cannot serve this model ("" if it can).
+
+    ``spec``: the model engine's input (a TensorSpec); ``batch``: (largest batch, fixed).
+    """
+    if fmt.layout != "NCHW":
+        return "the model takes float NHWC input (the device network writes NCHW)"
+    if batch[1] and batch[0] > 1:
+        # Its outputs would be sized for the one frame it takes while the model writes
+        # all of its fixed batch into them: past the end of the buffers.
+        return f"the model takes a fixed batch of {batch[0]}, the preprocessing engine one frame"
+    if spec.shape[1:] != (3, fmt.height, fmt.width) or spec.dtype.kind != "f":
+        says = f"{fmt.dtype} 3x{fmt.height}x{fmt.width}"
+        return f"the model takes {spec.dtype} {spec.shape}, the manifest says {says}"
+    if settings.dla_core >= 0 and not settings.gpu_fallback:
+        # Would fail to build on every start: the DLA has no uint8 tensors.
+        return "the uint8 → fp16 cast cannot run on the DLA and gpu_fallback is off"
+    return ""
 
 
 def bind(context: Any, name: str, address: int) -> None:

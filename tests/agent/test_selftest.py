@@ -107,3 +107,46 @@ def test_the_float_variant_gives_the_bundled_detectors_outputs(tmp_path):
     finally:
         ref.close()
         var.close()
+
+
+def test_a_close_that_raises_fails_its_target_and_the_next_target_still_runs(monkeypatch):
+    import edge_agent.pipelines.model as model_module
+    from edge_agent import selftest
+
+    closed: list[str] = []
+
+    class Model:
+        def close(self):
+            closed.append("x")
+            raise RuntimeError("context already gone")
+
+    def run(model, frames):
+        raise ValueError("engine refused the input")
+
+    monkeypatch.setattr(model_module, "load_model", lambda *a: Model())
+    monkeypatch.setattr(selftest, "_run_model", run)
+    checks = [selftest._tensorrt_check(t, 2, "", [], []) for t in selftest.tensorrt_targets(0)[:2]]
+    assert [c.status for c in checks] == ["fail", "fail"] and len(closed) == 2
+    assert "engine refused the input" in checks[0].detail
+    assert "close() failed: RuntimeError: context already gone" in checks[0].detail
+
+
+@pytest.mark.parametrize(
+    "off_dla, says",
+    [
+        ({"preprocess": ["Cast_0"]}, "off the DLA: Cast_0"),
+        ({"preprocess": []}, "off the DLA: none"),
+        ({}, "off the DLA: unknown"),
+    ],
+)
+def test_the_dla_preprocessing_target_says_what_stayed_off_the_dla(off_dla, says):
+    from edge_agent.selftest import _judge, tensorrt_targets
+
+    (target,) = [t for t in tensorrt_targets(1) if t.name == "tensorrt-gpu-preprocess-dla"]
+    res = [_result([[10, 10, 50, 50]], [0], [0.9])]
+    raw = [np.zeros((1, 8, 4), np.float32)]
+    info = {"preprocess": "device", "off_dla": off_dla}
+    check = _judge(target, info, raw, res, [1.0], {}, 1.0, raw, res)
+    assert check.status == "pass" and says in check.detail, check.detail
+    (plain,) = [t for t in tensorrt_targets(1) if t.name == "tensorrt-gpu"]
+    assert "off the DLA" not in _judge(plain, info, raw, res, [1.0], {}, 1.0, raw, res).detail

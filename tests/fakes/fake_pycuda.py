@@ -29,7 +29,8 @@ FakeTensorRT so one list shows the whole protocol in order) and enforces pycuda'
 - device work (copies, kernels enqueued by TensorRT, events) marks its stream pending
   until ``stream.synchronize()``; ``pending_streams()`` lets a test check that nothing is
   left in flight when the host goes on to read outputs, and ``Event.time_since`` refuses
-  events that have not been reached, as the real call does ("invalid value").
+  events that have not been reached ("invalid value") or that were made with
+  ``event_flags.DISABLE_TIMING`` ("invalid handle"), as the real call does.
 
 Device time is a fake clock: each enqueued piece of work advances it by its cost in ms,
 so event timings are exact numbers a test can assert.
@@ -247,6 +248,11 @@ class _EventBase:
     def time_since(self, start: Any) -> float:
         self._drv._needs_context("Event.time_since")
         self._drv._record("Event.time_since")
+        no_timing = self._drv.event_flags.DISABLE_TIMING
+        if (self.flags | start.flags) & no_timing:
+            raise FakeLogicError(
+                "cuEventElapsedTime failed: invalid handle (an event made with DISABLE_TIMING)"
+            )
         if not (self.reached and start.reached) or self.time is None or start.time is None:
             raise FakeLogicError("cuEventElapsedTime failed: invalid value (event not reached yet)")
         return self.time - start.time

@@ -22,8 +22,12 @@ enums and ``nptype``.
   progress monitor as the bindings do: an exception raised in ``get_batch`` is swallowed
   and read as "no more data" (pyInt8.cpp's trampoline returns false), one raised in the
   progress monitor cancels the build (pyCore.cpp's ``stepComplete`` trampoline catches it
-  and returns false). ``calibrate_on_thread`` runs the calibrator on a builder thread,
-  where no CUDA context is current (which thread TensorRT uses is unconfirmed).
+  and returns false). ``get_batch`` must return None/[] (the end) or a list of one plain
+  int device address per input name. A network with QuantizeLinear/DequantizeLinear
+  (explicit quantisation) never calls the calibrator. ``calibrate_on_thread`` runs the
+  calibrator on a builder thread, where no CUDA context is current (which thread TensorRT
+  uses is unconfirmed); what it raises is raised again after the join, and a join that
+  times out fails the build.
 - Split for size: the enums and base classes are in ``fake_trt_types``, the network and
   parser in ``fake_trt_network``, the engine and execution context in ``fake_trt_runtime``;
   every name is importable from here.
@@ -32,12 +36,14 @@ enums and ``nptype``.
 - The execution context enforces the documented rules with AssertionError: dynamic input
   shapes set before ``get_tensor_shape`` and ``execute_async_v3``, every IO tensor given
   an address before ``execute_async_v3``, an int stream handle. ``set_input_shape`` returns
-  False for a shape the engine refuses (the binding returns the C++ bool, it does not raise).
+  False for a shape the engine refuses or a name that is not an input (the binding returns
+  the C++ bool, it does not raise).
   Linked to a FakeCudaDriver (``cuda=``) it also requires a current CUDA context, a real
   stream and device addresses, checks that every bound buffer holds the tensor's volume x
   itemsize (TensorRT writes that much, whatever was allocated), and marks the stream busy
-  until it is synchronised. A non-batch dynamic output dimension stays -1 after the input
-  shapes are set: a data-dependent output (NonMaxSuppression inside the graph).
+  until it is synchronised. A dynamic output dimension stays -1 after the input shapes are
+  set unless it is axis 0 under the input's batch axis's ONNX name: a data-dependent output
+  (NonMaxSuppression inside the graph: [num_selected, 3]).
 """
 
 from __future__ import annotations
@@ -210,21 +216,35 @@ class FakeBuilder:
             if trt.calibrate_on_thread:
                 import threading
 
-                t = threading.Thread(target=self._calibrate, args=(network, config.int8_calibrator))
+                failed: list[BaseException] = []
+
+                def run() -> None:
+                    try:
+                        self._calibrate(network, config.int8_calibrator)
+                    except BaseException as e:  # raised again on the caller's thread
+                        failed.append(e)
+
+                t = threading.Thread(target=run, daemon=True)
                 t.start()
                 t.join(timeout=30)
+                if t.is_alive():
+                    raise AssertionError("calibration on the builder thread did not finish within 30 s")
+                if failed:
+                    raise failed[0]
             else:
                 self._calibrate(network, config.int8_calibrator)
         if config.timing_cache is not None:  # the build adds its layer timings
             config.timing_cache.data = (config.timing_cache.data or b"FAKE-TIMING-CACHE") + b"+"
         dla = config.default_device_type == FakeDeviceType.DLA
         profile = config.profiles[0].shapes if config.profiles else {}
+
+        def dims(t: FakeTensor) -> list[str]:
+            return list(getattr(t, "dim_names", ())) or [""] * len(t.shape)
+
         io = [
-            {"name": t.name, "mode": "INPUT", "shape": list(t.shape), "dtype": t.dtype.name}
-            for t in network.inputs
-        ] + [
-            {"name": t.name, "mode": "OUTPUT", "shape": list(t.shape), "dtype": t.dtype.name}
-            for t in network.outputs
+            {"name": t.name, "mode": mode, "shape": list(t.shape), "dtype": t.dtype.name, "dims": dims(t)}
+            for mode, tensors in (("INPUT", network.inputs), ("OUTPUT", network.outputs))
+            for t in tensors
         ]
         plan = {
             "version": trt.__version__,
@@ -285,14 +305,23 @@ class FakeBuilder:
             raise AssertionError("the calibrator did not call IInt8EntropyCalibrator2.__init__")
         if calibrator.read_calibration_cache():
             return
+        if any(la.type in ("QuantizeLinear", "DequantizeLinear") for la in network.layers):
+            return  # explicit quantisation: TensorRT ignores the calibrator
         names = [t.name for t in network.inputs]
         for _ in range(10_000):
             try:
                 batch = calibrator.get_batch(names)
             except Exception:  # the binding's trampoline: an exception ends the data, silently
                 batch = None
-            if not batch:
+            if batch is None or (isinstance(batch, list) and not batch):
                 break
+            # The binding converts the list to void* device addresses, one per name.
+            if not isinstance(batch, list) or len(batch) != len(names):
+                raise AssertionError(
+                    f"get_batch({names}) returned {batch!r}: need None or {len(names)} addresses"
+                )
+            if not all(type(a) is int for a in batch):
+                raise AssertionError(f"get_batch returned {batch!r}: need plain int device addresses")
         calibrator.write_calibration_cache(b"FAKE-CALIBRATION-CACHE")
 
 
@@ -327,6 +356,7 @@ class FakeTensorRT:
         self.build_fails = False  # set: build_serialized_network returns None
         self.build_failures: list[str] = []
         self.execute_result = True
+        self.context_fails: set[str] = set()  # engine labels whose create_execution_context returns None
         self.exec_ms: dict[str, float] = {"network": 0.25}  # device ms per enqueue, by network label
         self.builds = 0
         self.plugins_registered = False

@@ -21,6 +21,9 @@ class FakeTensor:
         self.dtype = dtype
         self._shape = tuple(shape)
         self._producer = producer
+        # ONNX's symbolic name of each dynamic axis ("" for a fixed one or none known): what
+        # tells an output axis that follows the input's batch from a data-dependent one.
+        self.dim_names: tuple[str, ...] = ("",) * len(self._shape)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -204,7 +207,9 @@ class FakeOnnxParser:
         def tensor(vi: Any) -> FakeTensor:
             tt = vi.type.tensor_type
             dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim)
-            return FakeTensor(vi.name, _FROM_ONNX[tt.elem_type], dims)
+            t = FakeTensor(vi.name, _FROM_ONNX[tt.elem_type], dims)
+            t.dim_names = tuple("" if d.HasField("dim_value") else d.dim_param for d in tt.shape.dim)
+            return t
 
         plugins = sorted({n.op_type for n in proto.graph.node if n.op_type in PLUGINS})
         if plugins and not self._trt.plugins_registered:

@@ -40,8 +40,10 @@ class FakeEngine:
     def get_tensor_dtype(self, name: str) -> FakeDataType:
         return FakeDataType[self._io[name]["dtype"]]
 
-    def create_execution_context(self) -> FakeExecutionContext:
+    def create_execution_context(self) -> FakeExecutionContext | None:
         self._trt._record("ICudaEngine.create_execution_context", self.label)
+        if self.label in self._trt.context_fails:
+            return None  # the real call returns None (out of memory, say), it does not raise
         return FakeExecutionContext(self._trt, self)
 
 
@@ -71,7 +73,8 @@ class FakeExecutionContext:
         self._trt._record("IExecutionContext.set_input_shape", self.engine.label, name, shape)
         e = self.engine
         if e.get_tensor_mode(name) != FakeTensorIOMode.INPUT:
-            raise AssertionError(f"set_input_shape({name!r}): not an input of {e.label}")
+            return False  # the real call logs an error and returns False
+
         declared = e.get_tensor_shape(name)
         # The binding returns False (and logs an error) for a refused shape; it does not raise.
         if len(shape) != len(declared) or any(d >= 0 and d != s for d, s in zip(declared, shape)):
@@ -88,8 +91,16 @@ class FakeExecutionContext:
         if name in self.input_shapes:
             return self.input_shapes[name]
         batch = next(iter(self.input_shapes.values()), (1,))[0]
-        # Axis 0 follows the input's batch; any other dynamic axis is data-dependent: -1.
-        return tuple(batch if d < 0 and i == 0 else d for i, d in enumerate(e.get_tensor_shape(name)))
+        # Axis 0 follows the input's batch where it is the input's batch axis (the same ONNX
+        # name); any other dynamic axis is data-dependent (NonMaxSuppression's
+        # [num_selected, 3]): -1.
+        batch_names = {
+            t.get("dims", [""])[0] for t in e.plan["io"] if t["mode"] == "INPUT" and t["shape"][:1] == [-1]
+        }
+        first = (e._io[name].get("dims") or [""])[0]
+        follows = first in batch_names or not first  # unnamed: a network built by hand
+        shape = e.get_tensor_shape(name)
+        return tuple(batch if d < 0 and i == 0 and follows else d for i, d in enumerate(shape))
 
     def set_tensor_address(self, name: str, memory: int) -> bool:
         self._trt._record("IExecutionContext.set_tensor_address", self.engine.label, name, memory)

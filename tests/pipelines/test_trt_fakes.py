@@ -195,3 +195,79 @@ def test_the_builder_refuses_what_tensorrt_refuses(const_model, tmp_path):
     ranged = dict(dla_core=0, input_shape=(4, 320, 320, 3), min_batch=1)
     assert build(dynamic, **ranged) is None and "min != max" in trt.build_failures[-1]
     assert build(dynamic, dla_core=0, input_shape=(4, 320, 320, 3)) is not None
+
+
+# -- review of #22: rules the fakes lacked ------------------------------------------------------------
+
+
+def test_time_since_refuses_an_event_made_without_timing(cuda):
+    stream = cuda.Stream()
+    timed, untimed = (
+        cuda.Event(),
+        cuda.Event(cuda.event_flags.BLOCKING_SYNC | cuda.event_flags.DISABLE_TIMING),
+    )
+    timed.record(stream)
+    untimed.record(stream)
+    untimed.synchronize()
+    for end, start in ((untimed, timed), (timed, untimed)):
+        with pytest.raises(FakeLogicError, match="invalid handle"):
+            end.time_since(start)
+
+
+def test_set_input_shape_on_an_output_returns_false(const_model, tmp_path):
+    _, ctx = engine_and_context(FakeTensorRT(), const_model, tmp_path)
+    assert ctx.set_input_shape("output0", (1, 8, 2100)) is False
+    assert ctx.set_input_shape("nothing", SHAPE) is False
+
+
+@pytest.mark.parametrize("bad", [[], None, [1, 2], [np.int64(4096)], (4096,), 4096])
+def test_the_calibrator_loop_takes_none_or_one_int_per_input(const_model, tmp_path, bad):
+    trt = FakeTensorRT()
+
+    class Calibrator(trt.IInt8EntropyCalibrator2):
+        def read_calibration_cache(self):
+            return None
+
+        def write_calibration_cache(self, data):
+            pass
+
+        def get_batch(self, names):
+            return bad
+
+    def build():
+        trt_build.build_engine(
+            trt,
+            None,
+            str(const_model),
+            settings(precision="int8"),
+            tmp_path / "t",
+            Calibrator(),
+            progress=False,
+        )
+
+    if bad in ([], None):
+        build()  # the end of the data
+    else:
+        with pytest.raises(AssertionError, match="get_batch"):
+            build()
+
+
+def test_an_error_on_the_calibration_thread_reaches_the_build(const_model, tmp_path):
+    trt = FakeTensorRT()
+    trt.calibrate_on_thread = True
+
+    class Uninitialised(trt.IInt8EntropyCalibrator2):
+        def __init__(self):  # forgets the base class's __init__
+            pass
+
+    with pytest.raises(AssertionError, match=r"did not call IInt8EntropyCalibrator2\.__init__"):
+        trt_build.build_engine(
+            trt,
+            None,
+            str(const_model),
+            settings(precision="int8"),
+            tmp_path / "t",
+            Uninitialised(),
+            progress=False,
+        )
+    assert trt.builds == 0
