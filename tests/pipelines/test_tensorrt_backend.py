@@ -11,8 +11,9 @@ import cv2
 import numpy as np
 import onnx
 import pytest
-from fakes.fake_pycuda import FakeCudaDriver, FakePagelockedHostAllocation
-from fakes.fake_tensorrt import FakeTensorRT
+from fakes import trt_kit
+from fakes.fake_pycuda import FakePagelockedHostAllocation
+from fakes.trt_kit import FLOAT_FMT_IMAGENET, UINT8_FMT, Fakes, loaded
 
 from edge_agent.core.config import AutoBackendConfig, TensorRTConfig
 from edge_agent.models.manifest import InputFormat
@@ -23,42 +24,7 @@ from edge_agent.pipelines.backends.base import TensorSpec
 from edge_agent.pipelines.backends.onnxruntime import OnnxRuntimeBackend
 from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
 
-UINT8_FMT = InputFormat(height=320, width=320, layout="NHWC", dtype="uint8", color="bgr")
-MEAN = (123.675, 116.28, 103.53)
-STD = (58.395, 57.12, 57.375)
-FLOAT_FMT = InputFormat(
-    height=320, width=320, layout="NCHW", dtype="float32", color="rgb", scale=1.0, mean=MEAN, std=STD
-)
-
-
-class Fakes:
-    """One fake GPU: a FakeTensorRT and a FakeCudaDriver sharing one call log."""
-
-    def __init__(self, num_dla: int = 0, version: str = "10.3.0") -> None:
-        self.calls: list[tuple[str, tuple]] = []
-        self.cuda = FakeCudaDriver(self.calls)
-        self.trt = FakeTensorRT(version=version, num_dla_cores=num_dla, calls=self.calls, cuda=self.cuda)
-
-    def backend(self, cache: Path, **cfg) -> TensorRTBackend:
-        return TensorRTBackend(TensorRTConfig(cache_dir=str(cache), **cfg), modules=(self.trt, self.cuda))
-
-    def names(self) -> list[str]:
-        return [n for n, _ in self.calls]
-
-    def since(self, mark: int) -> list[tuple[str, tuple]]:
-        return self.calls[mark:]
-
-
-@pytest.fixture
-def cache(tmp_path) -> Path:
-    return tmp_path / "cache"
-
-
-def loaded(model: Path, cache: Path, fakes: Fakes | None = None, **cfg) -> tuple[TensorRTBackend, Fakes]:
-    fakes = fakes or Fakes()
-    be = fakes.backend(cache, **cfg)
-    be.load(str(model), UINT8_FMT)
-    return be, fakes
+cache = trt_kit.cache
 
 
 # -- loading and the engine cache -------------------------------------------------------------
@@ -267,13 +233,13 @@ def float_model(tmp_path) -> Path:
 def test_device_preprocessing_on_the_dla(float_model, cache):
     f = Fakes(num_dla=2)
     be = f.backend(cache, preprocess="dla")
-    be.load(str(float_model), FLOAT_FMT)
+    be.load(str(float_model), FLOAT_FMT_IMAGENET)
     assert f.trt.builds == 2, "the model and the preprocessing engine"
     assert len(list(cache.glob("preprocess-preprocess-*.engine"))) == 1
     assert f.trt.args_of("IBuilderConfig.DLA_core=") == [(0,)]
     runtime_cores = [a[1] for a in f.trt.args_of("Runtime.deserialize_cuda_engine")]
     assert runtime_cores == [-1, 0], "the runtime selects DLA core 0 for the preprocessing engine"
-    host = be.host_format(FLOAT_FMT)
+    host = be.host_format(FLOAT_FMT_IMAGENET)
     assert (host.layout, host.dtype, host.color, host.height, host.width) == (
         "NHWC",
         "uint8",
@@ -303,7 +269,7 @@ def test_device_preprocessing_on_the_dla(float_model, cache):
 def test_device_preprocessing_falls_back_to_the_gpu_without_a_dla(float_model, cache):
     f = Fakes(num_dla=0)
     be = f.backend(cache, preprocess="dla")
-    be.load(str(float_model), FLOAT_FMT)
+    be.load(str(float_model), FLOAT_FMT_IMAGENET)
     assert be.pre_engine is not None
     assert any("preprocessing: DLA core 0" in n for n in be.notes), be.notes
     assert any("on GPU" in n for n in be.notes), be.notes
@@ -312,17 +278,17 @@ def test_device_preprocessing_falls_back_to_the_gpu_without_a_dla(float_model, c
 def test_cpu_preprocessing_builds_no_second_engine(float_model, cache):
     f = Fakes(num_dla=2)
     be = f.backend(cache, preprocess="cpu")
-    be.load(str(float_model), FLOAT_FMT)
+    be.load(str(float_model), FLOAT_FMT_IMAGENET)
     assert f.trt.builds == 1
-    assert be.pre_engine is None and be.host_format(FLOAT_FMT) == FLOAT_FMT
+    assert be.pre_engine is None and be.host_format(FLOAT_FMT_IMAGENET) == FLOAT_FMT_IMAGENET
     assert be.inputs == [TensorSpec("images", (1, 3, 320, 320), np.dtype(np.float32))]
 
 
 def test_failed_preprocessing_build_falls_back_to_the_cpu(float_model, cache):
     f = Fakes(num_dla=2)
     be = f.backend(cache, preprocess="dla", gpu_fallback=False)  # the uint8 cast needs the GPU
-    be.load(str(float_model), FLOAT_FMT)
-    assert be.pre_engine is None and be.host_format(FLOAT_FMT) == FLOAT_FMT
+    be.load(str(float_model), FLOAT_FMT_IMAGENET)
+    assert be.pre_engine is None and be.host_format(FLOAT_FMT_IMAGENET) == FLOAT_FMT_IMAGENET
     assert any("preprocessing on the CPU" in n for n in be.notes), be.notes
 
 

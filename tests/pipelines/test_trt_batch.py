@@ -10,40 +10,13 @@ import cv2
 import numpy as np
 import onnx
 import pytest
-from fakes.fake_pycuda import FakeCudaDriver
-from fakes.fake_tensorrt import FakeTensorRT
+from fakes import trt_kit
+from fakes.trt_kit import FLOAT_FMT_IMAGENET, Fakes, loaded
 
 from edge_agent.core.config import AutoBackendConfig, TensorRTConfig
-from edge_agent.models.manifest import InputFormat
 from edge_agent.models.testmodels import constant_detector, yolov8_output
-from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
 
-UINT8_FMT = InputFormat(height=320, width=320, layout="NHWC", dtype="uint8", color="bgr")
-MEAN = (123.675, 116.28, 103.53)
-STD = (58.395, 57.12, 57.375)
-FLOAT_FMT = InputFormat(
-    height=320, width=320, layout="NCHW", dtype="float32", color="rgb", scale=1.0, mean=MEAN, std=STD
-)
-
-
-class Fakes:
-    """One fake GPU: a FakeTensorRT and a FakeCudaDriver sharing one call log."""
-
-    def __init__(self, num_dla: int = 0) -> None:
-        self.calls: list[tuple[str, tuple]] = []
-        self.cuda = FakeCudaDriver(self.calls)
-        self.trt = FakeTensorRT(num_dla_cores=num_dla, calls=self.calls, cuda=self.cuda)
-
-    def backend(self, cache: Path, **cfg) -> TensorRTBackend:
-        return TensorRTBackend(TensorRTConfig(cache_dir=str(cache), **cfg), modules=(self.trt, self.cuda))
-
-    def since(self, mark: int) -> list[tuple[str, tuple]]:
-        return self.calls[mark:]
-
-
-@pytest.fixture
-def cache(tmp_path) -> Path:
-    return tmp_path / "cache"
+cache = trt_kit.cache
 
 
 @pytest.fixture
@@ -52,13 +25,6 @@ def float_model(tmp_path) -> Path:
     d = tmp_path / "floatdet"
     d.mkdir()
     return Path(constant_detector(str(d / "model.onnx"), out, layout="NCHW", dtype=onnx.TensorProto.FLOAT))
-
-
-def loaded(model: Path, cache: Path, fakes: Fakes | None = None, **cfg) -> tuple[TensorRTBackend, Fakes]:
-    fakes = fakes or Fakes()
-    be = fakes.backend(cache, **cfg)
-    be.load(str(model), UINT8_FMT)
-    return be, fakes
 
 
 # -- batches of several sources -------------------------------------------------------------
@@ -102,7 +68,7 @@ def test_batch_stays_one_where_batching_is_not_supported(const_model, float_mode
     assert be.batch_axis() == (1, True) and any("int8" in n for n in be.notes), be.notes
     f = Fakes()
     be = f.backend(cache, max_batch=4, preprocess="gpu")
-    be.load(str(float_model), FLOAT_FMT)
+    be.load(str(float_model), FLOAT_FMT_IMAGENET)
     assert be.batch_axis() == (1, True) and any("preprocessing engine" in n for n in be.notes), be.notes
 
 
@@ -134,7 +100,7 @@ def test_a_fixed_batch_float_model_keeps_cpu_preprocessing_and_runs_its_batch(tm
     )
     f = Fakes()
     be = f.backend(cache, preprocess="gpu")
-    be.load(str(model), FLOAT_FMT)
+    be.load(str(model), FLOAT_FMT_IMAGENET)
     assert be.describe()["preprocess"] == "cpu"
     assert any("fixed batch of 4" in n for n in be.notes), be.notes
     assert be.batch_axis() == (4, True)

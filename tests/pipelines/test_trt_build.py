@@ -4,34 +4,24 @@ from __future__ import annotations
 
 import io
 import logging
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
+from fakes import trt_kit
 from fakes.fake_pycuda import FakeCudaDriver
 from fakes.fake_tensorrt import MAGIC, FakeTensorRT
+from fakes.trt_kit import SHAPE
 
 from edge_agent.core.config import TensorRTConfig
 from edge_agent.models.manifest import InputFormat
 from edge_agent.pipelines.backends import trt_build
 from edge_agent.pipelines.backends.base import BackendError
-from edge_agent.pipelines.backends.trt_build import BuildSettings, settings_for
+from edge_agent.pipelines.backends.trt_build import settings_for
 from edge_agent.pipelines.preprocess import Letterbox, Preprocessor
 
-SHAPE = (1, 320, 320, 3)
-
-
-def settings(**kw) -> BuildSettings:
-    base = dict(
-        precision="fp16",
-        dla_core=-1,
-        gpu_fallback=True,
-        workspace_bytes=256 << 20,
-        optimization_level=3,
-        input_name="images",
-        input_shape=SHAPE,
-    )
-    return BuildSettings(**{**base, **kw})
+settings = partial(trt_kit.settings, workspace_bytes=256 << 20)
 
 
 # -- settings_for ----------------------------------------------------------------------------

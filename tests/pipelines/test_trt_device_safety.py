@@ -12,36 +12,17 @@ import cv2
 import numpy as np
 import onnx
 import pytest
+from fakes import trt_kit
 from fakes.fake_pycuda import FakeCudaDriver
 from fakes.fake_tensorrt import FakeNetwork, FakeTensorRT
+from fakes.trt_kit import FLOAT_FMT_SCALED, UINT8_FMT, Fakes
 
-from edge_agent.core.config import TensorRTConfig
 from edge_agent.models.manifest import InputFormat
 from edge_agent.models.testmodels import constant_detector, yolov8_output
 from edge_agent.pipelines.backends import trt_build
 from edge_agent.pipelines.backends.base import BackendError
-from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
 
-UINT8_FMT = InputFormat(height=320, width=320, layout="NHWC", dtype="uint8", color="bgr")
-FLOAT_FMT = InputFormat(height=320, width=320, layout="NCHW", dtype="float32", color="rgb", scale=1 / 255)
-
-
-class Fakes:
-    def __init__(self, num_dla: int = 0, sm_count: int = 8) -> None:
-        self.calls: list[tuple[str, tuple]] = []
-        self.cuda = FakeCudaDriver(self.calls, sm_count=sm_count)
-        self.trt = FakeTensorRT(num_dla_cores=num_dla, calls=self.calls, cuda=self.cuda)
-
-    def backend(self, cache: Path, **cfg) -> TensorRTBackend:
-        return TensorRTBackend(TensorRTConfig(cache_dir=str(cache), **cfg), modules=(self.trt, self.cuda))
-
-    def names(self) -> list[str]:
-        return [n for n, _ in self.calls]
-
-
-@pytest.fixture
-def cache(tmp_path) -> Path:
-    return tmp_path / "cache"
+cache = trt_kit.cache
 
 
 def float_model(tmp_path: Path, name: str, dtype=onnx.TensorProto.FLOAT, height: int = 320, **kw) -> str:
@@ -60,7 +41,7 @@ def test_preprocessing_writes_the_model_inputs_own_dtype(tmp_path, cache):
     """The manifest says float32, the model takes float16: fp32 written into an fp16 buffer."""
     f = Fakes()
     be = f.backend(cache, preprocess="gpu")
-    be.load(float_model(tmp_path, "half", onnx.TensorProto.FLOAT16), FLOAT_FMT)
+    be.load(float_model(tmp_path, "half", onnx.TensorProto.FLOAT16), FLOAT_FMT_SCALED)
     io = be.allocate()
     be.infer(io)  # the strict fake checks the model-input buffer against what is written
     assert f.cuda.pending_streams() == []
@@ -71,7 +52,7 @@ def test_preprocessing_writes_the_model_inputs_own_dtype(tmp_path, cache):
 def test_preprocessing_refused_when_the_model_input_shape_differs(tmp_path, cache):
     f = Fakes()
     be = f.backend(cache, preprocess="gpu")
-    be.load(float_model(tmp_path, "small", height=256), FLOAT_FMT)
+    be.load(float_model(tmp_path, "small", height=256), FLOAT_FMT_SCALED)
     be.infer(be.allocate())
     assert be.describe()["preprocess"] == "cpu"
     assert any("(1, 3, 256, 256)" in n for n in be.notes), be.notes
@@ -87,7 +68,7 @@ def test_a_data_dependent_output_is_refused_by_name(tmp_path, cache):
     onnx.save(proto, path)
     be = Fakes().backend(cache, preprocess="cpu")
     with pytest.raises(BackendError, match="output 'output0' has a data-dependent shape"):
-        be.load(path, FLOAT_FMT)
+        be.load(path, FLOAT_FMT_SCALED)
 
 
 # -- item 4: INT8 calibration that stops early ----------------------------------------------------
@@ -181,7 +162,7 @@ def test_dla_preprocessing_without_gpu_fallback_is_not_attempted(tmp_path, cache
     for _start in (1, 2):
         f = Fakes(num_dla=2)
         be = f.backend(cache, preprocess="dla", gpu_fallback=False, dla_core=-1)
-        be.load(model, FLOAT_FMT)
+        be.load(model, FLOAT_FMT_SCALED)
         assert f.trt.build_failures == [], "a preprocessing build that cannot succeed was tried"
         assert be.describe()["preprocess"] == "cpu"
         assert [n for n in be.notes if "cannot run on the DLA" in n], be.notes
@@ -229,7 +210,7 @@ def test_a_refused_batch_shape_fails_the_frame(const_model, cache):
 def test_a_failing_optional_preprocessing_build_falls_back(tmp_path, cache, monkeypatch):
     monkeypatch.setattr(FakeNetwork, "add_scale", lambda self, *a, **k: None)  # add_* returned None
     be = Fakes().backend(cache, preprocess="gpu")
-    be.load(float_model(tmp_path, "f"), FLOAT_FMT)
+    be.load(float_model(tmp_path, "f"), FLOAT_FMT_SCALED)
     assert be.describe()["preprocess"] == "cpu"
     assert any("AttributeError" in n for n in be.notes), be.notes
 

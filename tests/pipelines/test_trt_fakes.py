@@ -7,35 +7,14 @@ import threading
 
 import numpy as np
 import pytest
-from fakes.fake_pycuda import FakeCudaDriver, FakeLogicError
+from fakes import trt_kit
+from fakes.fake_pycuda import FakeLogicError
 from fakes.fake_tensorrt import FakeTensorRT
+from fakes.trt_kit import SHAPE, settings
 
 from edge_agent.pipelines.backends import trt_build
 
-SHAPE = (1, 320, 320, 3)
-
-
-def settings(**kw) -> trt_build.BuildSettings:
-    base = dict(
-        precision="fp16",
-        dla_core=-1,
-        gpu_fallback=True,
-        workspace_bytes=1 << 20,
-        optimization_level=3,
-        input_name="images",
-        input_shape=SHAPE,
-    )
-    return trt_build.BuildSettings(**{**base, **kw})
-
-
-@pytest.fixture
-def cuda():
-    drv = FakeCudaDriver()
-    drv.init()
-    ctx = drv.Device(0).retain_primary_context()
-    ctx.push()
-    yield drv
-    drv.Context.pop()
+cuda = trt_kit.cuda
 
 
 # -- pycuda ---------------------------------------------------------------------------------------

@@ -6,63 +6,24 @@ Each test failed before the fix it names, against the strict fakes.
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import cv2
 import numpy as np
 import onnx
 import pytest
-from fakes.fake_pycuda import FakeCudaDriver
+from fakes import trt_kit
 from fakes.fake_tensorrt import FakeTensorRT
+from fakes.trt_kit import FLOAT_FMT_SCALED, SHAPE, UINT8_FMT, Fakes
 
-from edge_agent.core.config import TensorRTConfig
-from edge_agent.models.manifest import InputFormat
 from edge_agent.models.testmodels import constant_detector, yolov8_output
 from edge_agent.pipelines.backends import trt_build
 from edge_agent.pipelines.backends.base import BackendError
-from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
 
-UINT8_FMT = InputFormat(height=320, width=320, layout="NHWC", dtype="uint8", color="bgr")
-FLOAT_FMT = InputFormat(height=320, width=320, layout="NCHW", dtype="float32", color="rgb", scale=1 / 255)
-SHAPE = (1, 320, 320, 3)
-
-
-class Fakes:
-    def __init__(self, num_dla: int = 0) -> None:
-        self.calls: list[tuple[str, tuple]] = []
-        self.cuda = FakeCudaDriver(self.calls)
-        self.trt = FakeTensorRT(num_dla_cores=num_dla, calls=self.calls, cuda=self.cuda)
-
-    def backend(self, cache: Path, **cfg) -> TensorRTBackend:
-        return TensorRTBackend(TensorRTConfig(cache_dir=str(cache), **cfg), modules=(self.trt, self.cuda))
-
-
-@pytest.fixture
-def cache(tmp_path) -> Path:
-    return tmp_path / "cache"
-
-
-@pytest.fixture
-def cuda():
-    drv = FakeCudaDriver()
-    drv.init()
-    ctx = drv.Device(0).retain_primary_context()
-    ctx.push()
-    yield drv
-    drv.Context.pop()
-
-
-def settings(**kw) -> trt_build.BuildSettings:
-    base = dict(
-        precision="int8",
-        dla_core=-1,
-        gpu_fallback=True,
-        workspace_bytes=1 << 20,
-        optimization_level=3,
-        input_name="images",
-        input_shape=SHAPE,
-    )
-    return trt_build.BuildSettings(**{**base, **kw})
+settings = partial(trt_kit.settings, precision="int8")
+cache = trt_kit.cache
+cuda = trt_kit.cuda
 
 
 def float_model(tmp_path: Path, name: str, dtype=onnx.TensorProto.FLOAT) -> str:
@@ -141,9 +102,9 @@ def test_no_preprocessing_context_falls_back_to_the_cpu(tmp_path, cache):
     f = Fakes()
     f.trt.context_fails = {"network"}  # the preprocessing network's engine
     be = f.backend(cache, preprocess="gpu")
-    be.load(float_model(tmp_path, "f"), FLOAT_FMT)
+    be.load(float_model(tmp_path, "f"), FLOAT_FMT_SCALED)
     assert be.describe()["preprocess"] == "cpu"
-    assert be.host_format(FLOAT_FMT) == FLOAT_FMT
+    assert be.host_format(FLOAT_FMT_SCALED) == FLOAT_FMT_SCALED
     assert any("execution context" in n for n in be.notes), be.notes
     io = be.allocate()
     assert list(io.inputs) == ["images"] and io.inputs["images"].dtype == np.float32
@@ -161,7 +122,7 @@ def test_calibration_feeds_an_fp16_model_fp16_bytes(tmp_path, cache):
         cv2.imwrite(str(images / f"{i}.png"), np.full((240, 320, 3), 40 * i, np.uint8))
     f = Fakes()
     be = f.backend(cache, precision="int8", preprocess="cpu", calibration_images=str(images))
-    be.load(float_model(tmp_path, "half", onnx.TensorProto.FLOAT16), FLOAT_FMT)  # manifest: float32
+    be.load(float_model(tmp_path, "half", onnx.TensorProto.FLOAT16), FLOAT_FMT_SCALED)  # manifest: float32
     copied = [a[1] for n, a in f.calls if n == "memcpy_htod"]
     assert copied == [1 * 3 * 320 * 320 * 2] * 2, "fp32 bytes for an fp16 input"
 
@@ -193,4 +154,4 @@ def test_a_data_dependent_first_output_axis_is_refused_by_name(tmp_path, cache):
     onnx.save(proto, path)
     be = Fakes().backend(cache, preprocess="cpu")
     with pytest.raises(BackendError, match=r"output 'output0' has a data-dependent shape \(-1, 8, 2100\)"):
-        be.load(path, FLOAT_FMT)
+        be.load(path, FLOAT_FMT_SCALED)

@@ -1,0 +1,96 @@
+"""What the TensorRT backend's tests share: one fake GPU (FakeTensorRT and FakeCudaDriver on
+one call log), the input formats, build settings, and the fixtures ``cache`` and ``cuda``.
+
+A test module takes a fixture by binding it (``cache = trt_kit.cache``): a conftest.py in
+tests/pipelines would take the name ``conftest`` from tests/conftest.py, which the tests there
+import helpers from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edge_agent.core.config import TensorRTConfig
+from edge_agent.models.manifest import InputFormat
+from edge_agent.pipelines.backends import trt_build
+from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
+from fakes.fake_pycuda import FakeCudaDriver
+from fakes.fake_tensorrt import FakeTensorRT
+
+#: The model input of the test detectors, batch of one, NHWC.
+SHAPE = (1, 320, 320, 3)
+
+UINT8_FMT = InputFormat(height=320, width=320, layout="NHWC", dtype="uint8", color="bgr")
+MEAN = (123.675, 116.28, 103.53)
+STD = (58.395, 57.12, 57.375)
+#: Float input normalised with ImageNet's mean and standard deviation.
+FLOAT_FMT_IMAGENET = InputFormat(
+    height=320, width=320, layout="NCHW", dtype="float32", color="rgb", scale=1.0, mean=MEAN, std=STD
+)
+#: Float input scaled to [0, 1], no mean or standard deviation.
+FLOAT_FMT_SCALED = InputFormat(
+    height=320, width=320, layout="NCHW", dtype="float32", color="rgb", scale=1 / 255
+)
+
+
+class Fakes:
+    """One fake GPU: a FakeTensorRT and a FakeCudaDriver sharing one call log."""
+
+    def __init__(self, num_dla: int = 0, version: str = "10.3.0", sm_count: int = 8) -> None:
+        self.calls: list[tuple[str, tuple]] = []
+        self.cuda = FakeCudaDriver(self.calls, sm_count=sm_count)
+        self.trt = FakeTensorRT(version=version, num_dla_cores=num_dla, calls=self.calls, cuda=self.cuda)
+
+    def backend(self, cache: Path, **cfg) -> TensorRTBackend:
+        return TensorRTBackend(TensorRTConfig(cache_dir=str(cache), **cfg), modules=(self.trt, self.cuda))
+
+    def names(self) -> list[str]:
+        return [n for n, _ in self.calls]
+
+    def since(self, mark: int) -> list[tuple[str, tuple]]:
+        return self.calls[mark:]
+
+
+def loaded(model: Path, cache: Path, fakes: Fakes | None = None, **cfg) -> tuple[TensorRTBackend, Fakes]:
+    """A backend on ``fakes`` (new ones by default) with ``model`` loaded for UINT8_FMT."""
+    fakes = fakes or Fakes()
+    be = fakes.backend(cache, **cfg)
+    be.load(str(model), UINT8_FMT)
+    return be, fakes
+
+
+def settings(precision: str = "fp16", workspace_bytes: int = 1 << 20, **kw) -> trt_build.BuildSettings:
+    """BuildSettings for a GPU build of SHAPE at optimisation level 3; ``kw`` overrides any field."""
+    base = dict(
+        precision=precision,
+        dla_core=-1,
+        gpu_fallback=True,
+        workspace_bytes=workspace_bytes,
+        optimization_level=3,
+        input_name="images",
+        input_shape=SHAPE,
+    )
+    return trt_build.BuildSettings(**{**base, **kw})
+
+
+# -- fixtures (bind in the test module: ``cache = trt_kit.cache``) ----------------------------
+
+
+@pytest.fixture
+def cache(tmp_path) -> Path:
+    """The engine cache's folder (not created)."""
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def cuda() -> Iterator[FakeCudaDriver]:
+    """A FakeCudaDriver with device 0's primary context pushed (popped afterwards)."""
+    drv = FakeCudaDriver()
+    drv.init()
+    ctx = drv.Device(0).retain_primary_context()
+    ctx.push()
+    yield drv
+    drv.Context.pop()
