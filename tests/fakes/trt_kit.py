@@ -1,5 +1,5 @@
 """What the TensorRT backend's tests share: one fake GPU (FakeTensorRT and FakeCudaDriver on
-one call log), the input formats, build settings, and the fixtures ``cache`` and ``cuda``.
+one call log), the input formats, build settings, and the fixtures ``cache``, ``cuda`` and ``float_model``.
 
 A test module takes a fixture by binding it (``cache = trt_kit.cache``): a conftest.py in
 tests/pipelines would take the name ``conftest`` from tests/conftest.py, which the tests there
@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import onnx
 import pytest
 
 from edge_agent.core.config import TensorRTConfig
 from edge_agent.models.manifest import InputFormat
+from edge_agent.models.testmodels import constant_detector, yolov8_output
 from edge_agent.pipelines.backends import trt_build
 from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
 from fakes.fake_pycuda import FakeCudaDriver
@@ -94,3 +96,12 @@ def cuda() -> Iterator[FakeCudaDriver]:
     ctx.push()
     yield drv
     drv.Context.pop()
+
+
+@pytest.fixture
+def float_model(tmp_path) -> Path:
+    """A float NCHW detector (like an Ultralytics export) reporting one box."""
+    out = yolov8_output([(160, 160, 40, 40)], [0], [0.9], 4, 2100)
+    d = tmp_path / "floatdet"
+    d.mkdir()
+    return Path(constant_detector(str(d / "model.onnx"), out, layout="NCHW", dtype=onnx.TensorProto.FLOAT))

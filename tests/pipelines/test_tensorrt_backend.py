@@ -25,6 +25,7 @@ from edge_agent.pipelines.backends.onnxruntime import OnnxRuntimeBackend
 from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
 
 cache = trt_kit.cache
+float_model = trt_kit.float_model  # a float NCHW detector (an Ultralytics-like export)
 
 
 # -- loading and the engine cache -------------------------------------------------------------
@@ -220,14 +221,6 @@ def test_close_frees_buffers_and_detaches_the_context(const_model, cache, zero_c
 
 
 # -- device preprocessing ----------------------------------------------------------------------
-
-
-@pytest.fixture
-def float_model(tmp_path) -> Path:
-    out = yolov8_output([(160, 160, 40, 40)], [0], [0.9], 4, 2100)
-    d = tmp_path / "floatdet"
-    d.mkdir()
-    return Path(constant_detector(str(d / "model.onnx"), out, layout="NCHW", dtype=onnx.TensorProto.FLOAT))
 
 
 def test_device_preprocessing_on_the_dla(float_model, cache):

@@ -4,12 +4,10 @@ test_tensorrt_backend.py, which had reached 500 lines)."""
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
 import cv2
 import numpy as np
 import onnx
-import pytest
 from fakes import trt_kit
 from fakes.trt_kit import FLOAT_FMT_IMAGENET, Fakes, loaded
 
@@ -17,14 +15,7 @@ from edge_agent.core.config import AutoBackendConfig, TensorRTConfig
 from edge_agent.models.testmodels import constant_detector, yolov8_output
 
 cache = trt_kit.cache
-
-
-@pytest.fixture
-def float_model(tmp_path) -> Path:
-    out = yolov8_output([(160, 160, 40, 40)], [0], [0.9], 4, 2100)
-    d = tmp_path / "floatdet"
-    d.mkdir()
-    return Path(constant_detector(str(d / "model.onnx"), out, layout="NCHW", dtype=onnx.TensorProto.FLOAT))
+float_model = trt_kit.float_model  # a float NCHW detector (an Ultralytics-like export)
 
 
 # -- batches of several sources -------------------------------------------------------------
