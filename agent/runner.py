@@ -168,6 +168,7 @@ class Agent(Reloading):
         if self.view is not None:
             for lane in lanes:
                 lane.view_tap = self.view.tap(lane.name, cfg.model.max_detections)
+            self.view.keep({lane.name for lane in lanes})
         b = cfg.batching
         pipeline = Pipeline(
             lanes,

@@ -77,9 +77,18 @@ class ViewServer:
 
     def tap(self, source: str, max_det: int) -> ViewTap:
         """The tap of ``source``'s lane (kept across reloads: a viewer keeps watching)."""
-        if source not in self.taps:
-            self.taps[source] = ViewTap(source, self.cfg.fps, max_det, self._wake)
-        return self.taps[source]
+        with self._cond:
+            if source not in self.taps:
+                self.taps[source] = ViewTap(source, self.cfg.fps, max_det, self._wake)
+            return self.taps[source]
+
+    def keep(self, sources: set[str]) -> None:
+        """After a reload: forget the taps of sources that are gone (their streams end)."""
+        with self._cond:
+            for source in [s for s in self.taps if s not in sources]:
+                self.taps.pop(source).active = False
+                self.latest.pop(source, None)
+            self._cond.notify_all()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -189,7 +198,7 @@ class ViewServer:
         """The newest frame of ``source`` if it is newer than ``seq``, waiting for one."""
         end = time.monotonic() + timeout_s
         with self._cond:
-            while not self._stop.is_set():
+            while not self._stop.is_set() and source in self.taps:
                 e = self.latest.get(source)
                 if e is not None and e.seq != seq:
                     return e
@@ -299,7 +308,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Cache-Control", "no-store")
             self.end_headers()
             sent, last = -1, None
-            while not view._stop.is_set():
+            while not view._stop.is_set() and source in view.taps:  # gone after a reload: the end
                 # No new frame for 5 s (a camera down): the last one again, so a client that
                 # vanished is found out by the write timeout instead of holding a slot.
                 e = view.wait_newer(source, sent, 5.0) or last

@@ -232,3 +232,7 @@ def test_a_reload_keeps_the_running_view_and_swaps_nothing_for_a_view_change(con
         # A real reload rebuilds the lanes: the new lane gets the same tap (a viewer keeps watching).
         assert agent.reload(replace(cfg, deadline=replace(cfg.deadline, budget_ms=40))) == ["deadline"]
         assert agent.pipeline.lanes[0].view_tap is tap
+        # A source renamed away: its tap goes (the page no longer lists it), the new one comes.
+        agent.reload(replace(cfg, source=replace(cfg.source, name="gate")))
+        assert set(agent.view.taps) == {"gate"} and not tap.active
+        assert b"/stream/gate.mjpg" in get(f"http://127.0.0.1:{port}/")
