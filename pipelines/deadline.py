@@ -13,7 +13,7 @@ a full window before judging again, so it never acts on frames from the previous
 A step up that does not hold doubles the healthy period required for the next one (up
 to 32 times), so a lasting overload is re-probed rarely rather than flapping. Changes
 wait in ``take_change`` for the heartbeat, which reports each one once; the heartbeat
-only reads, so a stalled heartbeat thread cannot stall the ladder, nor the reverse.
+never judges, so a stalled heartbeat thread cannot stall the ladder, nor the reverse.
 """
 
 from __future__ import annotations
@@ -90,8 +90,10 @@ class MissWindow:
 
 
 class DeadlineMonitor:
-    """Shared by the stage threads; each method is called by one stage at a time (the
-    publishing one is the post thread, or the inference thread while that is idle)."""
+    """Shared by the stage threads. ``admit`` runs on the inference thread, ``published`` on
+    the publishing one; ``dropped`` on whichever thread drops a frame (capture, inference,
+    post). Either of the last two may judge the ladder (``_frame_ended``): ``_tick_lock``
+    lets one thread at a time do it, and the miss window has a lock of its own."""
 
     def __init__(self, config: DeadlineConfig) -> None:
         self.config = config

@@ -88,8 +88,10 @@ class Lane:
         # A file's ladder never steps: a camera's step is not carried over to it.
         if self.monitor.config == old.monitor.config and not self.every_frame:
             # Same deadline settings: the ladder's step, backoff and estimates carry over,
-            # so a reload under overload does not start again from the top.
+            # so a reload under overload does not start again from the top. (The old lane
+            # may have been a file's, whose frames never stepped it: this one's do.)
             self.monitor = old.monitor
+            self.monitor.fixed = False
         old.stats.by_profile.update(
             {k: v for k, v in self.stats.by_profile.items() if k not in old.stats.by_profile}
         )

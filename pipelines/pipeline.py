@@ -264,11 +264,13 @@ class Pipeline(FrameSteps):
                     break
                 if frame is None:
                     continue
-                tap = lane.view_tap
-                if tap is not None and tap.active:  # someone watches: its pixels, if one is due
-                    tap.offer_pixels(frame)
                 self.scheduler.expect()  # the inference thread wakes while we preprocess
                 slot = self.prepare(frame, lane)
+                tap = lane.view_tap
+                # Someone watches: this frame's pixels, if one is due and it goes on (not one
+                # the ladder skips); the source's image stays valid until its next read.
+                if slot is not None and tap is not None and tap.active:
+                    tap.offer_pixels(frame)
                 if slot is not None and not self.scheduler.put(lane.index, slot, self._abort):
                     self._drop(lane, slot, "shutdown")
         finally:

@@ -1,6 +1,7 @@
 """What every frame source is: the ``Source`` interface (open / read(timeout) / close /
-describe), the frame it hands over, its buffer policy and errors, and the camera clock
-(``Pacer``, ``PacedSource``) shared by the synthetic camera and the memory source.
+describe), the frame it hands over, its buffer policy and errors, and the one frame clock
+(``Pacer``: the synthetic camera and the memory source through ``PacedSource``, a video
+played in real time, and the capture loop's frame-rate cap).
 
 Each source names its buffer policy. ``NEWEST``: a live source keeps only the newest
 frame, and frames the pipeline had no time for are skipped (latency beats completeness).
@@ -163,7 +164,8 @@ class Pacer:
 
     def tick(self, timeout_s: float) -> tuple[int, int, int] | None:
         """(frame index, capture time in ``time.monotonic_ns``, frames skipped before it);
-        None when the next frame is not due within ``timeout_s`` (waited for)."""
+        None when the next frame is not due within ``timeout_s`` (waited for), or when
+        ``wait`` abandoned the wait (a stop)."""
         if not self.period_ns:
             index, capture_ns = self.next_index, time.monotonic_ns()
         else:

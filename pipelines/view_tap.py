@@ -109,6 +109,14 @@ class ViewTap:
 
     # -- the view's thread --------------------------------------------------------------
 
+    def grow(self, max_det: int) -> None:
+        """Room for more detections (a reload raised ``model.max_detections``)."""
+        with self._lock:
+            if max_det > self.max_det:
+                self.max_det = max_det
+                self._filling, self._ready = ViewFrame(max_det), ViewFrame(max_det)
+                self._pending = -1
+
     def take(self, into: ViewFrame, seen_seq: int) -> int:
         """Copy the ready frame into ``into`` if it is newer than ``seen_seq``; its seq."""
         with self._lock:

@@ -16,7 +16,6 @@ import typing
 from typing import Any, Literal, Union
 
 import yaml
-import yaml.reader
 from yaml.constructor import SafeConstructor
 
 # Re-exported: the loader's callers name these as configload's.

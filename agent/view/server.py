@@ -80,6 +80,7 @@ class ViewServer:
         with self._cond:
             if source not in self.taps:
                 self.taps[source] = ViewTap(source, self.cfg.fps, max_det, self._wake)
+            self.taps[source].grow(max_det)
             return self.taps[source]
 
     def keep(self, sources: set[str]) -> None:
@@ -163,7 +164,9 @@ class ViewServer:
             self._wake.clear()
             try:
                 for source, tap in list(self.taps.items()):  # a reload may add one meanwhile
-                    frame = frames.setdefault(source, ViewFrame(tap.max_det))
+                    frame = frames.get(source)
+                    if frame is None or len(frame.det_score) < tap.max_det:  # new, or grown by a reload
+                        frame = frames[source] = ViewFrame(tap.max_det)
                     seq = tap.take(frame, seen.get(source, 0))
                     if seq != seen.get(source, 0):
                         seen[source] = seq

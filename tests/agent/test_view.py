@@ -236,3 +236,16 @@ def test_a_reload_keeps_the_running_view_and_swaps_nothing_for_a_view_change(con
         agent.reload(replace(cfg, source=replace(cfg.source, name="gate")))
         assert set(agent.view.taps) == {"gate"} and not tap.active
         assert b"/stream/gate.mjpg" in get(f"http://127.0.0.1:{port}/")
+
+
+def test_a_reload_that_raises_max_detections_grows_the_tap():
+    import threading
+
+    from edge_agent.pipelines.view_tap import ViewTap
+
+    tap = ViewTap("cam0", 10.0, 4, threading.Event())
+    tap.grow(2)  # never shrinks
+    assert tap.max_det == 4
+    tap.grow(16)
+    into = ViewFrame(16)
+    assert tap.max_det == 16 and tap.take(into, -1) == 0

@@ -504,3 +504,24 @@ def test_a_source_with_its_own_model_gets_its_results_and_never_shares_a_batch(
     shared = by["a"] + by["b"]
     assert all(m["model"] == "const" and m["detections"][0]["label"] == "circle" for m in shared)
     assert any(m["batch_size"] == 2 for m in shared), "a and b, in step, still share batches"
+
+
+def test_a_reload_from_a_file_to_a_live_source_lets_its_ladder_step(tmp_path, const_model, endpoint):
+    """A file's frames never step the ladder; after a reload to the same source played in
+    real time (a live source: same name, same deadline, so the monitor carries over), they do."""
+    from helpers import write_video
+
+    from edge_agent.core.source_config import VideoSourceConfig
+
+    src = VideoSourceConfig(path=str(write_video(tmp_path / "clip.avi", 30)), loop=True)
+    cfg = AgentConfig(
+        source=src,
+        model=ModelConfig(path=str(const_model)),
+        publish=PublishConfig(endpoint=endpoint, wait_for_subscribers=0),
+        metrics=MetricsConfig(enabled=False),
+    )
+    with started(cfg) as agent:
+        monitor = agent.pipeline.lanes[0].monitor
+        assert monitor.fixed
+        agent.reload(replace(cfg, source=replace(src, realtime=True)))
+        assert agent.pipeline.lanes[0].monitor is monitor and not monitor.fixed
