@@ -85,6 +85,13 @@ def engine_and_context(trt, const_model, tmp_path, **kw):
     return engine, engine.create_execution_context()
 
 
+def int8_build(trt, const_model, tmp_path, calibrator):
+    """An INT8 build of the test detector on the fakes, fed by ``calibrator``."""
+    return trt_build.build_engine(
+        trt, None, str(const_model), settings(precision="int8"), tmp_path / "t", calibrator, progress=False
+    )
+
+
 def test_set_input_shape_returns_false_for_a_refused_shape(const_model, tmp_path):
     _, ctx = engine_and_context(FakeTensorRT(), const_model, tmp_path)
     assert ctx.set_input_shape("images", (2, 320, 320, 3)) is False, "outside the profile"
@@ -124,10 +131,7 @@ def test_a_calibrator_exception_is_swallowed_as_no_more_data(const_model, tmp_pa
             Calibrator.calls += 1
             raise RuntimeError("lost")
 
-    calib = Calibrator()
-    trt_build.build_engine(
-        trt, None, str(const_model), settings(precision="int8"), tmp_path / "t", calib, progress=False
-    )
+    int8_build(trt, const_model, tmp_path, Calibrator())
     assert Calibrator.calls == 1 and trt.builds == 1, "built on no data, as the binding does"
 
 
@@ -214,15 +218,7 @@ def test_the_calibrator_loop_takes_none_or_one_int_per_input(const_model, tmp_pa
             return bad
 
     def build():
-        trt_build.build_engine(
-            trt,
-            None,
-            str(const_model),
-            settings(precision="int8"),
-            tmp_path / "t",
-            Calibrator(),
-            progress=False,
-        )
+        int8_build(trt, const_model, tmp_path, Calibrator())
 
     if bad in ([], None):
         build()  # the end of the data
@@ -240,13 +236,5 @@ def test_an_error_on_the_calibration_thread_reaches_the_build(const_model, tmp_p
             pass
 
     with pytest.raises(AssertionError, match=r"did not call IInt8EntropyCalibrator2\.__init__"):
-        trt_build.build_engine(
-            trt,
-            None,
-            str(const_model),
-            settings(precision="int8"),
-            tmp_path / "t",
-            Uninitialised(),
-            progress=False,
-        )
+        int8_build(trt, const_model, tmp_path, Uninitialised())
     assert trt.builds == 0

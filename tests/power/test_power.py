@@ -25,18 +25,22 @@ from edge_agent.power.controller import PowerError, ReadOnlyController, SysfsCon
 from edge_agent.power.manager import PowerManager, throttle_reasons
 from edge_agent.power.state import load_state
 
-FAKE_NVPMODEL = """\
-#!{python}
-# FakeNvpmodel: records its arguments; keeps the mode where the real tool keeps it (the
-# kernel); like the real tool, switching a mode resets the GPU clock range to the mode's
-# own (mode N caps max_freq at the (N+1)-th highest available frequency).
+# What both fake tools start with: an atomic write, and where they record their calls.
+FAKE_PRELUDE = """\
 import os, sys, pathlib
 def put(path, text):  # atomically: whoever reads the file sees the old or the new text
     tmp = path.with_name(f".{{path.name}}.{{os.getpid()}}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
 base = pathlib.Path({base!r})
-with open(base / "calls.log", "a") as f:
+"""
+
+FAKE_NVPMODEL = """\
+#!{python}
+# FakeNvpmodel: records its arguments; keeps the mode where the real tool keeps it (the
+# kernel); like the real tool, switching a mode resets the GPU clock range to the mode's
+# own (mode N caps max_freq at the (N+1)-th highest available frequency).
+{prelude}with open(base / "calls.log", "a") as f:
     f.write("nvpmodel " + " ".join(sys.argv[1:]) + "\\n")
 mode = base / "nvpmodel.mode"
 if sys.argv[1:2] == ["-q"]:
@@ -58,13 +62,7 @@ FAKE_JETSON_CLOCKS = """\
 # FakeJetsonClocks: records its arguments; no argument pins the GPU at its maximum;
 # --store refuses to overwrite (the real script asks "Can I overwrite it? Y/N" and, with
 # no answer, exits 1); --restore writes the stored range back.
-import os, sys, pathlib
-def put(path, text):  # atomically: whoever reads the file sees the old or the new text
-    tmp = path.with_name(f".{{path.name}}.{{os.getpid()}}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-base = pathlib.Path({base!r})
-with open(base / "calls.log", "a") as f:
+{prelude}with open(base / "calls.log", "a") as f:
     f.write("jetson_clocks " + " ".join(sys.argv[1:]) + "\\n")
 d = pathlib.Path(os.environ.get("FAKE_DEVFREQ", base))
 if sys.argv[1:2] == ["--store"]:
@@ -92,7 +90,12 @@ def tools(tmp_path, monkeypatch) -> Path:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, body in (("nvpmodel", FAKE_NVPMODEL), ("jetson_clocks", FAKE_JETSON_CLOCKS)):
-        put(bin_dir / name, body.format(python=sys.executable, base=str(tmp_path)), mode=0o755)
+        prelude = FAKE_PRELUDE.format(base=str(tmp_path))
+        put(
+            bin_dir / name,
+            body.format(python=sys.executable, prelude=prelude, base=str(tmp_path)),
+            mode=0o755,
+        )
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return tmp_path
 
