@@ -57,7 +57,24 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", "-c", help="YAML config or fleet (default: the embedded default)")
     run.add_argument("--device", help="for a fleet: this device's id (default: the host name)")
     run.add_argument(
-        "--overlay", help="a local overlay file applied last (e.g. the tuning tool's tuned.yaml)"
+        "--overlay",
+        help="a local overlay file applied over the config (e.g. the tuning tool's tuned.yaml);"
+        " EDGE_AGENT__ variables, then --model/--source/--budget-ms, apply after it",
+    )
+    run.add_argument(
+        "--model", help="an ONNX model to run (an Ultralytics export, or one with a manifest beside it)"
+    )
+    run.add_argument("--manifest", help="--model's manifest (default: beside it, else read from the ONNX)")
+    run.add_argument(
+        "--source",
+        help="frames from: a video file, an image folder, /dev/videoN, rtsp://..., a GStreamer pipeline"
+        " or 'synthetic' (default: the config's, else the synthetic camera)",
+    )
+    run.add_argument(
+        "--budget-ms",
+        type=float,
+        help="the per-frame deadline, capture to publish, in ms (deadline.budget_ms; a source's own"
+        " budget_ms still wins)",
     )
     run.add_argument("--frames", type=int, default=0, help="stop after N frames captured; 0: no limit")
     run.add_argument("--duration", type=float, default=0.0, help="stop after S seconds; 0: no limit")
@@ -95,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     he.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for heartbeats")
     he.add_argument("--max-miss-rate", type=float, default=0.05, help="the highest miss rate that is healthy")
+    he.add_argument(
+        "--min-frames",
+        type=int,
+        default=100,
+        help="judge each source on at least this many frames ended (published or missed)",
+    )
     he.add_argument(
         "--expect-config", help="healthy only when the agent runs this config (its hash; after a reload)"
     )
@@ -157,7 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
         "frames and print the agent's overhead against it",
     )
     bench.add_argument(
-        "--json", action="store_true", help="machine-readable result (schema in README), no progress lines"
+        "--json",
+        action="store_true",
+        help="machine-readable result (schema in docs/deadline.md), no progress lines",
     )
     bench.set_defaults(func=cmd_bench)
 

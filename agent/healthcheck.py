@@ -1,14 +1,23 @@
 """`edge-agent health`: is the agent on this device doing its job? For a rollout to wait
 on (the Ansible role does) and for a person to ask.
 
-It listens to the agent's own heartbeats on the stream and judges each source on two
-consecutive ones: frames flow (results published between them), the miss rate is at most
-``max_miss_rate``, and, with ``expect_hash``, the agent runs that config (its heartbeat's
-``config_hash``), so a check right after a reload judges the new config, not the old one.
+It listens to the agent's own heartbeats on the stream and judges each source on the
+frames that ended while it listened, from the difference of the heartbeats' cumulative
+counts, never on the heartbeat's own ``miss_rate`` (a 2 s window: at 15 fps one late
+frame more or less moves it by 3 %, so two checks in a row could disagree). A source is
+judged once at least ``min_frames`` of its frames ended: frames flow (results were
+published), its miss rate is at most ``max_miss_rate``, and, with ``expect_hash``, the
+agent runs that config (its heartbeat's ``config_hash``), so a check right after a reload
+judges the new config, not the old one. The miss rate is the agent's own definition
+(``pipelines/deadline.py``): misses are frames published late and frames dropped as
+``stale`` or on an ``error``, over those frames and the ones published on time; frames
+dropped for other reasons (overrun, ladder, source gap, not fresh, shutdown) are neither.
+Too few frames before the timeout is said as such, not judged.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +25,66 @@ from typing import Any
 import zmq
 
 from edge_agent import client
+
+#: Frames a verdict needs: one miss moves the rate by 1 %, a fifth of the default 5 %.
+DEFAULT_MIN_FRAMES = 100
+#: Drop reasons the agent counts as misses (``DeadlineMonitor.dropped``).
+MISS_DROPS = ("stale", "error")
+
+
+@dataclass(frozen=True)
+class Window:
+    """One source's frames that ended between two of its heartbeats (count differences)."""
+
+    on_time: int = 0
+    late: int = 0
+    dropped_by_reason: dict[str, int] = field(default_factory=dict)
+    span_s: float = 0.0
+
+    @classmethod
+    def between(cls, first: dict[str, Any], last: dict[str, Any]) -> Window:
+        a, b = first.get("counts", {}), last.get("counts", {})
+        reasons_a, reasons_b = a.get("dropped_by_reason", {}), b.get("dropped_by_reason", {})
+        return cls(
+            int(b.get("on_time", 0)) - int(a.get("on_time", 0)),
+            int(b.get("late", 0)) - int(a.get("late", 0)),
+            {r: int(n) - int(reasons_a.get(r, 0)) for r, n in reasons_b.items()},
+            float(last.get("uptime_s", 0.0)) - float(first.get("uptime_s", 0.0)),
+        )
+
+    @property
+    def published(self) -> int:
+        return self.on_time + self.late
+
+    @property
+    def misses(self) -> int:
+        return self.late + sum(self.dropped_by_reason.get(r, 0) for r in MISS_DROPS)
+
+    @property
+    def frames(self) -> int:
+        """The frames the miss rate is over: published, or dropped as a miss."""
+        return self.on_time + self.misses
+
+    @property
+    def miss_rate(self) -> float:
+        return self.misses / self.frames if self.frames else 0.0
+
+    @property
+    def fps(self) -> float:
+        return self.published / self.span_s if self.span_s > 0 else 0.0
+
+    def counts(self) -> dict[str, Any]:
+        dropped = {r: n for r, n in self.dropped_by_reason.items() if n}
+        return {
+            "on_time": self.on_time,
+            "late": self.late,
+            "dropped": sum(dropped.values()),
+            "dropped_by_reason": dropped,
+        }
+
+    def figures(self) -> str:
+        """The counts beside a rate: ``2 of 30 frames in 2.0 s``."""
+        return f"{self.misses} of {self.frames} frames in {self.span_s:.1f} s"
 
 
 @dataclass
@@ -26,6 +95,13 @@ class SourceVerdict:
     fps: float = 0.0
     miss_rate: float = 0.0
     config_hash: str = ""
+    frames: int = 0  # judged: published, or dropped as a miss
+    misses: int = 0
+    span_s: float = 0.0
+    counts: dict[str, Any] = field(default_factory=dict)  # of the frames judged
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**vars(self), "miss_rate": round(self.miss_rate, 4), "span_s": round(self.span_s, 3)}
 
 
 @dataclass
@@ -38,34 +114,172 @@ class Verdict:
         return {
             "healthy": self.healthy,
             "reason": self.reason,
-            "sources": [vars(s) for s in self.sources],
+            "sources": [s.as_dict() for s in self.sources],
         }
 
 
-def judge(
-    previous: dict[str, Any], beat: dict[str, Any], max_miss_rate: float, expect_hash: str
-) -> SourceVerdict:
-    """One source, from two consecutive heartbeats of it."""
-    source = str(beat.get("source", ""))
-    counts, before = beat.get("counts", {}), previous.get("counts", {})
-    published = counts.get("on_time", 0) + counts.get("late", 0)
-    published_before = before.get("on_time", 0) + before.get("late", 0)
-    miss_rate = float(beat.get("miss_rate", 0.0))
+def usage_error(timeout_s: float, max_miss_rate: float, min_frames: int) -> str:
+    """What is wrong with the check's options ("" if nothing): an infinite timeout would
+    wait forever, a nan rate would call any rate healthy."""
+    if not (math.isfinite(timeout_s) and timeout_s > 0):
+        return f"--timeout {timeout_s:g}: must be a number of seconds > 0"
+    if not 0 <= max_miss_rate <= 1:  # nan too
+        return f"--max-miss-rate {max_miss_rate:g}: must be within 0..1 (0.05: 5 %)"
+    if min_frames < 1:
+        return f"--min-frames {min_frames}: must be >= 1"
+    return ""
+
+
+def counts_line(counts: dict[str, Any]) -> str:
+    """A verdict's counts in words: ``on time 101, late 2, dropped 3 (stale 2, overrun 1)``."""
+    reasons = ", ".join(f"{r} {n}" for r, n in counts["dropped_by_reason"].items())
+    dropped = f"dropped {counts['dropped']}" + (f" ({reasons})" if reasons else "")
+    return f"on time {counts['on_time']}, late {counts['late']}, {dropped}"
+
+
+def pct(rate: float) -> str:
+    return f"{100 * rate:.1f} %"
+
+
+def judge(window: Window, beat: dict[str, Any], max_miss_rate: float) -> SourceVerdict:
+    """One source, on the frames of ``window`` (ending at heartbeat ``beat``)."""
     v = SourceVerdict(
-        source, False, "", float(beat.get("fps", 0.0)), miss_rate, str(beat.get("config_hash", ""))
+        str(beat.get("source", "")),
+        False,
+        "",
+        round(window.fps, 2),
+        window.miss_rate,
+        str(beat.get("config_hash", "")),
+        window.frames,
+        window.misses,
+        window.span_s,
+        window.counts(),
     )
-    error = (beat.get("source_state") or {}).get("error")
-    if expect_hash and v.config_hash != expect_hash:
-        v.reason = f"runs config {v.config_hash or '?'}, not {expect_hash} (not reloaded yet?)"
-    elif error:
-        v.reason = f"source failed: {error}"
-    elif published <= published_before:
-        v.reason = "no results published between two heartbeats"
-    elif miss_rate > max_miss_rate:
-        v.reason = f"miss rate {miss_rate:.1%} > {max_miss_rate:.1%}"
+    if not window.published:
+        v.reason = no_results(window)
+    elif window.miss_rate > max_miss_rate:
+        v.reason = f"miss rate {pct(window.miss_rate)} > {pct(max_miss_rate)} ({window.figures()})"
     else:
-        v.ok, v.reason = True, f"{v.fps:.1f} fps, miss rate {miss_rate:.1%}"
+        v.ok, v.reason = True, f"{window.fps:.1f} fps, miss rate {pct(window.miss_rate)} ({window.figures()})"
     return v
+
+
+def no_results(window: Window) -> str:
+    """Why nothing was published: every frame judged missed, or none ended at all."""
+    if window.frames:
+        return f"no results published: {window.figures()} missed"
+    dropped = window.counts()["dropped_by_reason"]
+    why = f" (dropped: {', '.join(f'{r} {n}' for r, n in dropped.items())})" if dropped else ""
+    return f"no results published in {window.span_s:.1f} s{why}"
+
+
+def refused(beat: dict[str, Any], expect_hash: str) -> SourceVerdict | None:
+    """What is wrong at once with one heartbeat, before any frame is counted: the agent runs
+    another config than expected, or the source failed. None: nothing."""
+    source, config = str(beat.get("source", "")), str(beat.get("config_hash", ""))
+    error = (beat.get("source_state") or {}).get("error")
+    if expect_hash and config != expect_hash:
+        why = f"runs config {config or '?'}, not {expect_hash} (not reloaded yet?)"
+        return SourceVerdict(source, False, why, config_hash=config)
+    if error:
+        return SourceVerdict(source, False, f"source failed: {error}", config_hash=config)
+    return None
+
+
+def restarted(first: dict[str, Any], beat: dict[str, Any]) -> bool:
+    """The counts started again (another agent process): a window across it means nothing."""
+
+    def captured(b: dict[str, Any]) -> int:
+        return int(b.get("counts", {}).get("captured", 0))
+
+    earlier = float(beat.get("uptime_s", 0.0)) < float(first.get("uptime_s", 0.0))
+    return earlier or captured(beat) < captured(first)
+
+
+@dataclass
+class _Source:
+    """One source as heard so far: where its window starts (None: at its next good
+    heartbeat), its last heartbeat, and its last verdict."""
+
+    start: dict[str, Any] | None
+    last: dict[str, Any]
+    beats: int = 1
+    verdict: SourceVerdict | None = None
+
+
+@dataclass
+class Judge:
+    """The verdict on every source of one agent, heartbeat by heartbeat. Without ``wait``
+    a source's first verdict is final; with it, a source not healthy is judged again on
+    the frames after that verdict (an agent still loading or reloading), until every
+    source is healthy."""
+
+    max_miss_rate: float
+    expect_hash: str = ""
+    min_frames: int = DEFAULT_MIN_FRAMES
+    wait: bool = False
+    more_frames: str = "a longer --timeout"  # how to give a check more frames
+    sources: dict[str, _Source] = field(default_factory=dict)
+
+    def add(self, beat: dict[str, Any]) -> None:
+        """One heartbeat of one source: its window grows, and is judged once it holds
+        ``min_frames`` frames."""
+        name = str(beat.get("source", ""))
+        s = self.sources.get(name)
+        if s is None:
+            s = self.sources[name] = _Source(beat, beat)
+        else:
+            s.beats += 1
+            s.last = beat
+        if s.verdict is not None and (s.verdict.ok or not self.wait):
+            return  # final
+        bad = refused(beat, self.expect_hash)
+        if bad is not None:
+            s.verdict, s.start = bad, None  # counting starts on the first good heartbeat
+            return
+        if s.start is None or restarted(s.start, beat):
+            s.start = beat
+        window = Window.between(s.start, beat)
+        if window.frames >= self.min_frames:
+            s.verdict = judge(window, beat, self.max_miss_rate)
+            if not s.verdict.ok:
+                s.start = beat  # with wait: judged again on the frames from here
+
+    def done(self) -> bool:
+        """Every source has its verdict (healthy ones, with ``wait``). Sources beat one after
+        the other once a period: when one has beaten twice, every source has beaten."""
+        if not any(s.beats > 1 for s in self.sources.values()):
+            return False
+        verdicts = [s.verdict for s in self.sources.values()]
+        return all(v is not None and (v.ok or not self.wait) for v in verdicts)
+
+    def verdict(self) -> Verdict:
+        """The verdict now: a source not judged yet is said to have too few frames."""
+        verdicts = [s.verdict or self._unjudged(s) for s in self.sources.values()]
+        bad = [v for v in verdicts if not v.ok]
+        reason = "; ".join(f"{v.source}: {v.reason}" for v in bad) if bad else "every source healthy"
+        return Verdict(not bad, reason, sorted(verdicts, key=lambda v: v.source))
+
+    def _unjudged(self, s: _Source) -> SourceVerdict:
+        """A source whose frames were too few to judge (or none published)."""
+        beat = s.last
+        window = Window.between(s.start or beat, beat)
+        if window.span_s <= 0:
+            why = "only one heartbeat: cannot tell whether frames flow"
+            return SourceVerdict(
+                str(beat.get("source", "")), False, why, config_hash=str(beat.get("config_hash", ""))
+            )
+        v = judge(window, beat, self.max_miss_rate)
+        if window.published:
+            v.ok, v.reason = False, self._too_few(window)
+        return v
+
+    def _too_few(self, window: Window) -> str:
+        return (
+            f"too few frames to judge: {window.frames} ended in {window.span_s:.1f} s, at least"
+            f" {self.min_frames} needed ({self.more_frames}); miss rate so far"
+            f" {pct(window.miss_rate)} ({window.figures()})"
+        )
 
 
 def check(
@@ -76,44 +290,29 @@ def check(
     wait: bool = False,
     server_key: str | None = None,
     client_cert: str | None = None,
+    min_frames: int = DEFAULT_MIN_FRAMES,
+    more_frames: str = "a longer --timeout",
 ) -> Verdict:
-    """Listen for heartbeats for up to ``timeout_s``. Without ``wait`` the first verdict on
-    every source is final; with it, checking goes on until every source is healthy (an
-    agent still loading, or reloading) or the time is up."""
+    """Listen for heartbeats for up to ``timeout_s`` (finite) and judge every source as
+    ``Judge`` does, on at least ``min_frames`` frames each (``more_frames``: how the caller
+    gets more of them, for a verdict that had too few)."""
     sock = client.connect(client.stream_endpoint(endpoint), ("health",), server_key, client_cert)
     end = time.monotonic() + timeout_s
-    last: dict[str, dict[str, Any]] = {}
-    verdicts: dict[str, SourceVerdict] = {}
+    judge_ = Judge(max_miss_rate, expect_hash, min_frames, wait, more_frames)
     try:
-        while time.monotonic() < end:
-            if not sock.poll(max(1, int((end - time.monotonic()) * 1000))):
+        while (left_s := end - time.monotonic()) > 0:
+            if not sock.poll(max(1, int(left_s * 1000))):
                 break
             _, beat = client.decode(sock.recv())
             if beat.get("final"):
-                return Verdict(False, "the agent is stopping", list(verdicts.values()))
-            source = str(beat.get("source", ""))
-            if source in last:
-                verdicts[source] = judge(last[source], beat, max_miss_rate, expect_hash)
-            last[source] = beat
-            # Every source beats once a period, one after the other: when each one seen has
-            # beaten twice, every source of the agent has a verdict.
-            complete = bool(verdicts) and set(verdicts) == set(last)
-            if complete and (not wait or all(v.ok for v in verdicts.values())):
-                return _verdict(verdicts)
+                return Verdict(False, "the agent is stopping", judge_.verdict().sources)
+            judge_.add(beat)
+            if judge_.done():
+                return judge_.verdict()
     except zmq.ZMQError as e:
-        return Verdict(False, f"stream error: {e}", list(verdicts.values()))
+        return Verdict(False, f"stream error: {e}", judge_.verdict().sources)
     finally:
         sock.close(linger=0)
-    if not last:
+    if not judge_.sources:
         return Verdict(False, f"no heartbeat from {endpoint} within {timeout_s:g} s (is the agent running?)")
-    return (
-        _verdict(verdicts)
-        if verdicts
-        else Verdict(False, "only one heartbeat: cannot tell whether frames flow")
-    )
-
-
-def _verdict(verdicts: dict[str, SourceVerdict]) -> Verdict:
-    bad = [v for v in verdicts.values() if not v.ok]
-    reason = "; ".join(f"{v.source}: {v.reason}" for v in bad) if bad else "every source healthy"
-    return Verdict(not bad, reason, sorted(verdicts.values(), key=lambda v: v.source))
+    return judge_.verdict()

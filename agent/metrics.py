@@ -40,9 +40,9 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from edge_agent.core.exposure import on_loopback
 from edge_agent.core.latency import _UPPER, LatencyHistogram
 from edge_agent.http_endpoint import HttpEndpoint
-from edge_agent.pipelines.publish import is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +234,7 @@ class MetricsServer:
         self.http.start()
         if not self.http.listening:
             return
-        if not is_loopback(f"tcp://{self.host}:{self.port}"):
+        if not on_loopback(self.host):
             log.warning(
                 "metrics on %s: anyone who can reach the port reads the agent's metrics "
                 "(there is no auth on /metrics); set metrics.host to 127.0.0.1 with a scraper "

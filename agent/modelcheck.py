@@ -15,6 +15,7 @@ import numpy as np
 import yaml
 
 from edge_agent.core import configload
+from edge_agent.core.budget_fit import BudgetFit
 from edge_agent.core.config import BackendConfig, ModelConfig
 from edge_agent.evaluation import heldout_images
 from edge_agent.models.manifest import ModelManifest
@@ -29,6 +30,8 @@ class CheckReport:
     lines: list[tuple[str, str]] = field(default_factory=list)  # (what, decided)
     detections: list[int] = field(default_factory=list)  # per synthetic frame
     frame_ms: list[float] = field(default_factory=list)
+    infer_ms: list[float] = field(default_factory=list)
+    fits: bool = True  # its inference fits the deadline it was checked against
 
     def add(self, what: str, text: str) -> None:
         self.lines.append((what, text))
@@ -39,15 +42,20 @@ class CheckReport:
 
 
 def check_model(
-    model: ModelConfig, backend: BackendConfig, frames: int = 8
+    model: ModelConfig, backend: BackendConfig, frames: int = 8, budget_ms: float = 0.0
 ) -> tuple[CheckReport, LoadedModel]:
-    """Load ``model`` as ``run`` would and run it on ``frames`` synthetic frames. Raises
-    what loading raises (ModelError for a model the agent cannot run)."""
+    """Load ``model`` as ``run`` would and run it on ``frames`` synthetic frames; with
+    ``budget_ms``, say whether its inference fits that deadline (as ``run`` does at start).
+    Raises what loading raises (ModelError for a model the agent cannot run)."""
     with model_notes_once():
         loaded = load_model(model, backend)
     with loaded:
         report = _describe(loaded)
         _run(loaded, frames, report)
+    if budget_ms and report.infer_ms:
+        fit = BudgetFit(float(np.median(report.infer_ms)), budget_ms)
+        report.fits = fit.fits
+        report.add("deadline", fit.advice("this model") or f"fits the {budget_ms:g} ms budget")
     return report, loaded
 
 
@@ -90,7 +98,11 @@ def _run(loaded: LoadedModel, frames: int, r: CheckReport) -> None:
     geo = Letterbox()
     for image, _ in heldout_images(frames):
         t = time.perf_counter()
-        _, scores, _ = loaded.run_one(image, io, geo)
+        loaded.preprocessor(image, io.inputs[loaded.input_name], geo)
+        t_infer = time.perf_counter()
+        loaded.backend.infer(io)
+        r.infer_ms.append((time.perf_counter() - t_infer) * 1000)
+        _, scores, _ = loaded.decode(io.outputs, loaded.params)
         r.frame_ms.append((time.perf_counter() - t) * 1000)
         r.detections.append(len(scores))
     if frames:
@@ -98,7 +110,8 @@ def _run(loaded: LoadedModel, frames: int, r: CheckReport) -> None:
         r.add(
             "ran",
             f"{frames} synthetic frames: {det.mean():.1f} detections per frame (min {det.min()}, max "
-            f"{det.max()}), {np.median(r.frame_ms):.1f} ms per frame (preprocess + infer + decode)",
+            f"{det.max()}), {np.median(r.frame_ms):.1f} ms per frame (preprocess + infer + decode;"
+            f" inference {np.median(r.infer_ms):.1f})",
         )
 
 

@@ -73,7 +73,7 @@ class Reloading:
             self._undrained.append(old_pipeline)
         try:
             self._swap_parts(old, new)
-            pipeline = self._pipeline(new, sources, profiles)
+            pipeline = self._pipeline(new, sources, profiles, advise=not models_changed)
         except BaseException:
             self._resume_old(old, new, sources, models if models_changed else {}, old_pipeline)
             raise
@@ -146,7 +146,7 @@ class Reloading:
             self._swap_parts(new, old)
         except Exception:
             log.exception("reload: could not put the old power profile or socket back")
-        self._start_pipeline(self._pipeline(old, self.sources, self.profiles), old_pipeline)
+        self._start_pipeline(self._pipeline(old, self.sources, self.profiles, advise=False), old_pipeline)
 
     def _adopt_sources(self, sources: dict[str, Any], old_pipeline: Pipeline) -> None:
         """Close the sources the new config no longer runs and make ``sources`` the agent's."""

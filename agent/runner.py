@@ -56,6 +56,10 @@ class _FinalBeat:
 class Agent(Reloading):
     """One configured agent: source → pipeline → result stream, with its heartbeat."""
 
+    #: Warn, at start and at each reload, of a source whose model cannot fit its budget
+    #: (``core.budget_fit``). The bench and tune measure that themselves and say it once.
+    says_budget_advice = True
+
     def __init__(self, config: AgentConfig, max_frames: int = 0) -> None:
         self.config = config
         self.max_frames = max_frames
@@ -145,7 +149,12 @@ class Agent(Reloading):
             for src, paths in source_models(cfg)
         ]
 
-    def _pipeline(self, cfg: AgentConfig, sources: dict[str, Any], profiles: dict[str, Profile]) -> Pipeline:
+    def _pipeline(
+        self, cfg: AgentConfig, sources: dict[str, Any], profiles: dict[str, Profile], advise: bool = True
+    ) -> Pipeline:
+        """The lanes of ``cfg`` on ``profiles``, warmed up. ``advise``: warn of a source
+        whose model cannot fit its budget (off where the warm-up times are not the model's
+        alone: a reload's new model warmed up beside the running pipeline)."""
         assert self.publisher is not None
         lanes = []
         for i, (src, (_, lane_profiles)) in enumerate(
@@ -180,6 +189,9 @@ class Agent(Reloading):
             b.margin_ms,
         )
         pipeline.warm_up()
+        if advise and self.says_budget_advice:
+            for line in pipeline.budget_advice(budget_settings(cfg)):
+                log.warning("%s", line)
         return pipeline
 
     def build(self) -> None:
@@ -361,3 +373,10 @@ class Agent(Reloading):
             "endpoint": self.config.publish.endpoint,
             "ladder": [step.name for step in self.config.deadline.ladder],
         }
+
+
+def budget_settings(cfg: AgentConfig) -> dict[str, str]:
+    """By source name, the key that sets its budget: its own ``budget_ms``, else the deadline's."""
+    keys = {f"sources[{i}].budget_ms": s for i, s in enumerate(cfg.sources)}
+    keys = keys or {"source.budget_ms": cfg.source}
+    return {s.name: key if s.budget_ms else "deadline.budget_ms" for key, s in keys.items()}

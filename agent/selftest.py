@@ -130,7 +130,7 @@ class Target:
     core: int = -1  # the model engine's DLA core; -1: GPU
     preprocess: str = "cpu"  # cpu | gpu | dla: where the float variant's normalisation runs
     zero_copy: bool = True
-    answers: str = ""  # the open question (README) this target settles on a device
+    answers: str = ""  # the open question (docs/jetson.md) this target settles on a device
 
 
 def tensorrt_targets(n_dla: int) -> list[Target]:

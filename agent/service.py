@@ -55,10 +55,20 @@ class Signals:
         signal.signal(signal.SIGHUP, lambda *_: self.reload.set())
 
 
+def e2e_text(window: dict[str, Any], width: int = 0, digits: int = 1) -> str:
+    """A heartbeat window's end-to-end p50 and p99; dashes for a second without a published
+    frame (its zeros would read as a fast agent, not an idle one)."""
+    if window.get("count"):
+        p50, p99 = (f"{window[q]:{width}.{digits}f}" for q in ("p50", "p99"))
+    else:
+        p50 = p99 = f"{'–':>{width}}"
+    return f"e2e p50 {p50} ms p99 {p99} ms"
+
+
 def status_text(beat: dict[str, Any]) -> str:
-    w, c = beat["latency_ms"]["window"], beat["counts"]
+    c = beat["counts"]
     return (
-        f"{beat['fps']:.1f} fps, e2e p50 {w['p50']:.1f} ms p99 {w['p99']:.1f} ms, "
+        f"{beat['fps']:.1f} fps, {e2e_text(beat['latency_ms']['window'])}, "
         f"late {c['late']}, dropped {c['dropped']}, ladder {beat['ladder']['name']}"
     )
 

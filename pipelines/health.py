@@ -127,6 +127,7 @@ class HealthReporter:
                 "stage_budgets_ms": dict(monitor.config.stage_budgets_ms),
                 "stage_overruns": dict(monitor.stage_overruns),
                 "admission": monitor.config.admission,
+                "miss_window_s": monitor.config.miss_window_s,
                 "estimate_ms": monitor.estimates_ms(),
             },
             "ladder": {

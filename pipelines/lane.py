@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from edge_agent.core.budget_fit import DEFAULT_CAMERA_FPS
 from edge_agent.core.latency import LatencyHistogram
 from edge_agent.core.stages import (
     INFER_END,
@@ -61,6 +62,17 @@ class Lane:
         self.stale_seen = source.stale  # the source's stale count already accounted
         self.error: str | None = None  # why the source ended early, if it did
         self._stride_count = 0
+
+    def frame_period_ms(self) -> float | None:
+        """The interval between this live source's frames (its rate, capped by ``max_fps``;
+        a camera that has not said its rate yet: ``DEFAULT_CAMERA_FPS``); None when every
+        frame is processed (a file)."""
+        if self.every_frame:
+            return None
+        fps = self.source.describe().get("fps") or DEFAULT_CAMERA_FPS
+        if self.max_fps:
+            fps = min(fps, self.max_fps)
+        return 1000.0 / fps
 
     def current(self) -> Profile | None:
         """The profile of the ladder's current step (None at an alert-only step)."""

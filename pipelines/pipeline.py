@@ -35,9 +35,11 @@ owner can tell a stage that is stuck (inside a backend, a driver) from one that 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
+from edge_agent.core.budget_fit import BudgetFit
 from edge_agent.pipelines.frame_steps import POLL_S, FrameSteps
 from edge_agent.pipelines.handoff import Closed, FrameQueue, FrameSlot
 from edge_agent.pipelines.lane import Lane
@@ -113,6 +115,22 @@ class Pipeline(FrameSteps):
             for size, ns in profile.warm_ns.items():
                 self.scheduler.seed(profile, size, ns)
                 self._slowest_ns = max(self._slowest_ns, ns)
+
+    def budget_advice(self, settings: dict[str, str]) -> list[str]:
+        """Per source whose model's warm-up inference does not fit its budget: one line with
+        the figures and the choices (``core.budget_fit``). ``settings``: by source, the key
+        that sets its budget (its own ``budget_ms``, or ``deadline.budget_ms``)."""
+        lines = []
+        for lane in self.lanes:
+            profile = lane.primary
+            if 1 not in profile.warm_ns:
+                continue
+            fit = BudgetFit(profile.warm_ns[1] / 1e6, lane.monitor.config.budget_ms, lane.frame_period_ms())
+            model = os.path.basename(profile.model.resolved.path)
+            advice = fit.advice(f"source {lane.name}, model {model}", settings[lane.name])
+            if advice:
+                lines.append(advice)
+        return lines
 
     @property
     def profiles(self) -> dict[str, Profile]:
@@ -346,3 +364,4 @@ class Pipeline(FrameSteps):
         self._stop.set()
 
     # -- one frame, one stage (the threads above, and the sequential benchmark) ----
+

@@ -23,6 +23,7 @@ from typing import Any
 
 import zmq
 
+from edge_agent.core.exposure import on_loopback
 from edge_agent.core.stages import CAPTURED, N_STAMPS, PUBLISH, STAGES
 from edge_agent.pipelines.curve import AllowedClients, read_client_keys
 from edge_agent.pipelines.handoff import FrameSlot
@@ -81,7 +82,7 @@ class ZmqPublisher:
         try:
             if self.curve_server_key:
                 self._curve()
-            elif not is_loopback(self.endpoint):
+            elif not on_loopback(self.endpoint):
                 log.warning(
                     "result stream on %s without CURVE: anyone who can reach it reads it "
                     "(set publish.curve_server_key and curve_clients_dir)",
@@ -95,7 +96,10 @@ class ZmqPublisher:
             self._stop_auth()
             self._ctx.term()
             self._ctx = None
-            raise OSError(f"cannot bind result stream to {self.endpoint}: {e}") from None
+            # A bind error is about the endpoint: name the setting, so the user knows what
+            # to change (a CURVE key problem says its own file instead).
+            hint = bind_hint(e) if sock is not None else ""
+            raise OSError(f"cannot bind result stream to {self.endpoint}: {e}{hint}") from None
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT) or self.endpoint
         self._sock = sock
 
@@ -311,11 +315,15 @@ def _detection_head(label: str, class_id: int) -> str:
     return json.dumps({"label": label, "class_id": class_id}, separators=(",", ":"))[:-1] + ',"score":'
 
 
-def is_loopback(endpoint: str) -> bool:
-    if endpoint.startswith(("ipc://", "inproc://")):
-        return True
-    host = endpoint.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
-    return host in ("localhost", "::1") or host.startswith("127.")
+def bind_hint(e: BaseException) -> str:
+    """What to do about a failed bind, naming the setting: ZeroMQ says only what failed
+    ("Address already in use"), not which part of the config chose the address."""
+    if getattr(e, "errno", None) == zmq.EADDRINUSE:
+        return (
+            ": another process holds the port, most likely another edge-agent already running; "
+            "stop it, or set publish.endpoint (or EDGE_AGENT__PUBLISH__ENDPOINT) to a free port"
+        )
+    return " (the address is publish.endpoint, or EDGE_AGENT__PUBLISH__ENDPOINT)"
 
 
 def _packer(encoding: str):

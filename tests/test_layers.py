@@ -1,6 +1,6 @@
 """The import layers stay true: no module imports a layer above its own, and no import cycle.
 
-Layers, bottom up (README "Architecture"): the foundation (``edge_agent.core``), model files
+Layers, bottom up (docs/architecture.md): the foundation (``edge_agent.core``), model files
 and the device's power (``models``, ``power``), the frame path (``pipelines``), the service
 (runner, service, metrics, ...), the tools (bench, tune, selftest, ...), the command line.
 Every import counts, also one inside a function: a lazy import still ties the layers.

@@ -134,6 +134,8 @@ class BenchAgent(Agent):
     published), and plays the frames in ``played`` (a file's, preloaded) in place of the
     file source of that name, as a camera at ``pace_fps`` or unpaced (0)."""
 
+    says_budget_advice = False  # the bench's "budget:" line says it, from its own figures
+
     def __init__(
         self,
         config: AgentConfig,

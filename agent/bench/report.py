@@ -16,7 +16,8 @@ def _det(d: dict[str, Any]) -> str:
 def format_report(r: dict[str, Any]) -> str:
     """The human-readable form of a ``run_bench`` result."""
     adapted = r["input_adapter"]["adapted"]
-    lines = _header_lines(r) + _phase_lines(r) + _live_detail_lines(r["live"])
+    lines = _header_lines(r) + _phase_lines(r) + _host_lines(r["host"]) + _drift_lines(r)
+    lines += _live_detail_lines(r["live"], r["budget"])
     bare = r.get("bare")
     if bare:
         lines += _bare_lines(bare, r["sequential"], r["live"], adapted)
@@ -46,12 +47,24 @@ def _header_lines(r: dict[str, Any]) -> list[str]:
     ]
     if adapter["adapted"]:
         prefix, orig = adapter["prefix_ms"], adapter["original_inference_ms"]
+        adapted = adapter["adapted_inference_ms"]
         lines += [
             f"  input adapter in the graph (Transpose + Cast, timed alone): {_pq(prefix)}",
             f"    whole model, alternating blocks (information only: the difference of two p50s is"
-            f" noise): adapted p50 {pure['p50']:.3f} ms, original p50 {orig['p50']:.3f} ms",
+            f" noise): adapted p50 {adapted['p50']:.3f} ms, original p50 {orig['p50']:.3f} ms"
+            f" ({adapted['count']} runs each)",
         ]
-    return lines
+    return [*lines, _budget_line(r["budget"])]
+
+
+def _budget_line(b: dict[str, Any]) -> str:
+    """Does inference alone fit the budget? The advice when it does not."""
+    if b["advice"]:
+        return f"budget: {b['advice']}"
+    return (
+        f"budget: inference p50 {_ms(b['inference_alone_p50_ms'])} alone,"
+        f" {_ms(b['live_inference_p50_ms'])} live: fits the {b['budget_ms']:g} ms budget"
+    )
 
 
 def _phase_lines(r: dict[str, Any]) -> list[str]:
@@ -62,8 +75,10 @@ def _phase_lines(r: dict[str, Any]) -> list[str]:
     oh = live["overhead_with_adapter_ms"]
     what = "total - capture - infer, + in-graph adapter prefix" if adapted else "total - capture - infer"
     p99_note = " (an upper bound: the two p99s added)" if adapted else ""
+    infer = seq["stages"]["infer"]["p50_ms"]
     lines = [
         f"sequential, per frame     {_pq(seq['per_frame_ms'])}   {seq['throughput_fps']:.1f} fps",
+        f"  of which inference      p50 {infer:8.3f} ms",
         f"pipelined, saturated      {pipe['throughput_fps']:.1f} fps"
         f" = {pipe['gain_over_sequential']}x sequential; slowest stage"
         f" thread {pipe['slowest_thread_ms']:.3f} ms/frame, {pipe['efficiency']:.0%} of its bound",
@@ -80,12 +95,81 @@ def _phase_lines(r: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _live_detail_lines(live: dict[str, Any]) -> list[str]:
-    """The live phase in detail: detections, counts, the ladder, each stage and each profile."""
+#: Other processes' load (cores) from which a phase is said to have run beside it.
+BUSY_CORES = 0.25
+
+
+def _host_lines(host: dict[str, Any]) -> list[str]:
+    """The phases that ran beside other processes' work, which slowed their figures."""
+    busy = {k: v for k, v in host["other_processes_cores"].items() if v is not None and v >= BUSY_CORES}
+    if not busy:
+        return []
+    during = ", ".join(f"{v:.1f} during {k.replace('_', ' ')}" for k, v in busy.items())
+    return [
+        f"host: other processes used cores ({during}; of {host['cpus']}): the figures of those phases"
+        " are slower for it"
+    ]
+
+
+#: Inference in a phase over inference alone by more than this share and these ms: the host changed.
+DRIFT, DRIFT_MS = 1.2, 0.5
+
+
+def _ms(x: float) -> str:
+    """A figure in ms, to a tenth (to a µs under 1 ms)."""
+    return f"{x:.1f} ms" if x >= 1 else f"{x:.3f} ms"
+
+
+def _drift_lines(r: dict[str, Any]) -> list[str]:
+    """A note when a phase's inference ran well over inference alone: the host ran slower
+    then (its clocks, other load), so that phase's figures are not comparable as they are."""
+    alone = r["pure_inference_ms"]["p50"]
+    slower = {
+        phase: r[phase]["stages"]["infer"]["p50_ms"]
+        for phase in ("sequential", "pipelined", "live")
+        if r[phase]["stages"]["infer"]["p50_ms"] > max(DRIFT * alone, alone + DRIFT_MS)
+    }
+    if not slower:
+        return []
+    during = ", ".join(f"{_ms(ms)} {phase}" for phase, ms in slower.items())
+    return [
+        f"note: inference took {during}, against {_ms(alone)} alone: the host ran slower then (its"
+        " clocks, other load: see 'host:'); compare those figures with care, or rerun on a quiet host"
+    ]
+
+
+def _misses_why(live: dict[str, Any], budget: dict[str, Any]) -> str:
+    """Why the live phase missed frames, when the figures say: the model does not fit the
+    budget, or its inference outlasts the camera's frame interval (frames wait for it)."""
+    infer_ms = budget["inference_p50_ms"]
+    if not budget["fits"]:
+        return (
+            f"inference ({_ms(infer_ms)}) does not fit the {budget['budget_ms']:g} ms budget (see 'budget:')"
+        )
+    c, interval_ms = live["counts"], 1000.0 / live["source_fps"]
+    missed = c["late"] + c["dropped_by_reason"].get("stale", 0)
+    if missed and infer_ms > interval_ms:
+        return (
+            f"inference ({_ms(infer_ms)}) outlasts the camera's frame interval ({_ms(interval_ms)} at"
+            f" {live['source_fps']:g} fps): frames wait for it (a lower rate, or a ladder frame_stride)"
+        )
+    return ""
+
+
+def _live_detail_lines(live: dict[str, Any], budget: dict[str, Any]) -> list[str]:
+    """The live phase in detail: detections, counts (pointing to the budget verdict when
+    the model does not fit), the ladder, each stage and each profile."""
+    c = live["counts"]
     lines = [
         f"  detections per published frame: {_det(live['detections_per_frame'])}",
         f"  p99 / (pre + infer + post p50) = {live['p99_over_pre_infer_post_p50']}",
-        f"  frames: {live['counts']}",
+        f"  frames: {c}",
+    ]
+    why = _misses_why(live, budget)
+    if why:
+        stale = c["dropped_by_reason"].get("stale", 0)
+        lines.append(f"    {c['on_time']} on time, {c['late']} late, {stale} stale: {why}")
+    lines += [
         f"  ladder: final step {live['ladder']['final_step']!r}, {live['ladder']['changes']} change(s)",
         "",
         f"{'stage (live)':<14}{'p50 ms':>9}{'p99 ms':>9}{'share':>8}",
@@ -150,4 +234,6 @@ def format_multi_report(r: dict[str, Any]) -> str:
             f"  {name:<10} {src['source_fps']:g} fps prio {src['priority']:>3} budget {src['budget_ms']:g} ms"
             f"  {_pq(src['end_to_end_ms'])}  on time {c['on_time']} late {c['late']} dropped {c['dropped']}"
         )
+        if src["budget_advice"]:
+            lines.append(f"    budget: {src['budget_advice']}")
     return "\n".join(lines)

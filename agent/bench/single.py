@@ -1,9 +1,10 @@
 """``edge-agent bench`` on one source: the phases in order, and the result as a dict (the
-``--json`` schema in the README)."""
+``--json`` schema in docs/deadline.md)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -21,16 +22,20 @@ from edge_agent.bench.configs import (
     raw_config,
 )
 from edge_agent.bench.phases import (
+    Samples,
     SequentialRun,
+    Timed,
+    adapted_vs_original,
     adapter_prefix,
+    alone_and_sequential,
     detections_summary,
     hist_ms,
-    inference_alone,
+    host_load,
     run_agent,
-    sequential,
     slowest_thread_ms,
     stage_table,
 )
+from edge_agent.core.budget_fit import BudgetFit
 from edge_agent.core.config import AgentConfig, ModelConfig, OnnxRuntimeConfig, TensorRTConfig
 from edge_agent.core.latency import LatencyHistogram
 from edge_agent.core.plan import model_at, onnxruntime_of
@@ -44,6 +49,13 @@ Progress = Callable[[str], None]
 
 def quiet(_line: str) -> None:
     pass
+
+
+def eta(seconds: float) -> str:
+    """How long a phase will take, roughly, for its progress line."""
+    if seconds < 1:
+        return "under 1 s"
+    return f"~{seconds:.0f} s" if seconds < 120 else f"~{seconds / 60:.0f} min"
 
 
 def source_info(
@@ -68,13 +80,13 @@ def _ratio(a: float, b: float) -> float | None:
     return round(a / b, 3) if b else None
 
 
-def _p(h: LatencyHistogram | None, q: float) -> float:
+def _p(h: Timed | None, q: float) -> float:
     """A percentile as reported (rounded to the µs; 0 without a histogram), so that the
     figures printed add up."""
     return round(h.percentile_ms(q), 3) if h is not None else 0.0
 
 
-def with_prefix(overhead: LatencyHistogram, prefix: LatencyHistogram | None) -> dict[str, float]:
+def with_prefix(overhead: LatencyHistogram, prefix: Samples | None) -> dict[str, float]:
     """The overhead with the adapter's in-graph work added: p50 to p50, p99 to p99 (an
     upper bound: the two tails need not coincide)."""
     return {q: round(_p(overhead, n) + _p(prefix, n), 3) for q, n in (("p50", 50), ("p99", 99))}
@@ -90,7 +102,7 @@ def run_bench(
     compare_bare: bool = False,
 ) -> dict[str, Any]:
     """All four phases (five with ``compare_bare``); returns the result documented in the
-    README (schema 1).
+    docs/deadline.md (schema 1).
 
     ``frames`` sizes the inference, sequential, saturated and bare phases; the live phase
     lasts ``live_s`` seconds of source time at ``source_fps`` (None: the rate of the source
@@ -117,15 +129,22 @@ class _Frames:
 
 @dataclass
 class _Inference:
-    """Phase 1: the model the source runs, its inference timed alone (and the original
-    model's and the input adapter's, when adapted), and the settings of the bare loop."""
+    """Phase 1: the model the source runs, its inference timed alone (and, when adapted,
+    the adapted and original models in alternating blocks and the input adapter's prefix),
+    and the settings of the bare loop."""
 
     model: LoadedModel
     settings: OnnxRuntimeConfig | None
     adapted_from: str
-    pure: LatencyHistogram
-    original_hist: LatencyHistogram | None
-    prefix: LatencyHistogram | None
+    pure: Samples
+    adapted_hist: Samples | None
+    original_hist: Samples | None
+    prefix: Samples | None
+
+    @property
+    def per_frame_s(self) -> float:
+        """Inference alone, p50, in seconds: what the later phases' lengths are guessed from."""
+        return self.pure.percentile_ms(50) / 1e3
 
 
 @dataclass
@@ -138,6 +157,7 @@ class _Runs:
     sat_s: float
     live: BenchAgent
     live_elapsed: float
+    host_load: dict[str, float | None]  # other processes' cores, by phase (``phases.host_load``)
 
     @property
     def sat_stats(self) -> PipelineStats:
@@ -170,15 +190,22 @@ def _run_bench(
     measured = saturated_cfg.source_list()[0]
     model_cfg = model_at(config, measured.model, measured.manifest)  # what the source runs
     progress("loading the model")
-    inf = _inference_phase(config, saturated_cfg, model_cfg, fr.played, frames, steps, compare_bare, progress)
-    runs = _agent_phases(config, saturated_cfg, frames, fr, steps, progress)
+    load: dict[str, float | None] = {}  # other processes' cores, by phase
+    inf, seq = _first_phases(
+        config, saturated_cfg, model_cfg, fr.played, frames, steps, compare_bare, progress, load
+    )
+    runs = _agent_phases(config, saturated_cfg, seq, frames, fr, steps, progress, inf.per_frame_s, load)
     in_graph = _p(inf.prefix, 50)
     live_overhead = with_prefix(runs.live_stats.overhead, inf.prefix)
     seq_overhead = with_prefix(runs.seq.stats.overhead, inf.prefix)
     bare = None
     if inf.settings is not None:
-        progress(f"5/{steps} plain ONNX Runtime loop, one thread ({frames} frames)")
-        run = bare_loop(config, model_cfg, inf.settings, frames, inf.model.params, fr.images)
+        progress(
+            f"5/{steps} bare loop: letterbox, ONNX Runtime, decode and NMS on one thread, as a user would"
+            f" write it, {frames} frames ({eta(frames * inf.per_frame_s)})"
+        )
+        with host_load(load, "bare"):
+            run = bare_loop(config, model_cfg, inf.settings, frames, inf.model.params, fr.images)
         bare = _bare_summary(run, runs, in_graph, seq_overhead, live_overhead)
     return _result(config, frames, fr, inf, runs, in_graph, seq_overhead, live_overhead, bare)
 
@@ -204,7 +231,7 @@ def _preload_frames(
     return _Frames(file_src, live_fps, live_frames, images, played)
 
 
-def _inference_phase(
+def _first_phases(
     config: AgentConfig,
     saturated_cfg: AgentConfig,
     model_cfg: ModelConfig,
@@ -213,46 +240,76 @@ def _inference_phase(
     steps: int,
     compare_bare: bool,
     progress: Progress,
-) -> _Inference:
-    """Phase 1: the model alone (and the original model, and the adapter's prefix, if adapted)."""
-    original: LoadedModel | None = None
+    load: dict[str, float | None],
+) -> tuple[_Inference, SequentialRun]:
+    """Phases 1 and 2 on one agent, in alternating blocks (``alone_and_sequential``): the
+    model alone, as the pipeline runs it, and the frames one at a time; then, if adapted,
+    the adapted and the original model in alternating blocks, and the adapter's prefix
+    (for information)."""
     runs = max(frames // 2, 100)
-    with BenchAgent(saturated_cfg, played=played) as probe, contextlib.ExitStack() as models:
-        assert probe.pipeline is not None
-        model = probe.pipeline.lanes[0].primary.model  # the source's own model, else the main one
+    with BenchAgent(saturated_cfg, played=played) as agent, contextlib.ExitStack() as models:
+        assert agent.pipeline is not None
+        primary = agent.pipeline.lanes[0].primary
+        model = primary.model  # the source's own model, else the main one
         settings = onnxruntime_settings(config, model.backend.name) if compare_bare else None
         adapted_from = model.adapted_from
         ort = onnxruntime_of(config.backend, model.backend.name)
+        warm_s = primary.warm_ns.get(1, 0) / 1e9  # the warm-up's inference: a first guess
+        progress(
+            f"1-2/{steps} inference alone (the model on one preprocessed frame, back to back, {runs} runs)"
+            f" and sequential (capture, preprocess, infer, postprocess, publish, one frame at a time,"
+            f" {frames} frames), in alternating blocks ({eta((runs + frames) * warm_s)})"
+        )
+        # Before any other model is loaded beside it.
+        with host_load(load, "inference_alone_and_sequential"):
+            pure, seq = alone_and_sequential(agent, frames, runs)
+        adapted = original = None
         if adapted_from:
             assert ort is not None, "the input adapter runs on ONNX Runtime only"
+            each = max(runs // 2, 20)
+            progress(
+                f"1/{steps} the adapted and the original model in alternating blocks, for information,"
+                f" {each} runs each ({eta(2 * each * pure.percentile_ms(50) / 1e3)})"
+            )
             # Same settings, same input: only the adapter differs.
-            original = models.enter_context(load_model(replace(model_cfg, input_adapter="off"), ort))
-        both = ", the adapted and the original model in alternating blocks" if original else ""
-        progress(f"1/{steps} inference alone ({runs} runs{both})")
-        pure, original_hist = inference_alone(probe, runs, original)
+            loaded = models.enter_context(load_model(replace(model_cfg, input_adapter="off"), ort))
+            adapted, original = adapted_vs_original(agent, loaded, each)
     prefix = None
     if adapted_from and ort is not None:
-        progress(f"1/{steps} the input adapter's Transpose + Cast alone ({runs} runs)")
+        progress(f"1/{steps} the input adapter's Transpose + Cast alone, {runs} runs (about a second)")
         prefix = adapter_prefix(ort, model.manifest.input, runs)
-    return _Inference(model, settings, adapted_from, pure, original_hist, prefix)
+    return _Inference(model, settings, adapted_from, pure, adapted, original, prefix), seq
 
 
 def _agent_phases(
-    config: AgentConfig, saturated_cfg: AgentConfig, frames: int, fr: _Frames, steps: int, progress: Progress
+    config: AgentConfig,
+    saturated_cfg: AgentConfig,
+    seq: SequentialRun,
+    frames: int,
+    fr: _Frames,
+    steps: int,
+    progress: Progress,
+    per_frame_s: float,
+    load: dict[str, float | None],
 ) -> _Runs:
-    """Phases 2 to 4: sequential, pipelined at full speed, and live at the source's rate."""
-    progress(f"2/{steps} sequential, one frame at a time ({frames} frames)")
-    seq = sequential(config, frames, fr.file_src, fr.played)
+    """Phases 3 and 4: pipelined at full speed, and live at the source's rate (``seq``:
+    phase 2's run). ``per_frame_s``: inference alone, to say how long each will take."""
     # The backend was warmed up when its slots were allocated: every frame counts.
-    progress(f"3/{steps} pipelined at full speed ({frames} frames)")
-    sat, sat_s = run_agent(saturated_cfg, frames, fr.played)
+    progress(
+        f"3/{steps} pipelined at full speed: the stage threads on an unpaced source, {frames} frames"
+        f" ({eta(frames * per_frame_s)})"
+    )
+    with host_load(load, "pipelined"):
+        sat, sat_s = run_agent(saturated_cfg, frames, fr.played)
     live_fps, live_frames = fr.live_fps, fr.live_frames
     progress(
-        f"4/{steps} live camera at {live_fps:g} fps ({live_frames} frames, ~{live_frames / live_fps:.0f} s)"
+        f"4/{steps} live: a camera at {live_fps:g} fps through the agent, with its deadline,"
+        f" {live_frames} frames ({eta(live_frames / live_fps)})"
     )
     live_cfg = bench_config(config, live_fps, 0, fr.file_src)
-    live, live_elapsed = run_agent(live_cfg, live_frames, fr.played, live_fps)
-    return _Runs(seq, sat, sat_s, live, live_elapsed)
+    with host_load(load, "live"):
+        live, live_elapsed = run_agent(live_cfg, live_frames, fr.played, live_fps)
+    return _Runs(seq, sat, sat_s, live, live_elapsed, load)
 
 
 def _bare_summary(
@@ -297,7 +354,7 @@ def _result(
     live_overhead: dict[str, float],
     bare: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """The result documented in the README (schema 1)."""
+    """The result documented in docs/deadline.md (schema 1)."""
     model, prefix = inf.model, inf.prefix
     seq_fps = frames / runs.seq.seconds if runs.seq.seconds else 0.0
     return {
@@ -310,6 +367,7 @@ def _result(
         "pure_inference_ms": hist_ms(inf.pure),
         "input_adapter": {
             "adapted": bool(inf.adapted_from),
+            "adapted_inference_ms": hist_ms(inf.adapted_hist) if inf.adapted_hist is not None else None,
             "original_inference_ms": hist_ms(inf.original_hist) if inf.original_hist is not None else None,
             "prefix_ms": hist_ms(prefix) if prefix is not None else None,
             "in_graph_ms": in_graph,
@@ -317,8 +375,40 @@ def _result(
         "sequential": _sequential_section(runs.seq, seq_fps, seq_overhead),
         "pipelined": _pipelined_section(runs, seq_fps),
         "live": _live_section(runs, fr.live_fps, inf.pure, live_overhead),
+        "budget": _budget_section(config, runs, inf),
+        "host": {"cpus": os.cpu_count(), "other_processes_cores": runs.host_load},
         "bare": bare,
     }
+
+
+def _budget_section(config: AgentConfig, runs: _Runs, inf: _Inference) -> dict[str, Any]:
+    """Does the model's inference fit the per-frame budget the live phase ran with? Judged on
+    the larger p50 of inference alone and of inference in the live phase (a camera's frames
+    come apart: the pool sleeps between them, and a host's clocks may drop under load),
+    with ``core.budget_fit``'s advice when it does not (None when it does)."""
+    lane = runs.live.pipeline.lanes[0]  # type: ignore[union-attr]
+    budget_ms = lane.monitor.config.budget_ms
+    alone = round(inf.pure.percentile_ms(50), 3)
+    live = round(lane.stats.stages["infer"].percentile_ms(50), 3)  # 0: none published
+    fit = BudgetFit(max(alone, live), budget_ms, lane.frame_period_ms())
+    name = os.path.basename(inf.adapted_from or inf.model.resolved.path)
+    return {
+        "budget_ms": budget_ms,
+        "inference_p50_ms": fit.infer_ms,
+        "inference_alone_p50_ms": alone,
+        "live_inference_p50_ms": live,
+        "fits": fit.fits,
+        "suggested_budget_ms": None if fit.fits else fit.suggested_budget_ms,
+        "advice": fit.advice(f"model {name}", _budget_setting(config)),
+    }
+
+
+def _budget_setting(config: AgentConfig) -> str:
+    """Where the measured source's budget is set: its own ``budget_ms``, else the deadline's."""
+    src = config.source_list()[0]
+    if not src.budget_ms:
+        return "deadline.budget_ms"
+    return f"the {src.name} source's budget_ms" if config.sources else "source.budget_ms"
 
 
 def _sequential_section(seq: SequentialRun, seq_fps: float, seq_overhead: dict[str, float]) -> dict[str, Any]:
@@ -350,7 +440,7 @@ def _pipelined_section(runs: _Runs, seq_fps: float) -> dict[str, Any]:
 
 
 def _live_section(
-    runs: _Runs, live_fps: float, pure: LatencyHistogram, live_overhead: dict[str, float]
+    runs: _Runs, live_fps: float, pure: Samples, live_overhead: dict[str, float]
 ) -> dict[str, Any]:
     """The result's ``live`` section."""
     live, live_elapsed, live_stats = runs.live, runs.live_elapsed, runs.live_stats

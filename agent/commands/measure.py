@@ -38,7 +38,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         config = with_model(config, args.model, args.manifest or "")
     setup_logging("warning")
     latency_first_interpreter()
-    progress = progress_line if sys.stderr.isatty() and not args.json else lambda _line: None
+    # On stderr, tty or not (a run piped to a file is not silent); --json stays quiet.
+    progress = progress_line if not args.json else lambda _line: None
     # --source plays one file as one camera: it replaces the config's source(s).
     if args.sources or (len(config.source_list()) > 1 and not args.source):
         if args.source:
@@ -100,4 +101,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return fail(f"{why[0].lower()}{why[1:]} (see {paths['report']})")
     agree = f", agreement {chosen.agreement:.3f}" if chosen.agreement is not None else ""
     print(f"chosen: {chosen.name} (p99 {chosen.e2e['p99']:.2f} ms{agree})")
+    if chosen.reason:  # kept the current config, or changed it: against the measured noise
+        print(chosen.reason)
     return EXIT_OK

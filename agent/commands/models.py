@@ -47,7 +47,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     model = replace(config.model, path=args.model, manifest=args.manifest or "")
     setup_logging("error")  # the check prints the assumptions itself
     try:
-        report, loaded = check_model(model, config.backend, args.frames)
+        report, loaded = check_model(model, config.backend, args.frames, config.deadline.budget_ms)
     except (ModelError, BackendError) as e:  # the model, or the backend refused it
         print(f"refused: {e}")
         return EXIT_USAGE
@@ -58,7 +58,7 @@ def cmd_models(args: argparse.Namespace) -> int:
             print(f"manifest written: {write_manifest(loaded.manifest, target, args.force)}")
         except FileExistsError as e:
             return fail(str(e), EXIT_USAGE)
-    print("ok: the agent runs this model")
+    print("ok: the agent runs this model" + ("" if report.fits else ", but not within the deadline (above)"))
     return EXIT_OK
 
 

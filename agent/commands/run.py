@@ -12,19 +12,27 @@ import sys
 import time
 from typing import Any
 
-from edge_agent.commands.common import EXIT_FAILED, EXIT_OK, fail, latency_first_interpreter, setup_logging
+from edge_agent.commands.common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    fail,
+    latency_first_interpreter,
+    setup_logging,
+)
 
 log = logging.getLogger("edge_agent")
 
 
 def _status_line(beat: dict[str, Any]) -> str:
     """One line from the latest heartbeat."""
-    w, c = beat["latency_ms"]["window"], beat["counts"]
-    ladder = beat["ladder"]
+    from edge_agent.service import e2e_text
+
+    c, ladder = beat["counts"], beat["ladder"]
     step = f" | ladder: {ladder['name']}" if ladder["step"] else ""
     return (
         f"[{beat['uptime_s']:7.1f}s] {beat['source']}: {beat['fps']:6.1f} fps"
-        f" | e2e p50 {w['p50']:6.2f} ms p99 {w['p99']:6.2f} ms"
+        f" | {e2e_text(beat['latency_ms']['window'], 6, 2)}"
         f" | on time {c['on_time']} late {c['late']} dropped {c['dropped']}{step}"
     )
 
@@ -51,8 +59,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from edge_agent.sdnotify import Notifier
     from edge_agent.service import Signals, Supervisor
 
+    flags = _flags(args)
+
     def load():
-        rendered = load_effective(args.config, args.device, args.overlay, check_files=True)
+        rendered = load_effective(args.config, args.device, args.overlay, check_files=True, flags=flags)
         if args.view:  # --view holds for the run, reloads included
             cfg = rendered.config
             rendered = dataclasses.replace(
@@ -102,6 +112,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         log.error("a stage thread did not stop; exiting without waiting for it")
         _exit_now(code or EXIT_FAILED)
     return code
+
+
+def _flags(args: argparse.Namespace) -> dict[str, tuple[str, object]]:
+    """``--model``, ``--source`` and ``--budget-ms`` as the config's last layer (a reload
+    keeps them); a source word no source reads is a usage error."""
+    from edge_agent.core.source_config import source_from_text
+
+    flags: dict[str, tuple[str, object]] = {}
+    if args.model:  # its manifest is beside it or in it, not the config's model's
+        path = os.path.abspath(os.path.expanduser(args.model))
+        flags["--model"] = ("model", {"path": path, "manifest": args.manifest or ""})
+    elif args.manifest:
+        raise SystemExit(fail("--manifest goes with --model", EXIT_USAGE))
+    if args.source is not None:
+        try:
+            flags["--source"] = ("source", source_from_text(args.source))
+        except ValueError as e:
+            raise SystemExit(fail(f"--source {e}", EXIT_USAGE)) from None
+    if args.budget_ms is not None:  # positional notation: YAML reads no "1e-05" as a number
+        flags["--budget-ms"] = ("deadline.budget_ms", f"{args.budget_ms:.9f}".rstrip("0").rstrip("."))
+    return flags
 
 
 def _heartbeat_handler(args: argparse.Namespace, agent: Any, footprints: dict[str, Any]):

@@ -161,6 +161,11 @@ def cmd_health(args: argparse.Namespace) -> int:
     from edge_agent.commands.common import load_config
     from edge_agent.core.config import config_hash
 
+    min_frames = args.min_frames
+    more = "a longer --timeout, or a lower --min-frames"
+    usage = healthcheck.usage_error(args.timeout, args.max_miss_rate, min_frames)
+    if usage:
+        return fail(f"health: {usage}", EXIT_USAGE)
     cfg = load_config(args.config, args.device)
     expect = config_hash(load_config(args.expect_config, args.device)) if args.expect_config else ""
     verdict = healthcheck.check(
@@ -171,11 +176,17 @@ def cmd_health(args: argparse.Namespace) -> int:
         wait=args.wait_ready,
         server_key=cfg.publish.curve_server_key or None,
         client_cert=args.client_cert or cfg.uplink.curve_client_cert or None,
+        min_frames=min_frames,
+        more_frames=more,
     )
     if args.json:
-        print(json.dumps(verdict.as_dict()))
+        print(
+            json.dumps({**verdict.as_dict(), "max_miss_rate": args.max_miss_rate, "min_frames": min_frames})
+        )
     else:
         print(f"{'healthy' if verdict.healthy else 'unhealthy'}: {verdict.reason}")
         for s in verdict.sources:
             print(f"  {s.source}: {'ok' if s.ok else 'FAIL'} ({s.reason}; config {s.config_hash})")
+            if s.counts:
+                print(f"    frames judged: {healthcheck.counts_line(s.counts)}")
     return EXIT_OK if verdict.healthy else EXIT_FAILED

@@ -444,6 +444,12 @@ LOCAL_KEYS = (
     "metrics.port",
     "power.state_file",
     "uplink.spool_path",
+    # Caches: their default (~/.cache/...) is written out by `config render` and expanded at
+    # load, so with the home folder in the hash the agent (systemd's HOME) and a health check
+    # run as root would never agree on a rendered config.
+    "model.cache_dir",
+    "backend.cache_dir",  # type tensorrt
+    "backend.tensorrt.cache_dir",  # type auto
     "uplink.metrics",
     "view",  # a person watching one device is no drift
 )
@@ -461,6 +467,25 @@ def config_hash(cfg: AgentConfig) -> str:
         section.pop(last, None)
     text = json.dumps(plain, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def printed(cfg: AgentConfig, home: bool = False) -> dict:
+    """The config as ``config show``, ``render`` and ``diff`` print it: ``to_plain`` (``home``:
+    ``~`` expanded), with every backend type in one shape, ``type`` and then each backend's
+    settings under its name (``backend.onnxruntime.allow_spinning`` whether the type is
+    ``auto`` or ``onnxruntime``), so two configs compare key by key, and a printed ``auto``
+    loads as one of its types once ``type`` is changed and the other section dropped. The
+    flat form (``{type: onnxruntime, providers: ...}``) loads too."""
+    plain = configload.to_plain(cfg, home)
+    backend = plain["backend"]
+    if backend["type"] == "auto":
+        sections = {k: v for k, v in backend.items() if k != "type"}
+    else:
+        sections = {backend["type"]: backend}
+    plain["backend"] = {"type": backend["type"]}
+    for name, section in sections.items():
+        plain["backend"][name] = {k: v for k, v in section.items() if k != "type"}
+    return plain
 
 
 def load_config(path: str | None) -> AgentConfig:

@@ -162,6 +162,31 @@ def _empty(t: Any, null: yaml.Node) -> yaml.Node:
     return null
 
 
+def nested_sections(options: tuple[type, ...] | list[type]) -> dict[str, type]:
+    """The fields of a union's members that hold another member, by name: for the backend,
+    ``{"tensorrt": TensorRTConfig, "onnxruntime": OnnxRuntimeConfig}`` (``auto``'s)."""
+    return {
+        name: hint
+        for option in options
+        for name, hint in typing.get_type_hints(option).items()
+        if hint in options and hint is not option
+    }
+
+
+def _tags_reading(name: str, options: list[type]) -> list[Any]:
+    """The ``type`` values that read a ``name`` section: the members that nest it (``auto``),
+    and the member it holds."""
+    readers = [o for o in options if name in typing.get_type_hints(o)] + [nested_sections(options)[name]]
+    return [t for o in readers for t in typing.get_args(typing.get_type_hints(o)["type"])]
+
+
+def _place(mark: yaml.Mark, beside: yaml.Mark) -> str:
+    """Where ``mark`` is, for a message about a node at ``beside``: its line, and its file
+    when that is another (a fleet's layers)."""
+    same = mark.name == beside.name or str(mark.name).startswith("<")
+    return f"line {mark.line + 1}" if same else f"{mark.name}:{mark.line + 1}"
+
+
 def is_union(t: Any) -> bool:
     return typing.get_origin(t) in (Union, types.UnionType)
 
@@ -179,6 +204,11 @@ class Builder:
         # null where a mapping, list or section is expected: an empty one (``devices:`` with
         # every entry commented out), not an error
         self.null_is_empty = null_is_empty
+        # Written in a nested section (``_unnest``), by node id: a moved key's path as written,
+        # and for the flattened mapping the section's path and node (a key it left out); the
+        # mapping is kept too, so its id is not reused while the builder lives.
+        self.key_paths: dict[int, str] = {}
+        self.sections: dict[int, tuple[str, yaml.Node, yaml.Node]] = {}
 
     def fail(self, node: yaml.Node | None, path: str, message: str) -> object:
         self.problems.append(problem_at(node, path, message, self.file))
@@ -276,7 +306,60 @@ class Builder:
         if tag not in by_tag:
             where = _join(path, "type")
             return self.fail(tag_node, where, f"unknown type {short(repr(tag))} (one of {tags})")
+        node = self._unnest(by_tag[tag], tag, options, node, path)
         return self._dataclass(by_tag[tag], node, path)
+
+    def _unnest(
+        self, cls: type, tag: str, options: list[type], node: yaml.MappingNode, path: str
+    ) -> yaml.MappingNode:
+        """A member that another member of its union nests (``auto`` holds ``onnxruntime:``
+        and ``tensorrt:`` sections) may be written that way alone too: ``{type: onnxruntime,
+        onnxruntime: {...}}`` is ``{type: onnxruntime, ...}``, so a section shown for one
+        type loads after its ``type`` is changed. A section of another member is refused:
+        that type would never read it."""
+        sections = nested_sections(options)
+        own = {f.name for f in dataclasses.fields(cls)}
+        names = [k.value if isinstance(k, yaml.ScalarNode) else None for k, _v in node.value]
+        if not set(names) & (sections.keys() - own):
+            return node
+        given = {name: k for name, (k, _v) in zip(names, node.value) if name is not None}
+        pairs, section = [], None
+        for name, (k_node, v_node) in zip(names, node.value):
+            where = _join(path, str(name))
+            if name in own or name not in sections:
+                pairs.append((k_node, v_node))
+            elif sections[name] is not cls:
+                readers = ", ".join(repr(t) for t in _tags_reading(name, options))
+                self.fail(k_node, where, f"type {tag!r} has no {name} section (types that do: {readers})")
+            elif not isinstance(v_node, yaml.MappingNode):
+                self.fail(v_node, where, f"expected a mapping, got {node_kind(v_node)}")
+            else:
+                section = (where, v_node)
+                pairs += self._inner_pairs(v_node, tag, given, where)
+        flat = yaml.MappingNode(node.tag, pairs, node.start_mark, node.end_mark, node.flow_style)
+        if section is not None:
+            self.sections[id(flat)] = (*section, flat)
+        return flat
+
+    def _inner_pairs(
+        self, section: yaml.MappingNode, tag: str, given: dict[str, yaml.Node], path: str
+    ) -> list[tuple[yaml.Node, yaml.Node]]:
+        """The keys of a nested own section, named by their nested key path in problems; a
+        key also given outside it is refused (neither may silently win)."""
+        pairs = []
+        for k_node, v_node in section.value:
+            name = k_node.value if isinstance(k_node, yaml.ScalarNode) else None
+            where = _join(path, str(name))
+            if name == "type":  # the section's own type may be repeated, as auto's sections show it
+                if not (isinstance(v_node, yaml.ScalarNode) and v_node.value == tag):
+                    self.fail(v_node, where, f"expected {tag!r} (the section's), got {node_kind(v_node)}")
+            elif name in given:
+                place = _place(given[name].start_mark, k_node.start_mark)
+                self.fail(k_node, where, f"also given outside the section ({place}): give it once")
+            else:
+                self.key_paths[id(k_node)] = where
+                pairs.append((k_node, v_node))
+        return pairs
 
     def _sequence(self, t: Any, node: yaml.Node, path: str) -> Any:
         if not isinstance(node, yaml.SequenceNode):
@@ -334,6 +417,7 @@ class Builder:
         fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
         values: dict[str, Any] = {}
         nodes: dict[str, yaml.Node] = {}
+        wheres: dict[str, str] = {}  # each key's path as written (see ``key_paths``)
         ok = True
         for k_node, v_node in node.value:
             if not isinstance(k_node, yaml.ScalarNode):
@@ -341,23 +425,24 @@ class Builder:
                 ok = False
                 continue
             key = _scalars.construct_object(k_node)
+            where = self.key_paths.get(id(k_node)) or _join(path, str(key))
             if key not in fields:
                 known = ", ".join(fields)
-                self.fail(k_node, _join(path, str(key)), f"unknown key (expected one of: {known})")
+                self.fail(k_node, where, f"unknown key (expected one of: {known})")
                 ok = False
                 continue
             if key in nodes:
-                self.fail(k_node, _join(path, key), "duplicate key")
+                self.fail(k_node, where, "duplicate key")
                 ok = False
                 continue
-            nodes[key] = v_node
-            value = self.build(hints[key], v_node, _join(path, key))
+            nodes[key], wheres[key] = v_node, where
+            value = self.build(hints[key], v_node, where)
             if value is _MISSING:
                 ok = False
                 continue
             kind = fields[key].metadata.get("path")
             if kind and value:
-                value = self._path(kind, value, v_node, _join(path, key))
+                value = self._path(kind, value, v_node, where)
                 ok = ok and value is not _MISSING
             values[key] = value
         for name, f in fields.items():
@@ -380,22 +465,34 @@ class Builder:
             return self.fail(node, path, f"{type(e).__name__}: {e}")
         finally:
             _collecting.errors = outer
+        # A check on a key left out blames the section it belongs to, as written.
+        base, section, _flat = self.sections.get(id(node), (path, node, node))
         for e in errors:
-            self.fail(nodes.get(e.key, node), _join(path, e.key), str(e))
+            self.fail(nodes.get(e.key, section), wheres.get(e.key) or _join(base, e.key), str(e))
         return _MISSING if errors else value
 
 
-def to_plain(value: Any) -> Any:
-    """A config dataclass as plain dicts/lists, in field order (for YAML/JSON output)."""
+def to_plain(value: Any, home: bool = False) -> Any:
+    """A config dataclass as plain dicts/lists, in field order (for YAML/JSON output).
+
+    ``home``: ``~`` in path fields expanded, as a resolved config prints them (``config
+    show``), also in the defaults, which the loader leaves as they are.
+    """
     if dataclasses.is_dataclass(value):
         # The discriminator first, so a dumped section reads as "type: ..., then its keys".
-        names = sorted((f.name for f in dataclasses.fields(value)), key=lambda n: n != "type")
-        return {n: to_plain(getattr(value, n)) for n in names}
+        fields = sorted(dataclasses.fields(value), key=lambda f: f.name != "type")
+        return {f.name: _plain_field(f, getattr(value, f.name), home) for f in fields}
     if isinstance(value, (list, tuple)):
-        return [to_plain(v) for v in value]
+        return [to_plain(v, home) for v in value]
     if isinstance(value, dict):
-        return {k: to_plain(v) for k, v in value.items()}
+        return {k: to_plain(v, home) for k, v in value.items()}
     return value
+
+
+def _plain_field(f: dataclasses.Field, value: Any, home: bool) -> Any:
+    if home and f.metadata.get("path") and isinstance(value, str) and value.startswith("~"):
+        return os.path.expanduser(value)
+    return to_plain(value, home)
 
 
 def dump(value: Any) -> str:

@@ -3,6 +3,7 @@ RTSP, GStreamer), and the settings every source has (its name and its lane's sch
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -153,3 +154,27 @@ SourceConfig = (
     | RtspSourceConfig
     | GStreamerSourceConfig
 )
+
+
+def source_from_text(text: str) -> dict[str, str]:
+    """A source section from one word on the command line (``run --source``): ``synthetic``;
+    ``rtsp://…``; a GStreamer pipeline (it has ``!``); ``/dev/...`` or ``N`` (V4L2); an
+    existing folder (images); anything else a video file (its existence is checked with the
+    rest of the config). Raises ``ValueError`` for a URL scheme no source reads."""
+    if not text:
+        raise ValueError("'': empty (a file, a folder, /dev/videoN, rtsp://..., or 'synthetic')")
+    if text == "synthetic":
+        return {"type": "synthetic"}
+    if text.startswith(("rtsp://", "rtsps://")):
+        return {"type": "rtsp", "url": text}
+    if "!" in text:
+        return {"type": "gstreamer", "pipeline": text}
+    if text.isdigit() or text.startswith("/dev/"):  # /dev/video2, udev's /dev/v4l/by-id/...
+        return {"type": "v4l2", "device": f"/dev/video{text}" if text.isdigit() else text}
+    if "://" in text:
+        raise ValueError(
+            f"{text!r}: no source reads {text.split('://')[0]}:// (rtsp:// streams, files, folders,"
+            " /dev/videoN, a GStreamer pipeline or 'synthetic')"
+        )
+    path = os.path.abspath(os.path.expanduser(text))
+    return {"type": "images" if os.path.isdir(path) else "video", "path": path}

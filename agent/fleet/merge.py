@@ -13,7 +13,7 @@ from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
 from edge_agent.core.config import AgentConfig
-from edge_agent.core.configload import is_union, lookup
+from edge_agent.core.configload import is_union, lookup, nested_sections
 
 STR_TAG = "tag:yaml.org,2002:str"
 MAP_TAG = "tag:yaml.org,2002:map"
@@ -34,6 +34,11 @@ class Merger:
             over_tag = _type_of(over)
             base_tag = _type_of(base) or _default_tag(parts)
             if over_tag is None or over_tag == base_tag:
+                # One shape for both layers, so that a later layer's key wins whichever way
+                # each wrote it (``backend.onnxruntime.x`` as `config show` prints it, or
+                # ``backend.x``).
+                base = _own_section_lifted(base, base_tag, parts)
+                over = _own_section_lifted(over, base_tag, parts)
                 pairs = list(base.value)
                 if not parts:
                     pairs = self._one_source_form(pairs, over, variable=label is None)
@@ -95,8 +100,8 @@ def _type_of(node: yaml.MappingNode) -> Any:
 
 
 @functools.cache
-def _default_tag(parts: tuple[str, ...]) -> Any:
-    """The ``type`` a section at ``parts`` has when it gives none (a union's first member)."""
+def _members(parts: tuple[str, ...]) -> tuple[type, ...]:
+    """The dataclasses a section at ``parts`` may be (a union's members, or the one)."""
     candidates: list[type] = [AgentConfig]
     for part in parts:
         hints = [typing.get_type_hints(c).get(part) for c in candidates if dataclasses.is_dataclass(c)]
@@ -104,6 +109,34 @@ def _default_tag(parts: tuple[str, ...]) -> Any:
         members = [m for h in hints for m in (typing.get_args(h) if is_union(h) else (h,))]
         candidates = [m for m in members if dataclasses.is_dataclass(m)]
         if not candidates:
-            return None
-    tag = {f.name: f for f in dataclasses.fields(candidates[0])}.get("type")
-    return None if tag is None or parts == () else tag.default
+            return ()
+    return tuple(candidates)
+
+
+@functools.cache
+def _default_tag(parts: tuple[str, ...]) -> Any:
+    """The ``type`` a section at ``parts`` has when it gives none (a union's first member)."""
+    members = _members(parts)
+    if not members or parts == ():
+        return None
+    tag = {f.name: f for f in dataclasses.fields(members[0])}.get("type")
+    return None if tag is None else tag.default
+
+
+def _own_section_lifted(node: yaml.MappingNode, tag: Any, parts: tuple[str, ...]) -> yaml.MappingNode:
+    """``node`` with the section of its own type lifted to its top level, as the loader
+    reads it (``configload.Builder._unnest``): ``{type: onnxruntime, onnxruntime: {x: 1}}``
+    is ``{type: onnxruntime, x: 1}``. Other nodes are returned as they are."""
+    members = _members(parts)
+    own = [m for m in members if getattr(m, "type", None) == tag]
+    sections = nested_sections(members)
+    if len(own) != 1 or not (sections.keys() - {f.name for f in dataclasses.fields(own[0])}):
+        return node
+    pairs: list[tuple[yaml.Node, yaml.Node]] = []
+    for k_node, v_node in node.value:
+        name = node_key(k_node)
+        if sections.get(name) is own[0] and isinstance(v_node, yaml.MappingNode):
+            pairs += [(k, v) for k, v in v_node.value if node_key(k) != "type"]
+        else:
+            pairs.append((k_node, v_node))
+    return yaml.MappingNode(node.tag, pairs, node.start_mark, node.end_mark, node.flow_style)

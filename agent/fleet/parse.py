@@ -37,6 +37,10 @@ class DeviceFacts:
     labels: dict[str, str] = field(default_factory=dict)
 
 
+#: The origin of ``device_id`` when no layer set it: the id the device was rendered as.
+DEVICE_ID_ORIGIN = "device id"
+
+
 @dataclass(frozen=True)
 class Rendered:
     """One device's effective config, and which layer set each key."""
@@ -48,7 +52,7 @@ class Rendered:
     @property
     def defaults_only(self) -> bool:
         """No config file set anything (an empty file; variables may have)."""
-        return all(o == "device id" or o.startswith(ENV_ORIGIN) for o in self.origins.values())
+        return all(o == DEVICE_ID_ORIGIN or o.startswith(ENV_ORIGIN) for o in self.origins.values())
 
 
 @dataclass

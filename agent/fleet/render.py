@@ -12,9 +12,17 @@ import yaml
 
 from edge_agent.core.config import AgentConfig
 from edge_agent.core.configload import Builder, ConfigError, Problem, compose_file, to_plain
-from edge_agent.fleet.env import env_layer, scalar_node, substitute
+from edge_agent.fleet.env import env_layer, flags_layer, scalar_node, substitute
 from edge_agent.fleet.merge import MAP_TAG, Merger
-from edge_agent.fleet.parse import DeviceFacts, FleetFile, Layer, Rendered, config_layer, read_fleet
+from edge_agent.fleet.parse import (
+    DEVICE_ID_ORIGIN,
+    DeviceFacts,
+    FleetFile,
+    Layer,
+    Rendered,
+    config_layer,
+    read_fleet,
+)
 
 
 def load_fleet(path: str) -> Fleet:
@@ -67,6 +75,7 @@ class Fleet:
         facts: DeviceFacts | None = None,
         check_files: bool = False,
         resolve_paths: bool = True,
+        flags: Mapping[str, tuple[str, object]] | None = None,
     ) -> Rendered:
         """The effective config of ``device_id``; raises ``ConfigError`` with every problem.
 
@@ -74,7 +83,7 @@ class Fleet:
         device that runs it; a fleet validated elsewhere names the devices' paths).
         """
         layers = self.layers(device_id, facts)
-        return _render_local(self.path, device_id, layers, overlay, env, check_files, resolve_paths)
+        return _render_local(self.path, device_id, layers, overlay, env, check_files, resolve_paths, flags)
 
 
 def _render_local(
@@ -85,15 +94,17 @@ def _render_local(
     env: Mapping[str, str] | None,
     check_files: bool,
     resolve_paths: bool = True,
+    flags: Mapping[str, tuple[str, object]] | None = None,
 ) -> Rendered:
-    """``layers``, then this device's own: the overlay file and the environment."""
+    """``layers``, then this device's own: the overlay file, the environment, the flags."""
     env = os.environ if env is None else env
     problems: list[Problem] = []
     if overlay is not None:
         layer = config_layer("overlay", compose_file(overlay), problems)
         layers = [*layers, layer] if layer else layers
     env_node = env_layer(env, problems)
-    return _render(file, device_id, layers, env, env_node, problems, check_files, resolve_paths)
+    flag_node = flags_layer(flags) if flags else None
+    return _render(file, device_id, layers, env, env_node, problems, check_files, resolve_paths, flag_node)
 
 
 def is_fleet(path: str) -> bool:
@@ -116,11 +127,13 @@ def load_effective(
     env: Mapping[str, str] | None = None,
     check_files: bool = False,
     resolve_paths: bool = True,
+    flags: Mapping[str, tuple[str, object]] | None = None,
 ) -> Rendered:
     """The config this device runs: the embedded default (``path`` None), a plain config
     file, or device ``device`` (default: this host's name) of a fleet; then the local
-    overlay file and the ``EDGE_AGENT__`` environment variables, by the same rules
-    everywhere. A plain file is one layer; ``${VAR}`` works in it as in a fleet's.
+    overlay file, the ``EDGE_AGENT__`` environment variables and the command line's
+    ``flags`` (see ``env.flags_layer``), by the same rules everywhere. A plain file is one
+    layer; ``${VAR}`` works in it as in a fleet's.
 
     Raises ``ConfigError`` naming the file, line and key path (or the variable) of every
     problem; ``check_files``: also of every input file or folder that does not exist.
@@ -130,14 +143,16 @@ def load_effective(
     node = None  # the plain file, composed once
     if path is not None and (os.path.isdir(path) or _fleet_shaped(node := compose_file(path))):
         return load_fleet(path).render(
-            device or host, overlay, env, check_files=check_files, resolve_paths=resolve_paths
+            device or host, overlay, env, check_files=check_files, resolve_paths=resolve_paths, flags=flags
         )
     problems: list[Problem] = []
     layer = config_layer("file", node, problems)
     if problems:
         raise ConfigError(problems)
     layers = [layer] if layer else []
-    return _render_local(path or "<default config>", host, layers, overlay, env, check_files, resolve_paths)
+    return _render_local(
+        path or "<default config>", host, layers, overlay, env, check_files, resolve_paths, flags
+    )
 
 
 def _render(
@@ -149,12 +164,13 @@ def _render(
     problems: list[Problem],
     check_files: bool = False,
     resolve_paths: bool = True,
+    flag_node: yaml.MappingNode | None = None,
 ) -> Rendered:
     merger = Merger()
     id_mark = yaml.Mark("<device id>", 0, -1, -1, None, None)
     pair = (scalar_node("device_id", id_mark), scalar_node(device_id, id_mark))
     root = yaml.MappingNode(MAP_TAG, [pair], id_mark, id_mark)
-    merger.origins["device_id"] = "device id"
+    merger.origins["device_id"] = DEVICE_ID_ORIGIN
     for layer in layers:
         if layer.node is None:
             continue
@@ -162,6 +178,8 @@ def _render(
         root = merger.merge(root, node, (), layer.label)
     if env_node is not None:
         root = merger.merge(root, env_node, (), None)
+    if flag_node is not None:
+        root = merger.merge(root, flag_node, (), "command line")
     builder = Builder(file, resolve_paths=resolve_paths, check_files=check_files)
     config = builder.build(AgentConfig, root, "")
     reported = {(p.file, p.line, p.column) for p in problems}

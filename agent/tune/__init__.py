@@ -11,6 +11,12 @@ once and played, looped, as a camera at the camera rate (the same ``MemorySource
 plays: no decoding during a measurement); else (a synthetic or a live camera) the
 synthetic camera.
 
+A change must be worth it: the best candidate replaces the config as given only if it beats
+it by more than the noise measured on this machine (the spread between the config's two
+runs, one before the sweep and one after, and between the thirds of each measured window)
+and by ``min_gain``; otherwise the config stays, and the report gives the figures (see
+``noise``).
+
 The search is cheap first: a candidate whose model alone (pure inference p50) cannot fit
 the budget is pruned without a pipeline run; a pipeline run stops early once its running
 median is past the budget. Accuracy is judged by agreement, so it works for any model:

@@ -69,6 +69,9 @@ class Candidate:
     judged: str = ""  # how the agreement was had, when it was not scored on its own
     sources: list[dict[str, Any]] = field(default_factory=list)  # what it was measured on
     samples_ms: list[float] = field(default_factory=list)  # for the chart (bounded)
+    # The measured window in equal parts, each's p99 (ms) and fps: the within-run noise.
+    rounds: list[dict[str, float]] = field(default_factory=list)
+    again: Candidate | None = None  # the same config measured once more, for the noise (see noise)
 
 
 def with_ort(base: AgentConfig, ort: OnnxRuntimeConfig) -> AgentConfig:

@@ -14,6 +14,7 @@ from edge_agent.core.config import AgentConfig
 from edge_agent.core.latency import LatencyHistogram
 from edge_agent.core.stages import STAGES
 from edge_agent.tune.candidates import Candidate, TuneSettings
+from edge_agent.tune.noise import ROUNDS
 from edge_agent.tune.workload import Workload, measured_config
 
 log = logging.getLogger(__name__)
@@ -50,10 +51,17 @@ def measure(c: Candidate, s: TuneSettings, work: Workload, best_p99: float | Non
         t0, start_published = time.monotonic(), pipeline.published()
         window = LatencyHistogram()
         stats_total_before = _combined([x.stats.total for x in lanes]).counts
+        # Where the current round began: (time, histogram counts, frames published).
+        mark = (t0, stats_total_before, start_published)
         while time.monotonic() - t0 < s.window_s:
             time.sleep(0.1)
-            window.counts[:] = _combined([x.stats.total for x in lanes]).counts - stats_total_before
+            total = _combined([x.stats.total for x in lanes])
+            window.counts[:] = total.counts - stats_total_before
             window.count = int(window.counts.sum())
+            now = time.monotonic()
+            if now - mark[0] >= s.window_s / ROUNDS and len(c.rounds) < ROUNDS - 1:
+                c.rounds.append(_round(total, mark, now, pipeline.published()))
+                mark = (now, total.counts, pipeline.published())
             median = window.percentile_ms(50) if window.count >= 20 else 0.0
             if median > s.budget_ms:
                 c.status, c.reason = "early stop", f"running median {median:.1f} ms > budget"
@@ -67,6 +75,9 @@ def measure(c: Candidate, s: TuneSettings, work: Workload, best_p99: float | Non
                 break
         elapsed = time.monotonic() - t0
         c.fps = (pipeline.published() - start_published) / elapsed if elapsed > 0 else 0.0
+        if c.status == "pending":  # the last round ends with the window (not at an early stop)
+            total = _combined([x.stats.total for x in lanes])
+            c.rounds.append(_round(total, mark, time.monotonic(), pipeline.published()))
         window.max_ns = max(x.stats.total.max_ns for x in lanes)
         c.e2e = {
             "p50": round(window.percentile_ms(50), 3),
@@ -84,6 +95,21 @@ def measure(c: Candidate, s: TuneSettings, work: Workload, best_p99: float | Non
         c.status = "over budget" if c.e2e["p99"] > limit else "feasible"
         if c.status == "over budget":
             c.reason = f"p99 {c.e2e['p99']:.1f} ms > {limit:.1f} ms (budget {s.budget_ms:g} - {s.margin:.0%})"
+
+
+def _round(total: LatencyHistogram, mark: tuple[float, np.ndarray, int], now: float, published: int) -> dict:
+    """One round's figures: the frames that ended since ``mark`` (its time, the histogram's
+    counts and the frames published then)."""
+    t, counts, before = mark
+    part = LatencyHistogram()
+    part.counts[:] = total.counts - counts
+    part.count = int(part.counts.sum())
+    part.max_ns = total.max_ns  # an upper bound: a percentile reads its bucket's edge below it
+    return {
+        "p99": round(part.percentile_ms(99), 3),
+        "fps": round((published - before) / (now - t), 2) if now > t else 0.0,
+        "frames": part.count,
+    }
 
 
 def _quantiles(h: LatencyHistogram) -> list[float]:

@@ -45,8 +45,9 @@ def write_outputs(
     took_s: float,
     notes: dict[str, str] | None = None,
 ) -> dict[str, Path]:
-    """``notes``: ``measured`` (the frames measured on) and ``judged`` (how accuracy was
-    judged), in words, for the report."""
+    """``notes``: ``measured`` (the frames measured on), ``judged`` (how accuracy was
+    judged) and ``decision`` (the best candidate against the current config, with the
+    noise), in words, for the report."""
     out.mkdir(parents=True, exist_ok=True)
     host = socket.gethostname()
     model = base.model.path or "bundled shapes-det"
@@ -96,21 +97,24 @@ def report_markdown(
         lines += [f"Measured on {notes['measured']}.", ""]
     if notes.get("judged"):
         lines += [f"Accuracy: {notes['judged']}.", ""]
+    lines += [f"**Chosen: {chosen.name}**" if chosen else f"**{no_choice(grid, s.budget_ms)}.**", ""]
+    if notes.get("decision"):  # the best one against the current config, and the noise
+        lines += [f"{notes['decision'][0].upper()}{notes['decision'][1:]}.", ""]
     lines += [
-        f"**Chosen: {chosen.name}**" if chosen else f"**{no_choice(grid, s.budget_ms)}.**",
-        "",
         "| candidate | result | inference p50 ms | e2e p50 ms | e2e p99 ms | max ms | fps | power mW "
         "| agreement | note |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for c in grid:
+    for c in rows(grid):
         e = c.e2e
+        # The kept current config's reason is the decision, already written out above.
+        reason = "kept: see above" if c.reason and c.reason == notes.get("decision") else c.reason
         lines.append(
             f"| {c.name} | {c.status} | {c.pure_p50_ms:.2f} | {e.get('p50', float('nan')):.2f} | "
             f"{e.get('p99', float('nan')):.2f} | {e.get('max', float('nan')):.2f} | {c.fps:.1f} | "
             f"{c.power_mw if c.power_mw is not None else '-'} | "
             f"{f'{c.agreement:.3f}' if c.agreement is not None else '-'} | "
-            f"{'; '.join(x for x in (c.reason, c.judged) if x)} |"
+            f"{'; '.join(x for x in (reason, c.judged) if x)} |"
         )
     if chosen is not None:
         lines += [
@@ -126,7 +130,7 @@ def write_chart(grid: list[Candidate], budget_ms: float, path: Path) -> None:
     """Latency distribution per candidate (p1–p99 bar, p25–p75 box, p50 tick) against the
     budget, drawn with OpenCV (no plotting dependency); a second panel plots latency
     against power where telemetry measured it."""
-    measured = [c for c in grid if c.samples_ms]
+    measured = [c for c in rows(grid) if c.samples_ms]
     row_h, left, width = 26, 260, 900
     height = 60 + row_h * max(len(measured), 1) + 40
     powered = [c for c in measured if c.power_mw]
@@ -140,7 +144,7 @@ def write_chart(grid: list[Candidate], budget_ms: float, path: Path) -> None:
     for i, c in enumerate(measured):
         y = 50 + i * row_h
         q = dict(zip((1, 5, 10, 25, 50, 75, 90, 95, 99), c.samples_ms))
-        color = (40, 160, 40) if c.status in ("chosen", "feasible") else (60, 60, 200)
+        color = (40, 160, 40) if c.status in ("chosen", "feasible", "measured again") else (60, 60, 200)
         cv2.putText(img, c.name[:34], (10, y + 5), font, 0.42, (0, 0, 0), 1)
         cv2.line(img, (x_of(q[1]), y), (x_of(q[99]), y), color, 2)
         cv2.rectangle(img, (x_of(q[25]), y - 7), (x_of(q[75]), y + 7), color, -1)
@@ -166,6 +170,11 @@ def write_chart(grid: list[Candidate], budget_ms: float, path: Path) -> None:
             cv2.putText(img, c.name[:20], (x + 6, y), font, 0.35, (0, 0, 0), 1)
     if not cv2.imwrite(str(path), img):
         raise OSError(f"cannot write {path}")
+
+
+def rows(grid: list[Candidate]) -> list[Candidate]:
+    """The candidates, each followed by its second measurement where it had one."""
+    return [x for c in grid for x in (c, c.again) if x is not None]
 
 
 def no_choice(grid: list[Candidate], budget_ms: float | None = None) -> str:

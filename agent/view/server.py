@@ -31,7 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 import cv2
 
 from edge_agent.core.config import ViewConfig
-from edge_agent.pipelines.publish import is_loopback
+from edge_agent.core.exposure import on_loopback
 from edge_agent.pipelines.view_tap import ViewFrame, ViewTap
 from edge_agent.view.annotate import annotate
 from edge_agent.view.page import page
@@ -110,7 +110,7 @@ class ViewServer:
         ]
         for t in self._threads:
             t.start()
-        if not is_loopback(f"tcp://{host}:{port}"):
+        if not on_loopback(host):
             log.warning(
                 "live view on %s: anyone who reaches the port sees the cameras%s",
                 self.url,

@@ -1,6 +1,6 @@
 """TensorRT backend: cached FP16/INT8 engines, per-slot CUDA streams, device preprocessing.
 
-Written against TensorRT 10.x and pycuda (JetPack 6); see the README's Jetson section for
+Written against TensorRT 10.x and pycuda (JetPack 6); see docs/jetson.md for
 every API call and its source. Not run on hardware by us: ``edge-agent selftest`` on a
 Jetson is what verifies it.
 

@@ -1,7 +1,7 @@
 """Building TensorRT engines: the model from its ONNX, and the small preprocessing network.
 
 Written against the TensorRT 10.x Python API (JetPack 6 ships 10.3); every call is
-listed with its documentation in the README's Jetson section. ``trt`` is passed in as a
+listed with its documentation in docs/jetson.md. ``trt`` is passed in as a
 module so this code never imports TensorRT itself: on a Jetson it is the real
 ``tensorrt``, in the tests a fake that records the calls.
 

@@ -114,7 +114,7 @@ def test_relative_paths_resolve_against_the_config_file_not_the_working_dir(tmp_
     assert f"  path: {tmp_path / 'site' / 'models' / 'det.onnx'}" in shown.stdout.splitlines()
     assert f"  state_file: {conf / 'state' / 'power.json'}" in shown.stdout.splitlines()
     home = os.path.expanduser("~")
-    assert f"  cache_dir: {home}/engines" in shown.stdout.splitlines(), "~ is the home folder"
+    assert f"    cache_dir: {home}/engines" in shown.stdout.splitlines(), "~ is the home folder"
     ok = cli("config", "validate", str(conf / "agent.yaml"), cwd=elsewhere)
     assert ok.returncode == 0, ok.stderr
 

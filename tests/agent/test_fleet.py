@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -15,7 +17,7 @@ from edge_agent.core.configload import ConfigError, Problem
 from edge_agent.core.source_config import RtspSourceConfig, SyntheticSourceConfig, VideoSourceConfig
 from edge_agent.fleet.diff import diff_configs
 from edge_agent.fleet.parse import DeviceFacts
-from edge_agent.fleet.render import load_fleet, validate_fleet
+from edge_agent.fleet.render import load_effective, load_fleet, validate_fleet
 
 
 def doc(text: str) -> str:
@@ -613,6 +615,123 @@ def test_diff_configs_small():
         "source.fps: 30 -> 15",
         "x: [1, 2] -> [1]",
     ]
+
+
+def config_diff(a: Path | str, b: Path | str, *device: str) -> list[str]:
+    args = ["config", "diff", str(a), str(b), *(["--device", *device] if device else [])]
+    r = subprocess.run(
+        [sys.executable, "-m", "edge_agent", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert r.returncode == 0, r.stderr
+    return r.stdout.splitlines()
+
+
+DIFF_FLEET = """
+    defaults:
+      source: {type: synthetic, fps: 15}
+    groups:
+      - name: cpu
+        match: {module: x86}
+        config:
+          backend:
+            type: onnxruntime
+            onnxruntime: {allow_spinning: false}
+    devices:
+      cam-001: {module: x86}
+    """
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "{type: onnxruntime, allow_spinning: false}",  # flat, the fleet nested
+        "{type: onnxruntime, onnxruntime: {allow_spinning: false}}",
+    ],
+)
+def test_diff_of_a_file_and_a_fleet_device_with_the_same_config_is_empty(tmp_path, backend):
+    """Both sides in one shape, the file rendered as the device: nothing but differences."""
+    fleet = write(tmp_path, DIFF_FLEET)
+    single = write(tmp_path, f"source: {{type: synthetic, fps: 15}}\nbackend: {backend}\n", "agent.yaml")
+    assert config_diff(single, fleet, "cam-001") == ["no differences"]
+    assert config_diff(fleet, single, "cam-001") == ["no differences"]
+
+
+def test_diff_shows_one_changed_key_as_that_key(tmp_path):
+    fleet = write(tmp_path, DIFF_FLEET)
+    single = write(tmp_path, "source: {fps: 15}\nbackend: {type: onnxruntime}\n", "agent.yaml")
+    assert config_diff(single, fleet, "cam-001") == ["backend.onnxruntime.allow_spinning: true -> false"]
+    auto = write(
+        tmp_path, "source: {fps: 15}\nbackend: {onnxruntime: {allow_spinning: false}}\n", "auto.yaml"
+    )
+    lines = config_diff(auto, fleet, "cam-001")
+    assert "backend.type: auto -> onnxruntime" in lines
+    assert all(
+        line.startswith("- backend.tensorrt.")
+        for line in lines
+        if line != "backend.type: auto -> onnxruntime"
+    )
+
+
+def test_diff_keeps_an_id_the_file_sets(tmp_path):
+    fleet = write(tmp_path, DIFF_FLEET)
+    single = write(
+        tmp_path,
+        "device_id: bench-1\nsource: {fps: 15}\nbackend: {type: onnxruntime, allow_spinning: false}\n",
+        "agent.yaml",
+    )
+    assert config_diff(single, fleet, "cam-001") == ["device_id: bench-1 -> cam-001"]
+
+
+# -- the backend's shapes across layers --------------------------------------------------------
+
+
+def test_the_later_layer_wins_whichever_shape_each_wrote_the_backend_in(tmp_path):
+    """`config show` prints ``backend.onnxruntime.x``; a layer may write ``backend.x``: one
+    key either way, and the later layer's value wins (a rendered config with a flat
+    variable over it, a nested default with a flat group)."""
+    path = write(
+        tmp_path,
+        """
+        defaults:
+          backend: {type: onnxruntime, onnxruntime: {intra_op_threads: 2, inter_op_threads: 2}}
+        devices:
+          a:
+            config:
+              backend: {onnxruntime: {inter_op_threads: 3}}
+          b:
+            config:
+              backend: {intra_op_threads: 4}
+        """,
+    )
+    fleet = load_fleet(path)
+    assert fleet.render("a", env={}).config.backend == OnnxRuntimeConfig(
+        intra_op_threads=2, inter_op_threads=3
+    )
+    assert fleet.render("b", env={}).config.backend == OnnxRuntimeConfig(
+        intra_op_threads=4, inter_op_threads=2
+    )
+    env = {"EDGE_AGENT__BACKEND__INTRA_OP_THREADS": "5"}
+    assert fleet.render("a", env=env).config.backend == OnnxRuntimeConfig(
+        intra_op_threads=5, inter_op_threads=3
+    )
+
+
+def test_one_layer_giving_a_backend_key_both_ways_is_refused(tmp_path):
+    path = write(
+        tmp_path,
+        "backend: {type: onnxruntime, intra_op_threads: 2, onnxruntime: {intra_op_threads: 4}}\n",
+        "agent.yaml",
+    )
+    with pytest.raises(ConfigError) as e:
+        load_effective(path, env={})
+    [p] = e.value.problems
+    assert p.path == "backend.onnxruntime.intra_op_threads" and "give it once" in p.message, p
+
+
+def test_a_variable_sets_a_nested_key_of_a_single_type(fleet_path, tmp_path):
+    path = write(tmp_path, "backend: {type: onnxruntime}\n", "agent.yaml")
+    env = {"EDGE_AGENT__BACKEND__ONNXRUNTIME__ALLOW_SPINNING": "false"}
+    assert load_effective(path, env=env).config.backend == OnnxRuntimeConfig(allow_spinning=False)
 
 
 def test_rendered_config_types(fleet):

@@ -4,6 +4,7 @@ read off a socket, and the page rendered by a real headless Chromium."""
 from __future__ import annotations
 
 import itertools
+import os
 import shutil
 import socket
 import subprocess
@@ -87,6 +88,45 @@ def test_boxes_are_drawn_where_the_detections_are():
     assert colour(1) != colour(3) and colour(len(PALETTE) + 1) == colour(1)
 
 
+def label_and_stamp(image: np.ndarray, box: tuple[int, int, int, int], cls: int) -> tuple[tuple, tuple]:
+    """The rectangles (x1, y1, x2, y2, inclusive) of a box's filled label and of the stamp,
+    read off the annotated image: the label is its class colour where the box's outline is
+    not, the stamp is the black in the top-left corner (the image itself is grey)."""
+    x1, y1, x2, y2 = box
+    fill = (image == np.array(colour(cls))).all(axis=2)
+    outline = np.zeros_like(fill)
+    outline[y1 : y2 + 1, x1 : x2 + 1] = True
+    outline[y1 + 2 : y2 - 1, x1 + 2 : x2 - 1] = False  # the outline is 1 px here (thick 1)
+    ys, xs = np.nonzero(fill & ~outline)
+    assert len(ys), f"no label of class {cls} to be seen"
+    dark = (image == 0).all(axis=2)
+    dark[:, image.shape[1] // 2 :] = False
+    sy, sx = np.nonzero(dark)
+    return (xs.min(), ys.min(), xs.max(), ys.max()), (sx.min(), sy.min(), sx.max(), sy.max())
+
+
+@pytest.mark.parametrize(
+    "box",
+    [(0, 0, 120, 90), (60, 10, 200, 150), (30, 30, 100, 100), (240, 5, 319, 60), (200, 80, 300, 200)],
+    ids=["corner", "under-the-stamp", "just-below-the-stamp", "right-of-the-stamp", "clear"],
+)
+def test_a_label_never_sits_under_the_frame_stamp(box):
+    image = np.full((240, 320, 3), 128, np.uint8)
+    f = ViewFrame(1)
+    f.det_xyxy[0], f.det_class[0], f.det_score[0] = box, 0, 0.9
+    f.det_count, f.labels, f.frame_id, f.e2e_ms = 1, ["person"], 123456, 48.3
+    annotate(image, f)
+    label, stamp = label_and_stamp(image, box, 0)
+    (lx1, ly1, lx2, ly2), (sx1, sy1, sx2, sy2) = label, stamp
+    assert lx2 < sx1 or lx1 > sx2 or ly2 < sy1 or ly1 > sy2, ("they overlap", label, stamp)
+    assert ly2 - ly1 >= 14 and lx2 - lx1 >= 40, "the whole label shows"
+    assert (image[ly1 : ly2 + 1, lx1 : lx2 + 1] == 255).all(axis=2).any(), "with its text"
+    # At its box's left edge (the outline there is not counted as label), or at the image's right.
+    assert 0 <= lx1 - box[0] <= 2 or lx2 == 319, (lx1, lx2, box)
+    if box[1] - (ly2 - ly1 + 1) > sy2:  # room above the box, clear of the stamp: the label sits there
+        assert ly2 == box[1] - 1 or ly2 == box[1], (ly2, box)
+
+
 def test_the_frame_path_does_nothing_while_nobody_watches_and_mjpeg_flows_at_the_view_fps(const_model):
     port = free_port()
     with started(config(const_model, port)) as agent:
@@ -147,8 +187,9 @@ def test_a_connection_that_sends_nothing_is_closed(const_model):
 
 
 def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert found, "the live view's browser test needs Chromium (apt-get install chromium; .ci/run does)"
+    # CHROMIUM: a browser of the user's own (docs/testing.md: Ubuntu's is a snap).
+    found = os.environ.get("CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    assert found, "the live view's browser test needs Chromium (tools/test.sh installs it)"
     return found
 
 
@@ -249,3 +290,72 @@ def test_a_reload_that_raises_max_detections_grows_the_tap():
     tap.grow(16)
     into = ViewFrame(16)
     assert tap.max_det == 16 and tap.take(into, -1) == 0
+
+
+# -- the page's figures and chart, with a known heartbeat ---------------------------------------
+
+#: What /api/health answers in the tests below: 82 frames missed since start (80 late, 2
+#: dropped as stale), and 80 % of the 60 frames that ended in the miss window.
+KNOWN_BEAT = {
+    "fps": 29.5,
+    "counts": {"late": 80, "dropped_by_reason": {"stale": 2}},
+    "miss_rate": 0.8,
+    "miss_window_frames": 60,
+    "latency_ms": {"window": {"count": 30, "p50": 20.0, "p99": 40.0}},
+    "ladder": {"name": "full"},
+    "deadline": {"budget_ms": 50.0},
+}
+
+
+def canvas_box(img: np.ndarray) -> tuple[int, int, int, int]:
+    """(x0, y0, x1, y1) of the chart in a screenshot: the one area of its background colour."""
+    bg = (np.abs(img.astype(int) - 0x1B).max(axis=2) <= 1).astype(np.uint8)
+    _, _, boxes, _ = cv2.connectedComponentsWithStats(bg)
+    x, y, w, h, _ = max(boxes[1:], key=lambda b: b[4])
+    return x, y, x + w, y + h
+
+
+def test_the_chart_has_axes_and_a_legend_and_the_misses_are_named_in_a_real_browser(const_model, tmp_path):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    with started(config(const_model, port)) as agent:
+        agent.view.heartbeats = lambda: {"cam0": KNOWN_BEAT}  # the page's input, fixed
+        dom = run_process(_browser(tmp_path / "a", "--dump-dom", url), 90).stdout
+        shot = tmp_path / "page.png"
+        out = run_process(_browser(tmp_path / "b", "--window-size=900,800", f"--screenshot={shot}", url), 90)
+        assert shot.is_file(), out.stderr[-2000:]
+    # The misses: a rate over the window and a count since start, side by side, each named.
+    stats = dom[dom.index('id="stats-cam0"') :].split("</div>")[0]
+    assert "missed 80.0 % of the last 60 frames | missed 82 since start |" in stats, stats
+    # The legend says which line is which, and the budget line's value.
+    legend = dom[dom.index('id="legend-cam0"') :].split("</div>")[0]
+    assert "p50 end-to-end latency" in legend and "p99 end-to-end latency" in legend, legend
+    assert "budget 50 ms" in legend and "hidden" not in legend, legend
+    label = dom[dom.index('id="chart-cam0"') :].split(">")[0]
+    assert "p50 and p99 in ms (0 to 75) against seconds ago (60 to 0), budget 50 ms dashed" in label, label
+
+    from edge_agent.view.page import PAD, SERIES
+
+    img = cv2.imread(str(shot))
+    x0, y0, x1, y1 = canvas_box(img)
+    assert (x1 - x0, y1 - y0) == (480, 150), (x0, y0, x1, y1)
+    chart = img[y0:y1, x0:x1].astype(int)
+
+    def light_text(region: np.ndarray) -> int:  # the axes' tick labels and titles: light grey
+        return int(((region.min(axis=2) > 150) & (np.ptp(region, axis=2) < 16)).sum())
+
+    assert light_text(chart[:, : PAD["left"] - 4]) > 100, "the y axis's ticks and title (ms)"
+    assert light_text(chart[-PAD["bottom"] + 3 :, PAD["left"] :]) > 100, "the x axis's ticks and title"
+
+    def rows_of(region: np.ndarray, colour: str) -> np.ndarray:
+        bgr = np.array([int(colour[i : i + 2], 16) for i in (5, 3, 1)])
+        return np.nonzero((np.abs(region - bgr).max(axis=2) <= 30).sum(axis=1) >= 3)[0]
+
+    (p50, c50), (p99, c99) = SERIES
+    assert (p50, p99) == ("p50", "p99")
+    low, high = rows_of(chart, c50), rows_of(chart, c99)
+    # The legend's colours are the lines': p50's line (20 ms) below p99's (40 ms), in the plot.
+    assert len(low) and len(high) and low.min() > high.max(), (low, high)
+    assert high.min() >= PAD["top"] and low.max() < 150 - PAD["bottom"], (low, high)
+    under = img[y1 : y1 + 40, x0:x1].astype(int)
+    assert len(rows_of(under, c50)) and len(rows_of(under, c99)), "the legend's keys under the chart"

@@ -9,6 +9,7 @@ each frame's result is known exactly and a batch mix-up shows.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -538,3 +539,22 @@ def test_models_check_refuses_a_segmentation_export_with_exit_2(tmp_path):
     r = run_process(agent_command("models", "check", path), 120)
     assert r.returncode == 2
     assert "refused:" in r.stdout and "a segmentation model" in r.stdout
+
+
+def test_models_check_says_whether_the_model_fits_the_deadline(tmp_path):
+    """The same verdict ``run`` logs at start: fits the config's budget, or the figures and
+    the choices when it cannot (here a budget far below any inference)."""
+    path = brightness_detector(
+        str(tmp_path / "yolo26.onnx"), {"output0": still(E2E)}, metadata={**META, "end2end": "True"}
+    )
+    env = {**os.environ, "EDGE_AGENT__DEADLINE__BUDGET_MS": "0.001"}
+    tight = run_process(agent_command("models", "check", path, "--frames", "3"), 120, env=env)
+    assert tight.returncode == 0, tight.stderr
+    line = next(ln for ln in tight.stdout.splitlines() if ln.startswith("deadline"))
+    assert "this model: inference takes" in line and "over the 0.001 ms budget" in line, line
+    assert "--budget-ms" in line and "deadline.ladder" in line
+    assert tight.stdout.rstrip().endswith("runs this model, but not within the deadline (above)")
+    roomy = run_process(agent_command("models", "check", path, "--frames", "3"), 120)
+    said = [ln.split(None, 1) for ln in roomy.stdout.splitlines()]
+    assert ["deadline", "fits the 50 ms budget"] in said, roomy.stdout
+    assert roomy.stdout.rstrip().endswith("ok: the agent runs this model")

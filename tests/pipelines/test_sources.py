@@ -362,8 +362,12 @@ class FakeStalledCapture:
 
     def read(self, image=None):
         if self.left > 0:
+            # A driver's read returns at the camera's rate (50 fps here), each picture a new
+            # one: a fake that returned at once, forever, would hog the reader's lock (seen
+            # on Python 3.12) and its identical frames would count as a frozen camera.
+            time.sleep(0.02)
             self.left -= 1
-            return True, np.zeros((48, 64, 3), np.uint8)
+            return True, np.full((48, 64, 3), self.left % 256, np.uint8)
         self.unblock.wait(10)
         return False, None
 

@@ -1,7 +1,7 @@
 """#22: what would crash, corrupt memory or mislead on a Jetson, each against the strict fakes.
 
 Every test here failed before the fix it names (the strict fakes catch what the real
-TensorRT and pycuda would do); the note in the README lists the source each relies on.
+TensorRT and pycuda would do); docs/jetson.md lists the source each relies on.
 """
 
 from __future__ import annotations
