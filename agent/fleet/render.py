@@ -12,7 +12,8 @@ import yaml
 
 from edge_agent.core.config import AgentConfig
 from edge_agent.core.configload import Builder, ConfigError, Problem, compose_file, to_plain
-from edge_agent.fleet.env import env_layer, flags_layer, scalar_node, substitute
+from edge_agent.fleet.env import env_layer, scalar_node, substitute
+from edge_agent.fleet.flags import flags_layer
 from edge_agent.fleet.merge import MAP_TAG, Merger
 from edge_agent.fleet.parse import (
     DEVICE_ID_ORIGIN,
