@@ -91,7 +91,11 @@ def measure(c: Candidate, s: TuneSettings, work: Workload, best_p99: float | Non
         c.samples_ms = _quantiles(window)
         if agent.power is not None and agent.power.latest is not None and agent.power.latest.total_mw:
             c.power_mw = agent.power.latest.total_mw
-    if c.status == "pending":
+    if c.status == "pending" and not window.count:
+        # Every frame dropped (stale, under a budget the model cannot hold): its p99 of 0
+        # would otherwise read as the best candidate of all.
+        c.status, c.reason = "over budget", "no frame published in the window (all dropped)"
+    elif c.status == "pending":
         c.status = "over budget" if c.e2e["p99"] > limit else "feasible"
         if c.status == "over budget":
             c.reason = f"p99 {c.e2e['p99']:.1f} ms > {limit:.1f} ms (budget {s.budget_ms:g} - {s.margin:.0%})"

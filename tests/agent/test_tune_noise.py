@@ -184,3 +184,19 @@ def test_a_clearly_faster_candidate_is_taken_on_real_measurements(tmp_path, cons
     assert "**Chosen: no delay**\n\nChanged: no delay measured p99 " in report, report
     assert f"(2 runs: {current.e2e['p99']:.2f} and {repeat.e2e['p99']:.2f} ms)" in report, report
     assert "| current, measured again | measured again |" in report, "the repeat has its row"
+
+
+def test_a_candidate_that_published_nothing_is_over_budget_not_the_fastest(const_model, monkeypatch):
+    """A camera gone after its first frame: nothing is measured in the window, and a p99 of
+    0 must not read as the best candidate (it once did: a current config whose repeat run,
+    under a budget its model could not hold, had every frame dropped as stale was kept)."""
+    monkeypatch.setenv("EDGE_AGENT_FAULTS", "1")
+    cfg = AgentConfig(
+        source=SyntheticSourceConfig(fps=30),
+        model=ModelConfig(path=str(const_model)),
+        faults=FaultsConfig(source_outage_after_frames=1, source_outage_s=600.0),
+    )
+    s = TuneSettings(budget_ms=200.0, quick=True, runtime_axes=False, margin=0.0, measure_s=1.0)
+    c = Candidate("current", cfg)
+    measure(c, s, make_workload(cfg, s), None)
+    assert (c.status, c.reason) == ("over budget", "no frame published in the window (all dropped)"), c.e2e
