@@ -130,6 +130,26 @@ def usage_error(timeout_s: float, max_miss_rate: float, min_frames: int) -> str:
     return ""
 
 
+def endpoint_error(endpoint: str) -> str:
+    """What is wrong with a stream address to connect to ("" if nothing): ZeroMQ refuses a
+    malformed one with a bare "Invalid argument" (a traceback), and port 99999 without a word."""
+    scheme, sep, rest = endpoint.partition("://")
+    if not sep or scheme not in ("tcp", "ipc"):
+        return f"{short(endpoint)}: expected a ZeroMQ address, tcp://HOST:PORT or ipc://PATH"
+    if scheme == "ipc":
+        return "" if rest else f"{short(endpoint)}: expected ipc://PATH, got no path"
+    host, colon, port = rest.rpartition(":")
+    if not (colon and host and port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
+        return f"{short(endpoint)}: expected tcp://HOST:PORT, a port within 1..65535"
+    return ""
+
+
+def short(text: str, limit: int = 80) -> str:
+    """``text`` for a message: printable, and cut to ``limit`` characters."""
+    text = text.encode("unicode_escape").decode("ascii")
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def counts_line(counts: dict[str, Any]) -> str:
     """A verdict's counts in words: ``on time 101, late 2, dropped 3 (stale 2, overrun 1)``."""
     reasons = ", ".join(f"{r} {n}" for r, n in counts["dropped_by_reason"].items())
@@ -295,8 +315,17 @@ def check(
 ) -> Verdict:
     """Listen for heartbeats for up to ``timeout_s`` (finite) and judge every source as
     ``Judge`` does, on at least ``min_frames`` frames each (``more_frames``: how the caller
-    gets more of them, for a verdict that had too few)."""
-    sock = client.connect(client.stream_endpoint(endpoint), ("health",), server_key, client_cert)
+    gets more of them, for a verdict that had too few). An address that cannot be
+    connected to (``endpoint_error``), or CURVE keys that cannot be used, raise ValueError."""
+    problem = endpoint_error(endpoint)
+    if problem:
+        raise ValueError(problem)
+    try:
+        sock = client.connect(client.stream_endpoint(endpoint), ("health",), server_key, client_cert)
+    except zmq.ZMQError as e:  # an address that passed the check above, refused all the same
+        raise ValueError(
+            f"{short(endpoint)}: ZeroMQ cannot connect to it ({zmq.strerror(e.errno)})"
+        ) from None
     end = time.monotonic() + timeout_s
     judge_ = Judge(max_miss_rate, expect_hash, min_frames, wait, more_frames)
     try:

@@ -5,9 +5,13 @@ the client likes, a thread and a file descriptor each, with no read timeout, so 
 half-open connections (a port scanner, a TLS hello, an HTTP/0.9 line) could use up the
 process's descriptors and starve scrapes, the result stream and reloads. This one is one
 thread over non-blocking sockets with a cap on connections (the oldest idle one makes
-room for a new one), a deadline for the request head, a size limit on it, a deadline for
-taking the response, and ``Connection: close`` on every answer. It serves ``GET`` and
-``HEAD`` of one path and has no authentication.
+room for a new one), a deadline for the whole request head (not per read: a client
+trickling a byte at a time is cut off all the same), a size limit on it, a deadline for
+taking each response or part, and ``Connection: close`` on every answer. It serves ``GET``
+and ``HEAD``: of one path (``render``), or of whatever ``handle`` answers (the live view:
+pages, JSON, answers that wait for a frame, MJPEG streams), and has no authentication of
+its own. With ``allowed_hosts`` it answers only requests whose ``Host`` names one of them
+(DNS rebinding: a web page whose name now points at this machine cannot read it).
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Protocol
+from urllib.parse import parse_qs, unquote_to_bytes
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +41,49 @@ _REQUEST_LINE = re.compile(rb"(" + _TOKEN + rb"{1,32}) ([\x21-\x7e]+) HTTP/(\d)\
 _REQUEST_LINE_START = re.compile(
     _TOKEN + rb"{1,32}(?: (?:[\x21-\x7e]+(?: (?:H(?:T(?:T(?:P(?:/(?:\d(?:\.\d?)?)?)?)?)?)?)?)?)?)?"
 )
-_READING, _WRITING, _LINGERING = "reading", "writing", "lingering"
+_READING, _WAITING, _WRITING = "reading", "waiting", "writing"
+_STREAMING, _LINGERING = "streaming", "lingering"
 _LINGER_S = 2.0  # after a response: read and discard what the client still sends, then close
 _LINGER_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Request:
+    """A request's head as ``handle`` sees it: the path percent-decoded (UTF-8)."""
+
+    method: str  # GET or HEAD
+    path: str
+    query: dict[str, list[str]]
+
+
+class Stream(Protocol):
+    """A body sent in parts as they come (MJPEG), after a head without a length. Polled by
+    the server's thread whenever it wakes (``HttpEndpoint.wake``, or twice a second) and
+    the previous part has been taken: it must never block."""
+
+    def next_part(self) -> bytes | None:
+        """The next part to send, or None when there is nothing new yet."""
+
+    def done(self) -> bool:
+        """Whether the body is complete (the connection is then closed)."""
+
+    def close(self) -> None:
+        """The connection ended, whatever the reason; called once."""
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[str, ...] = ()
+    stream: Stream | None = None  # the body instead of ``body``
+    send_buffer: int = 0  # SO_SNDBUF for this connection (0: the system's)
+
+
+#: An answer not ready yet (a snapshot waiting for a frame): polled like a stream until it
+#: returns the response; it must give one (a 503, say) in its own time.
+Deferred = Callable[[], Response | None]
 
 
 def _response(
@@ -47,6 +93,7 @@ def _response(
     *,
     head_only: bool = False,
     extra: tuple[str, ...] = (),
+    length: bool = True,
 ) -> bytes:
     if not body and status != 200:
         body = f"{status} {HTTPStatus(status).phrase}\n".encode()
@@ -54,7 +101,7 @@ def _response(
         (
             f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
             f"Content-Type: {content_type}",
-            f"Content-Length: {len(body)}",
+            *((f"Content-Length: {len(body)}",) if length else ()),
             "Connection: close",
             *extra,
         )
@@ -66,7 +113,7 @@ def _response(
 class _Conn:
     """One client connection: its request head so far, then its response."""
 
-    __slots__ = ("buf", "deadline", "drained", "out", "sock", "state")
+    __slots__ = ("buf", "deadline", "drained", "head_only", "out", "pending", "sock", "state", "stream")
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
         self.sock = sock
@@ -75,44 +122,74 @@ class _Conn:
         self.out = memoryview(b"")
         self.deadline = deadline
         self.drained = 0
+        self.head_only = False
+        self.pending: Deferred | None = None
+        self.stream: Stream | None = None
+
+
+def _host_name(value: str) -> str:
+    """A Host header's or an address's name: lower case, without port, brackets or final dot."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        value = value[1:].split("]", 1)[0]
+    elif value.count(":") == 1:
+        value = value.split(":", 1)[0]
+    return value.rstrip(".")
 
 
 class HttpEndpoint:
-    """One read-only HTTP resource (``GET``/``HEAD path``); failure to bind is logged,
-    never fatal.
+    """Read-only HTTP resources (``GET``/``HEAD``); failure to bind is logged, never fatal.
 
     One thread (named ``name``) runs a selector loop over non-blocking sockets. At most
     ``max_connections`` are held: one more closes the oldest that has not sent a whole
     request yet (or the new one when all are being answered). A request head must
-    arrive within ``request_timeout_s`` and be at most ``max_request_bytes``; a response
-    not taken by the client within ``write_timeout_s`` is abandoned. Every response
-    closes its connection.
+    arrive within ``request_timeout_s`` of the connection (however it trickles in) and be
+    at most ``max_request_bytes``; a response, or a part of a stream, not taken by the
+    client within ``write_timeout_s`` is abandoned; a stream with nothing to send for
+    ``stream_idle_s`` is ended. Every response closes its connection.
     """
 
     def __init__(
         self,
         host: str,
         port: int,
-        path: str,
-        render: Callable[[], tuple[bytes, str]],
+        path: str = "",
+        render: Callable[[], tuple[bytes, str]] | None = None,
         *,
+        handle: Callable[[Request], Response | Deferred] | None = None,
         name: str = "http",
+        setting: str = "",
+        allowed_hosts: frozenset[str] | None = None,
+        headers: tuple[str, ...] = (),
         max_connections: int = 16,
         request_timeout_s: float = 5.0,
         write_timeout_s: float = 10.0,
+        stream_idle_s: float = 30.0,
         max_request_bytes: int = 8192,
         backlog: int = 64,
     ) -> None:
-        """``render``: the resource's body and content type, made at each request (an
-        exception answers 500)."""
+        """``render``: the body and content type of ``path``, made at each request; or
+        ``handle``: the answer to any request (it runs in the server's thread: it must not
+        block; a ``Deferred`` for an answer that is not ready). An exception answers 500.
+        ``setting``: the config section named in messages (``view``: ``view.port``).
+        ``allowed_hosts``: the names a ``Host`` header may carry (None: any); ``headers``:
+        added to every response."""
         self.host, self.port = host, port
-        self.path = path.encode()
-        self.render = render
+        self.path = path
+        if handle is None:
+            assert render is not None, "render or handle"
+            handle = self._one_resource(path, render)
+        self.handle = handle
         self.name = name
+        self.setting = setting or name
+        self.allowed_hosts = None if allowed_hosts is None else frozenset(map(_host_name, allowed_hosts))
+        self.headers = headers
         self.url = ""
+        self.bind_error = ""  # why it does not listen, when it does not
         self.max_connections = max(1, max_connections)
         self.request_timeout_s = request_timeout_s
         self.write_timeout_s = write_timeout_s
+        self.stream_idle_s = stream_idle_s
         self.max_request_bytes = max_request_bytes
         self.backlog = backlog
         self._sock: socket.socket | None = None
@@ -125,17 +202,29 @@ class HttpEndpoint:
         self._warned: set[str] = set()
         self._last_error = ""
 
+    @staticmethod
+    def _one_resource(path: str, render: Callable[[], tuple[bytes, str]]) -> Callable[[Request], Response]:
+        def handle(request: Request) -> Response:
+            if request.path != path:
+                return Response(404, f"the resource is at {path}\n".encode())
+            body, content_type = render()
+            return Response(200, body, content_type)
+
+        return handle
+
     def start(self) -> None:
         try:
             self._sock = self._listen()
         except OSError as e:
-            log.warning(
-                "%s: cannot listen on %s:%d (%s); running without it", self.name, self.host, self.port, e
+            self.bind_error = (
+                f"{self.name}: cannot listen on {self.host or '(all interfaces)'} port {self.port} "
+                f"({self.setting}.host, {self.setting}.port): {e.strerror or e}; running without it"
             )
+            log.warning("%s", self.bind_error)
             return
         self.port = self._sock.getsockname()[1]  # the real one when 0 asked for any
         host = f"[{self.host}]" if ":" in self.host else self.host
-        self.url = f"http://{host}:{self.port}{self.path.decode()}"
+        self.url = f"http://{host}:{self.port}{self.path}"
         self._sel = selectors.DefaultSelector()
         self._wake = socket.socketpair()
         for s in self._wake:
@@ -150,16 +239,20 @@ class HttpEndpoint:
     def listening(self) -> bool:
         return self._thread is not None
 
+    def wake(self) -> None:
+        """Have the server's thread poll its streams and waiting answers now (any thread)."""
+        if self._wake is not None:
+            with contextlib.suppress(OSError):  # full: a wake-up is pending anyway
+                self._wake[1].send(b"\0")
+
     def close(self) -> None:
         thread = self._thread
         if thread is None:
             return
         self._stopping = True
-        if self._wake is not None:
-            with contextlib.suppress(OSError):
-                self._wake[1].send(b"\0")
+        self.wake()
         thread.join(1.0)
-        if thread.is_alive():  # stuck in a collector: free the port now, the rest when it returns
+        if thread.is_alive():  # stuck in a handler: free the port now, the rest when it returns
             log.warning("%s: the server thread did not stop within 1 s", self.name)
             if self._sock is not None:
                 self._sock.close()
@@ -199,9 +292,10 @@ class HttpEndpoint:
                         self._accept()
                     elif key.data == "wake":
                         with contextlib.suppress(OSError):
-                            key.fileobj.recv(64)  # type: ignore[union-attr]
+                            key.fileobj.recv(4096)  # type: ignore[union-attr]
                     elif key.data in self._conns:
                         self._ready(key.data, events)
+                self._poll()
                 self._expire(time.monotonic())
         except Exception:
             log.exception("%s: the server loop failed; it is off until a restart", self.name)
@@ -222,6 +316,28 @@ class HttpEndpoint:
         except Exception as e:  # a bug here must cost one connection, not the server
             self._log_once(f"conn:{type(e).__name__}", "%s: dropping a connection after an error", self.name)
             self._drop(conn)
+
+    def _poll(self) -> None:
+        """Answers that were waiting, and streams' next parts, when they have them."""
+        for conn in [c for c in self._conns if c.state in (_WAITING, _STREAMING)]:
+            try:
+                if conn.state == _WAITING:
+                    self._poll_one(conn)
+                else:
+                    self._next_part(conn)
+            except Exception as e:
+                self._log_once(
+                    f"conn:{type(e).__name__}", "%s: dropping a connection after an error", self.name
+                )
+                self._drop(conn)
+
+    def _next_part(self, conn: _Conn) -> None:
+        assert conn.stream is not None
+        part = conn.stream.next_part()
+        if part:
+            self._write(conn, part)
+        elif conn.stream.done():
+            self._finish(conn)
 
     def _accept(self) -> None:
         assert self._sock is not None and self._sel is not None
@@ -275,7 +391,7 @@ class HttpEndpoint:
         for conn in [c for c in self._conns if c.deadline <= now]:
             if conn.state == _READING and conn.buf:  # a partial request: say why, best effort
                 with contextlib.suppress(OSError):
-                    conn.sock.send(_response(408))
+                    conn.sock.send(self._plain(408))
             self._drop(conn, abort=conn.state == _WRITING)
 
     def _drop(self, conn: _Conn, abort: bool = False) -> None:
@@ -287,6 +403,15 @@ class HttpEndpoint:
             with contextlib.suppress(OSError):
                 conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         conn.sock.close()
+        self._end_stream(conn)
+
+    def _end_stream(self, conn: _Conn) -> None:
+        stream, conn.stream, conn.pending = conn.stream, None, None
+        if stream is not None:
+            try:
+                stream.close()
+            except Exception:
+                self._log_once("stream-close", "%s: closing a stream failed", self.name)
 
     def _receive(self, conn: _Conn) -> None:
         try:
@@ -297,7 +422,7 @@ class HttpEndpoint:
             data = b""
         if not data:
             self._drop(conn)
-        elif conn.state == _LINGERING:
+        elif conn.state != _READING:  # after the request: read and discard, up to a bound
             conn.drained += len(data)
             if conn.drained > _LINGER_BYTES:
                 self._drop(conn)
@@ -311,52 +436,130 @@ class HttpEndpoint:
         if end_of_line < 0:
             line = buf.rstrip(b"\r")
             if line and not _REQUEST_LINE_START.fullmatch(line):
-                self._respond(conn, _response(400, b"not an HTTP/1.x request\n"))
+                self._respond(conn, self._plain(400, b"not an HTTP/1.x request\n"))
             elif len(conn.buf) > self.max_request_bytes:
-                self._respond(conn, _response(431))
+                self._respond(conn, self._plain(431))
             return
         request = _REQUEST_LINE.fullmatch(buf[:end_of_line].rstrip(b"\r"))
         if request is None:  # HTTP/0.9 (no version), garbage with a newline
-            self._respond(conn, _response(400, b"not an HTTP/1.x request\n"))
+            self._respond(conn, self._plain(400, b"not an HTTP/1.x request\n"))
             return
         ends = [i for i in (buf.find(b"\n\r\n", end_of_line), buf.find(b"\n\n", end_of_line)) if i >= 0]
         if not ends:
             if len(conn.buf) > self.max_request_bytes:
-                self._respond(conn, _response(431))
+                self._respond(conn, self._plain(431))
             return
         if min(ends) + 3 > self.max_request_bytes:
-            self._respond(conn, _response(431))
+            self._respond(conn, self._plain(431))
             return
-        headers = buf[end_of_line + 1 : min(ends)].split(b"\n")
-        if any(b":" not in h or h[:1] in (b" ", b"\t") for h in headers if h.strip(b"\r")):
-            self._respond(conn, _response(400, b"malformed header\n"))
+        headers = [h.rstrip(b"\r") for h in buf[end_of_line + 1 : min(ends)].split(b"\n")]
+        if any(b":" not in h or h[:1] in (b" ", b"\t") for h in headers if h):
+            self._respond(conn, self._plain(400, b"malformed header\n"))
             return
         method, target, major = request.group(1), request.group(2), request.group(3)
         if major != b"1":
-            self._respond(conn, _response(505))
+            self._respond(conn, self._plain(505))
         elif method not in (b"GET", b"HEAD"):
-            self._respond(conn, _response(405, extra=("Allow: GET, HEAD",)))
-        elif target.split(b"?", 1)[0] != self.path:
-            self._respond(conn, _response(404, b"the resource is at " + self.path + b"\n"))
+            self._respond(conn, self._plain(405, extra=("Allow: GET, HEAD",)))
         else:
-            self._respond(conn, self._render(head_only=method == b"HEAD"))
+            conn.head_only = method == b"HEAD"
+            refused = self._refused_host(headers)
+            if refused:
+                self._respond(conn, self._plain(refused[0], refused[1], head_only=conn.head_only))
+                return
+            self._answer(conn, method.decode(), target)
 
-    def _render(self, head_only: bool) -> bytes:
+    def _refused_host(self, headers: list[bytes]) -> tuple[int, bytes] | None:
+        """Why the ``Host`` header is refused (status, body), or None. No ``Host`` at all
+        is let through: browsers always send one, so its absence is no rebinding."""
+        hosts = [
+            h.split(b":", 1)[1].strip() for h in headers if h.split(b":", 1)[0].strip().lower() == b"host"
+        ]
+        if len(hosts) > 1:
+            return 400, b"more than one Host header\n"
+        if self.allowed_hosts is None or not hosts:
+            return None
+        if _host_name(hosts[0].decode("latin-1")) in self.allowed_hosts:
+            return None
+        return (
+            421,
+            f"this server does not answer to that host name (see {self.setting}.allowed_hosts)\n".encode(),
+        )
+
+    def _answer(self, conn: _Conn, method: str, target: bytes) -> None:
+        raw_path, _, raw_query = target.partition(b"?")
         try:
-            body, content_type = self.render()
+            path = unquote_to_bytes(raw_path).decode("utf-8")
+        except UnicodeDecodeError:
+            self._respond(conn, self._plain(400, b"the path is not UTF-8 once percent-decoded\n"))
+            return
+        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+            self._respond(conn, self._plain(400, b"control characters in the path\n"))
+            return
+        query = parse_qs(raw_query.decode("ascii"), keep_blank_values=True)
+        answer = self._handle(Request(method, path, query))
+        if isinstance(answer, Response):
+            self._start_response(conn, answer)
+        else:  # not ready: polled from now on
+            conn.state, conn.pending, conn.buf = _WAITING, answer, bytearray()
+            conn.deadline = time.monotonic() + self.stream_idle_s
+            assert self._sel is not None
+            self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
+            self._poll_one(conn)
+
+    def _poll_one(self, conn: _Conn) -> None:
+        assert conn.pending is not None
+        response = conn.pending()
+        if response is not None:
+            self._start_response(conn, response)
+
+    def _handle(self, request: Request) -> Response | Deferred:
+        try:
+            answer = self.handle(request)
         except Exception as e:
             message = f"{type(e).__name__}: {e}"
             if message != self._last_error:  # each new failure once, with its traceback
-                log.exception("%s: rendering %s failed; the request gets 500", self.name, self.path.decode())
+                log.exception("%s: answering %s failed; the request gets 500", self.name, request.path)
             else:
-                log.debug("%s: rendering failed again: %s", self.name, message)
+                log.debug("%s: answering failed again: %s", self.name, message)
             self._last_error = message
-            return _response(500, head_only=head_only)
+            return Response(500)
         self._last_error = ""
-        return _response(200, body, content_type, head_only=head_only)
+        return answer
+
+    def _start_response(self, conn: _Conn, response: Response) -> None:
+        conn.pending = None
+        stream = response.stream
+        if stream is not None and conn.head_only:
+            with contextlib.suppress(Exception):
+                stream.close()
+            stream = None
+        if response.send_buffer:
+            # Small: a slow reader holds a part or so in the kernel, then gets the newest one.
+            with contextlib.suppress(OSError):
+                conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, response.send_buffer)
+        conn.stream = stream
+        data = _response(
+            response.status,
+            response.body,
+            response.content_type,
+            head_only=conn.head_only,
+            extra=(*response.headers, *self.headers),
+            length=response.stream is None,
+        )
+        self._respond(conn, data)
+
+    def _plain(
+        self, status: int, body: bytes = b"", *, head_only: bool = False, extra: tuple[str, ...] = ()
+    ) -> bytes:
+        return _response(status, body, head_only=head_only, extra=(*extra, *self.headers))
 
     def _respond(self, conn: _Conn, data: bytes) -> None:
-        conn.state, conn.out, conn.buf = _WRITING, memoryview(data), bytearray()
+        conn.buf = bytearray()
+        self._write(conn, data)
+
+    def _write(self, conn: _Conn, data: bytes) -> None:
+        conn.state, conn.out = _WRITING, memoryview(data)
         conn.deadline = time.monotonic() + self.write_timeout_s
         self._send(conn)
         if conn.state == _WRITING and conn in self._conns:
@@ -373,8 +576,17 @@ class HttpEndpoint:
                 self._drop(conn)
                 return
             conn.out = conn.out[sent:]
-        # All sent: half-close, and read what the client still sends until it closes, so
-        # that closing with unread input (a reset) cannot destroy the response in flight.
+        assert self._sel is not None
+        if conn.stream is not None and not conn.stream.done():  # wait for the next part
+            conn.state, conn.deadline = _STREAMING, time.monotonic() + self.stream_idle_s
+            self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
+            return
+        self._finish(conn)
+
+    def _finish(self, conn: _Conn) -> None:
+        """All sent: half-close, and read what the client still sends until it closes, so
+        that closing with unread input (a reset) cannot destroy the response in flight."""
+        self._end_stream(conn)
         try:
             conn.sock.shutdown(socket.SHUT_WR)
         except OSError:

@@ -38,6 +38,20 @@ CLOSE_LINGER_MS = 200  # at most this long to flush queued messages when the soc
 
 REBIND_TIMEOUT_S = 5.0  # a rebind waits at most this long for the old listener to let go of the port
 
+# Subscription messages (XPUB hands the application every (un)subscription, and libzmq keeps
+# them until read, in memory without a bound) are read by a thread of their own, a batch at
+# a time under the socket's lock: send() waits for one batch at most, never for a flood.
+DRAIN_BATCH = 256  # messages read under the lock at once (well under a millisecond)
+DRAIN_PAUSE_S = 0.001  # between full batches: the flood gets a bounded share of the GIL
+DRAIN_IDLE_S = 0.05  # how often an empty queue is looked at again
+DRAIN_TRIM_AFTER = 100_000  # after a flood this large, freed memory is given back to the system
+# Each subscriber's queue of (un)subscriptions not yet taken in by the socket: when full,
+# libzmq stops reading that connection, so a flood waits in the flooder's own memory and
+# comes in at the pace of the drain, not all at once into the agent's.
+SUBSCRIPTION_HWM = 100
+FLOOD_LOG_INTERVAL_S = 60.0  # at most one warning about a subscription flood in this long
+FLOOD_MESSAGES = 100_000  # subscription messages in one interval that count as a flood
+
 
 class ZmqPublisher:
     """The PUB socket. With CURVE, only clients whose public key is in the allowed folder
@@ -71,6 +85,11 @@ class ZmqPublisher:
         self.sent = 0
         self.error: str | None = None  # the stream is down for good (a rebind failed)
         self.subscriptions = 0  # to results (not heartbeats only): subscribed minus unsubscribed
+        self.subscription_messages = 0  # every (un)subscription read, any topic
+        self._drainer: threading.Thread | None = None
+        self._drain_stop = threading.Event()
+        self._flood_window = (0.0, 0)  # (its start, subscription_messages then)
+        self._flood_logged = float("-inf")
         self._pack = _packer(encoding)
 
     def encode(self, message: dict[str, Any]) -> bytes:
@@ -102,6 +121,9 @@ class ZmqPublisher:
             raise OSError(f"cannot bind result stream to {self.endpoint}: {e}{hint}") from None
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT) or self.endpoint
         self._sock = sock
+        self._drain_stop.clear()
+        self._drainer = threading.Thread(target=self._drain_loop, name="xpub-subscriptions", daemon=True)
+        self._drainer.start()
 
     def _socket(self) -> zmq.Socket:
         """A new XPUB, not bound yet (for open and for a rebind)."""
@@ -109,6 +131,7 @@ class ZmqPublisher:
         sock = self._ctx.socket(zmq.XPUB)
         # All of these only apply to later binds, so they are set first.
         sock.sndhwm = self.send_hwm
+        sock.rcvhwm = SUBSCRIPTION_HWM  # an XPUB receives only (un)subscriptions
         sock.linger = 0
         # Every subscriber's subscriptions and unsubscriptions (a disconnect included), not
         # only a topic's first and last: wait_for_subscribers counts them.
@@ -248,7 +271,7 @@ class ZmqPublisher:
             with self._lock:
                 if self._sock is None:
                     return self.subscriptions
-                self._drain()
+                self._drain(DRAIN_BATCH)
                 left_s = deadline - time.monotonic()
                 if self.subscriptions >= count or left_s <= 0:
                     return self.subscriptions
@@ -258,20 +281,23 @@ class ZmqPublisher:
                 return self.subscriptions
 
     def poll_subscriptions(self) -> int:
-        """Take the subscription messages queued so far (XPUB keeps them until read, without
-        a bound, so the heartbeat calls this); returns the current count."""
+        """The current count of subscriptions to results. The heartbeat calls this: it reads
+        one batch at most (the drain thread reads the rest), so a flood never delays a beat."""
         with self._lock:
             if self._sock is not None:
-                self._drain()
+                self._drain(DRAIN_BATCH)
             return self.subscriptions
 
-    def _drain(self) -> None:
+    def _drain(self, limit: int) -> int:
+        """Read at most ``limit`` subscription messages; under the lock. Returns how many."""
         assert self._sock is not None
-        while True:
+        n = 0
+        while n < limit:
             try:
                 msg = self._sock.recv(zmq.NOBLOCK)
             except zmq.Again:
-                return
+                break
+            n += 1
             prefix = msg[1:]
             # A subscription to "", "d", "det" or "det.cam0" receives results; "health" not.
             if not (self._results.startswith(prefix) or prefix.startswith(self._results)):
@@ -280,6 +306,46 @@ class ZmqPublisher:
                 self.subscriptions += 1
             elif msg[:1] == b"\x00":
                 self.subscriptions = max(0, self.subscriptions - 1)
+        self.subscription_messages += n
+        return n
+
+    def _drain_loop(self) -> None:
+        """The drain thread: full batches back to back (a pause between, the lock released),
+        an idle wait when the queue is empty."""
+        since_trim = 0
+        while not self._drain_stop.is_set():
+            self._log_flood()
+            with self._lock:
+                n = self._drain(DRAIN_BATCH) if self._sock is not None else 0
+            since_trim += n
+            if n == DRAIN_BATCH:
+                time.sleep(DRAIN_PAUSE_S)
+                continue
+            if since_trim >= DRAIN_TRIM_AFTER:
+                # libzmq freed a flood's (un)subscriptions, but the C heap keeps the pages
+                # unless asked: without this the agent's RSS stays at its peak for good.
+                _trim_heap()
+                since_trim = 0
+            self._drain_stop.wait(DRAIN_IDLE_S)
+
+    def _log_flood(self) -> None:
+        now = time.monotonic()
+        start, count = self._flood_window
+        if now - start < FLOOD_LOG_INTERVAL_S:
+            if (
+                self.subscription_messages - count >= FLOOD_MESSAGES
+                and now - self._flood_logged >= FLOOD_LOG_INTERVAL_S
+            ):
+                self._flood_logged = now
+                log.warning(
+                    "result stream on %s: %d subscription messages in %.0f s, a subscriber "
+                    "floods it (read at a bounded pace; results and heartbeats go on)",
+                    self.endpoint,
+                    self.subscription_messages - count,
+                    now - start,
+                )
+            return
+        self._flood_window = (now, self.subscription_messages)
 
     def send(self, topic: bytes, body: bytes) -> None:
         with self._lock:
@@ -298,6 +364,10 @@ class ZmqPublisher:
         return True
 
     def close(self) -> None:
+        self._drain_stop.set()
+        drainer, self._drainer = self._drainer, None
+        if drainer is not None:
+            drainer.join()  # it holds the lock for one batch at most
         with self._lock:
             if self._sock is not None:
                 # The last results and the final heartbeat may still be queued for the
@@ -313,6 +383,16 @@ class ZmqPublisher:
 def _detection_head(label: str, class_id: int) -> str:
     """``{"label":"person","class_id":0,"score":`` (the label JSON-escaped)."""
     return json.dumps({"label": label, "class_id": class_id}, separators=(",", ":"))[:-1] + ',"score":'
+
+
+def _trim_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc); nothing elsewhere."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def bind_hint(e: BaseException) -> str:

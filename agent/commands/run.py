@@ -90,7 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _exit_now(EXIT_OK)
     agent.start(signals.stop)
     log.info("running: %s", json.dumps(agent.describe()))
-    if agent.view is not None:
+    if agent.view is not None and agent.view.url:  # no URL: its port was taken (logged, not fatal)
         print(f"live view: {agent.view.url}", file=sys.stderr, flush=True)
     t0 = time.monotonic()
 

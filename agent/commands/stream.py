@@ -167,18 +167,24 @@ def cmd_health(args: argparse.Namespace) -> int:
     if usage:
         return fail(f"health: {usage}", EXIT_USAGE)
     cfg = load_config(args.config, args.device)
+    where = "--endpoint" if args.endpoint else "publish.endpoint"
+    if usage := healthcheck.endpoint_error(args.endpoint or cfg.publish.endpoint):
+        return fail(f"health: {where} {usage}", EXIT_USAGE)
     expect = config_hash(load_config(args.expect_config, args.device)) if args.expect_config else ""
-    verdict = healthcheck.check(
-        args.endpoint or cfg.publish.endpoint,
-        args.timeout,
-        args.max_miss_rate,
-        expect,
-        wait=args.wait_ready,
-        server_key=cfg.publish.curve_server_key or None,
-        client_cert=args.client_cert or cfg.uplink.curve_client_cert or None,
-        min_frames=min_frames,
-        more_frames=more,
-    )
+    try:
+        verdict = healthcheck.check(
+            args.endpoint or cfg.publish.endpoint,
+            args.timeout,
+            args.max_miss_rate,
+            expect,
+            wait=args.wait_ready,
+            server_key=cfg.publish.curve_server_key or None,
+            client_cert=args.client_cert or cfg.uplink.curve_client_cert or None,
+            min_frames=min_frames,
+            more_frames=more,
+        )
+    except ValueError as e:  # an address ZeroMQ refuses all the same, or unusable CURVE keys
+        return fail(f"health: {e}", EXIT_USAGE)
     if args.json:
         print(
             json.dumps({**verdict.as_dict(), "max_miss_rate": args.max_miss_rate, "min_frames": min_frames})

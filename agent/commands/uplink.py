@@ -40,7 +40,7 @@ def cmd_uplink(args: argparse.Namespace) -> int:
     metrics = None
     if cfg.uplink.metrics.enabled:
         m = cfg.uplink.metrics
-        metrics = MetricsServer(UplinkCollector(uplink), m.host, m.port)
+        metrics = MetricsServer(UplinkCollector(uplink), m.host, m.port, setting="uplink.metrics")
         metrics.start()
     uplink.start()
     notifier.ready(_status(uplink))

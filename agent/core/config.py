@@ -302,17 +302,40 @@ class MetricsConfig:
 @dataclass(frozen=True)
 class ViewConfig:
     """The live view in a browser (`edge-agent run --view`). Loopback by default, like the
-    metrics; a ``token`` is then asked for in every URL (``?token=...``) when set."""
+    metrics; a ``token`` is then asked for in every URL (``?token=...``) when set. It answers
+    only requests whose Host is a loopback name, ``host`` or one of ``allowed_hosts`` (a web
+    page on another site cannot read it through DNS rebinding)."""
 
     enabled: bool = False
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"  # an address or name to bind ("::1" too); "": all interfaces
     port: int = 8090  # 0: any free port (logged)
     fps: float = 5.0  # annotated frames a second per source, at most
     quality: int = 70  # JPEG quality
     max_width: int = 960  # wider frames are scaled down (aspect kept)
     token: str = ""
+    allowed_hosts: tuple[str, ...] = ()  # more names/addresses browsers may use to reach the view
+
+    @staticmethod
+    def host_ok(host: str) -> bool:
+        """An IP address, or a DNS name (letters, digits, '-', '_', dot-separated labels)."""
+        import ipaddress
+        import re
+
+        try:
+            ipaddress.ip_address(host)
+            return True
+        except ValueError:
+            pass
+        label = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
+        return len(host) <= 253 and re.fullmatch(rf"{label}(?:\.{label})*\.?", host) is not None
 
     def __post_init__(self) -> None:
+        check(self.host == "" or self.host_ok(self.host), "host", "must be an IP address or a host name")
+        check(
+            all(self.host_ok(h) for h in self.allowed_hosts),
+            "allowed_hosts",
+            "each must be an IP address or a host name (no port, no brackets)",
+        )
         check(0 <= self.port <= 65535, "port", "must be within 0..65535")
         check(0.1 <= self.fps <= 30, "fps", "must be within 0.1..30")
         check(10 <= self.quality <= 100, "quality", "must be within 10..100")
@@ -406,10 +429,14 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         # The id names the device on the stream and in MQTT topics and client ids.
+        # isprintable(): no control character (U+0000 makes the broker drop the uplink's
+        # connection, silently), no unpaired surrogate, no separator but the space.
         check(
-            bool(self.device_id) and not set(self.device_id) & set("/+# \t\n"),
+            bool(self.device_id)
+            and not set(self.device_id) & set("/+# \t\n")
+            and self.device_id.isprintable(),
             "device_id",
-            "must be non-empty, without '/', '+', '#' or spaces (it is an MQTT topic level)",
+            "must be non-empty, without '/', '+', '#', spaces or control characters (an MQTT topic level)",
         )
         check(
             not self.sources or self.source == SyntheticSourceConfig(),

@@ -1,6 +1,6 @@
-"""YAML nodes with their marks: text and files composed into nodes (syntax errors, cycles
-and unreadable files named), a problem at a node, duplicate keys, lookups and node kinds
-for messages. The config loader (``configload``) and the fleet's merge work on these."""
+"""YAML nodes with their marks: text and files composed into nodes (syntax errors, alias
+loops and bombs, unreadable files named), a problem at a node, duplicate keys, lookups and
+node kinds for messages. The config loader (``configload``) and the fleet's merge work on these."""
 
 from __future__ import annotations
 
@@ -51,9 +51,70 @@ def _syntax_error(e: yaml.YAMLError, file: str, text: str = "") -> ConfigError:
     return ConfigError([Problem(file, line, col, "", f"YAML syntax: {short(problem, 200)}")])
 
 
+#: The most nodes that aliases (``*name``) may add to one document: each alias repeats the
+#: whole of what it names. Configs and fleets that share a block a few hundred times stay far
+#: below; a 413-byte alias bomb (7 levels of ten aliases) expands to 10 million nodes, which
+#: every later walk (the merge, ``${VAR}`` substitution, the typed build) would visit, in
+#: ``config validate`` and in a running agent's reload alike.
+MAX_ALIAS_NODES = 100_000
+
+#: The deepest nesting of lists and mappings in a document: configs use under ten levels;
+#: thousands of ``[`` would overflow the stack of every recursive walk, the composer's first.
+MAX_DEPTH = 100
+
+_LOOP = "an alias refers to a mapping or list that contains it (a loop)"
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """A composer that counts the nodes each alias adds, as it composes (an alias to a node
+    costs that node's size after expansion, known once the node is complete), and refuses a
+    document past ``MAX_ALIAS_NODES``, or an alias inside what it names (a loop, which every
+    walk over the tree would follow forever), naming the alias's line; and nesting deeper
+    than ``MAX_DEPTH``."""
+
+    def __init__(self, text: str, file: str) -> None:
+        super().__init__(text)
+        self.file = file
+        self.sizes: dict[int, int] = {}  # a complete node's size after expansion, by id
+        self.alias_nodes = 0
+        self.depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
+        if not self.check_event(yaml.AliasEvent):
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                self._refuse(f"lists and mappings nested more than {MAX_DEPTH} deep")
+            node = super().compose_node(parent, index)
+            self.depth -= 1
+            self.sizes[id(node)] = 1 + sum(self.sizes[id(c)] for c in _children(node))
+            return node
+        mark = self.peek_event().start_mark
+        node = super().compose_node(parent, index)  # an undefined alias: a syntax error
+        size = self.sizes.get(id(node))
+        if size is None:  # named before it is complete: the alias is inside it
+            self._refuse(_LOOP, mark)
+        self.alias_nodes += size
+        if self.alias_nodes > MAX_ALIAS_NODES:
+            much = f"aliases (*name) expand this document by more than {MAX_ALIAS_NODES} nodes"
+            self._refuse(f"{much} (an alias bomb? write the values out, or alias less)", mark)
+        return node
+
+    def _refuse(self, message: str, mark: yaml.Mark | None = None) -> None:
+        mark = mark or self.peek_event().start_mark
+        raise ConfigError([Problem(self.file, mark.line + 1, mark.column + 1, "", message)])
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return node.value
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    return []
+
+
 def _compose(text: str, file: str, name: str) -> yaml.Node | None:
     """``text`` composed with its marks named ``name``; an empty document gives None."""
-    loader = yaml.SafeLoader(text)
+    loader = _BoundedLoader(text, file)
     loader.name = name
     try:
         node = loader.get_single_node()
@@ -63,23 +124,7 @@ def _compose(text: str, file: str, name: str) -> yaml.Node | None:
         loader.dispose()
     if node is None or (isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"):
         return None  # "---" alone, or a sample config with every line commented out
-    _check_acyclic(node, file, set())
     return node
-
-
-def _check_acyclic(node: yaml.Node, file: str, inside: set[int]) -> None:
-    """An alias to a node that contains it (``a: &x {b: *x}``) makes a loop, which every
-    walk over the tree would follow forever."""
-    if id(node) in inside:
-        mark = node.start_mark
-        loop = "an alias refers to a mapping or list that contains it (a loop)"
-        raise ConfigError([Problem(file, mark.line + 1, mark.column + 1, "", loop)])
-    if isinstance(node, (yaml.MappingNode, yaml.SequenceNode)):
-        inside.add(id(node))
-        for child in node.value:
-            for n in child if isinstance(child, tuple) else (child,):
-                _check_acyclic(n, file, inside)
-        inside.discard(id(node))
 
 
 def compose(text: str, file: str) -> yaml.Node | None:

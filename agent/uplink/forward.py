@@ -6,8 +6,10 @@ The uplink reads the agent's ZeroMQ stream (results on ``det.<source>``, heartbe
 Policies are chosen by name from :data:`FORWARDERS` through :func:`make_forwarder`, so a
 new one is a class and a line, and the uplink's loop never changes.
 
-Times are the caller's ``now_s``, expected to be Unix seconds (``time.time()``): the summary
-stamps its intervals with them. No policy reads a clock, which keeps them testable.
+Times are the caller's: ``now_s`` schedules (the monotonic clock, or Unix seconds when no
+``wall_s`` is given) and ``wall_s``, the wall clock at that moment, stamps what is sent, so
+a clock step (NTP) moves the stamps at once and never the schedule. No policy reads a
+clock, which keeps them testable.
 """
 
 from __future__ import annotations
@@ -56,10 +58,12 @@ class Forwarder(ABC):
         self.rate_limited = Counts()
 
     @abstractmethod
-    def offer(self, topic: str, body: dict[str, Any], now_s: float) -> list[Message]:
+    def offer(
+        self, topic: str, body: dict[str, Any], now_s: float, wall_s: float | None = None
+    ) -> list[Message]:
         """What to send for one incoming message (``body`` decoded, ``topic`` as on ZeroMQ)."""
 
-    def flush(self, now_s: float, final: bool = False) -> list[Message]:
+    def flush(self, now_s: float, final: bool = False, wall_s: float | None = None) -> list[Message]:
         """What is due by time alone; ``final`` also emits what is held for a later time."""
         return []
 
@@ -87,7 +91,9 @@ class ForwardAll(Forwarder):
     def keep(self, body: dict[str, Any]) -> bool:
         return True
 
-    def offer(self, topic: str, body: dict[str, Any], now_s: float) -> list[Message]:
+    def offer(
+        self, topic: str, body: dict[str, Any], now_s: float, wall_s: float | None = None
+    ) -> list[Message]:
         source = result_source(topic, body, self.result_prefix)
         if source is None or not self.keep(body):
             return []
@@ -153,8 +159,10 @@ class _Window:
         for det in body.get("detections") or ():
             label = str(det.get("label", det.get("class_id")))
             labels[label] = labels.get(label, 0) + 1
-        total = (body.get("latency_ms") or {}).get("total")
-        if total is not None:
+        latency = body.get("latency_ms")
+        total = latency.get("total") if isinstance(latency, dict) else None
+        # Only numbers: one odd value would make every later sort() of this window raise.
+        if isinstance(total, int | float) and not isinstance(total, bool) and math.isfinite(total):
             self.latencies.append(total)
         if body.get("deadline_missed"):
             self.missed += 1
@@ -178,6 +186,11 @@ class _Window:
         if now is None or before is None:  # no heartbeat in this interval
             return 0
         return now - before if now >= before else now
+
+
+def _offset(now_s: float, wall_s: float | None) -> float:
+    """What turns a scheduling time into a wall-clock stamp (0: ``now_s`` is wall time)."""
+    return 0.0 if wall_s is None else wall_s - now_s
 
 
 def nearest_rank(ordered: list[float], q: int) -> float:
@@ -209,7 +222,9 @@ class Summarize(Forwarder):
         self.interval_s = float(interval_s)
         self._windows: dict[str, _Window] = {}
 
-    def offer(self, topic: str, body: dict[str, Any], now_s: float) -> list[Message]:
+    def offer(
+        self, topic: str, body: dict[str, Any], now_s: float, wall_s: float | None = None
+    ) -> list[Message]:
         source = result_source(topic, body, self.result_prefix)
         if source is None:
             source = body.get("source") if topic == HEALTH_TOPIC else None
@@ -220,7 +235,7 @@ class Summarize(Forwarder):
         if win is None:
             win = self._windows[source] = _Window(now_s, self.interval_s)
         else:
-            self._close_due(source, win, now_s, out)
+            self._close_due(source, win, now_s, out, _offset(now_s, wall_s))
         device = body.get("device")
         if device is not None:
             win.device = device
@@ -230,22 +245,23 @@ class Summarize(Forwarder):
             win.add_result(body)
         return out
 
-    def flush(self, now_s: float, final: bool = False) -> list[Message]:
+    def flush(self, now_s: float, final: bool = False, wall_s: float | None = None) -> list[Message]:
         out: list[Message] = []
+        offset = _offset(now_s, wall_s)
         for source, win in self._windows.items():
-            self._close_due(source, win, now_s, out)
+            self._close_due(source, win, now_s, out, offset)
             if final and (win.frames or win.heartbeat):
-                self._emit(source, win, now_s, out)
+                self._emit(source, win, now_s, out, offset)
                 win.start_s = now_s
         return out
 
-    def _close_due(self, source: str, win: _Window, now_s: float, out: list[Message]) -> None:
+    def _close_due(self, source: str, win: _Window, now_s: float, out: list[Message], offset: float) -> None:
         """Emit the open interval if ``now_s`` is past its end and move to the one holding
         ``now_s`` (skipping intervals in which nothing arrived)."""
         if now_s < win.end_s:
             return
         if win.frames or win.heartbeat:
-            self._emit(source, win, win.end_s, out)
+            self._emit(source, win, win.end_s, out, offset)
         step = self.interval_s
         k = math.floor((now_s - win.origin_s) / step)
         while win.origin_s + (k + 1) * step <= now_s:  # floor of a rounded quotient
@@ -253,16 +269,19 @@ class Summarize(Forwarder):
         win.start_s = win.origin_s + k * step
         win.end_s = win.origin_s + (k + 1) * step
 
-    def _emit(self, source: str, win: _Window, end_s: float, out: list[Message]) -> None:
-        """Close the interval ``[win.start_s, end_s)`` into a summary."""
+    def _emit(self, source: str, win: _Window, end_s: float, out: list[Message], offset: float) -> None:
+        """Close the interval ``[win.start_s, end_s)`` into a summary, stamped ``offset``
+        seconds later (the wall clock's lead on the scheduling clock now)."""
         dropped = win.dropped()
         if win.hb_dropped is not None:
             win.prev_dropped = win.hb_dropped
-        out.append(("summary/" + source, self._payload(source, win, end_s, dropped)))
+        out.append(("summary/" + source, self._payload(source, win, end_s, dropped, offset)))
         win.seq += 1
         win.reset()
 
-    def _payload(self, source: str, win: _Window, end_s: float, dropped: int) -> dict[str, Any]:
+    def _payload(
+        self, source: str, win: _Window, end_s: float, dropped: int, offset: float
+    ) -> dict[str, Any]:
         span = end_s - win.start_s
         if span > self.interval_s - _EPS_S or span <= 0:
             span = self.interval_s
@@ -274,8 +293,8 @@ class Summarize(Forwarder):
             "run": self.run,
             "seq": win.seq,
             "interval_s": self.interval_s,
-            "start_unix_s": win.start_s,
-            "end_unix_s": end_s,
+            "start_unix_s": win.start_s + offset,
+            "end_unix_s": end_s + offset,
             "frames": win.frames,
             "first_seq": win.first_seq,
             "last_seq": win.last_seq,

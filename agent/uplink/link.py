@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import os
 import ssl
 import threading
 import time
@@ -71,24 +72,51 @@ def make_client(cfg: UplinkConfig, client_id: str, will_topic: str = "") -> mqtt
             files = ", ".join(f for f in (cfg.ca_file, cfg.cert_file, cfg.key_file) if f) or "system CAs"
             raise LinkError(f"uplink TLS: cannot use {files}: {e}") from e
     if cfg.username:
-        password = None
-        if cfg.password_file:
-            try:
-                with open(cfg.password_file, encoding="utf-8") as f:
-                    password = f.read().strip("\r\n")
-            except OSError as e:
-                raise LinkError(f"uplink.password_file: cannot read {cfg.password_file}: {e}") from e
-        client.username_pw_set(cfg.username, password)
+        if not tls:
+            log.warning(
+                "uplink.username: the user name and password go to %s in clear text: use mqtts://",
+                cfg.broker,
+            )
+        client.username_pw_set(cfg.username, _read_password(cfg.password_file) if cfg.password_file else None)
     if will_topic:
         client.will_set(will_topic, "offline", qos=1, retain=True)
     client.reconnect_delay_set(*_RECONNECT_S)
     return client
 
 
+def _read_password(path: str) -> str:
+    """The password in ``path``; a warning when others may read the file too."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            mode = os.fstat(f.fileno()).st_mode & 0o777
+            if mode & 0o077:
+                log.warning(
+                    "uplink.password_file %s is readable by others (mode %s): chmod 600 it", path, oct(mode)
+                )
+            return f.read(65536).strip("\r\n")
+    except (OSError, UnicodeDecodeError) as e:
+        raise LinkError(f"uplink.password_file: cannot read {path}: {e}") from e
+
+
+def topic_problem(topic: str) -> str | None:
+    """Why no broker takes ``topic`` for a publish (None when one does): a spool written
+    before messages were checked may hold such a message, and it must not block the rest."""
+    if set(topic) & {"#", "+"}:
+        return "an MQTT wildcard in the topic"
+    if not topic.isprintable():
+        return "a control character or unprintable code point in the topic"
+    if len(topic.encode("utf-8", "surrogatepass")) > 65535:
+        return "a topic over 65535 bytes"
+    return None
+
+
 # PUBACK reasons after which a message may go through later (the broker's quota, or its
 # own trouble); any other failure means it never will (not authorized, bad topic, too big).
 _TEMPORARY = {0x80, 0x83, 0x97}
 _RETRY_S = 5.0  # after a temporary refusal: wait, then send from the oldest again
+# paho's answers to a publish that mean this message can never be sent (any other error
+# is the connection's, and the message is sent again later)
+_NEVER = {MQTTErrorCode.MQTT_ERR_PAYLOAD_SIZE, MQTTErrorCode.MQTT_ERR_INVAL}
 
 
 class Link:
@@ -297,6 +325,13 @@ class Link:
             self._retry_at = 0.0
             self.spool.release()  # the refused ones are handed out again, oldest first
 
+    def _drop(self, spool_id: int, why: str) -> None:
+        """A spooled message no broker will take: dropped and counted, never retried."""
+        self.spool.ack([spool_id], dropped=True)
+        self.counters.rejected += 1
+        self.last_error = f"a message dropped: {why}"
+        self._log_every("unsendable", logging.WARNING, "uplink: %s (logged once a minute)", self.last_error)
+
     def _fill(self) -> None:
         if self._retry_at or any(gen != self._generation for _, gen in self._window.values()):
             return  # a pause after a refusal, or paho still resends an earlier connection's window
@@ -308,17 +343,25 @@ class Link:
         try:
             for m in batch:
                 if self._max_packet and len(m.topic) + len(m.payload) + 16 > self._max_packet:
-                    self.spool.ack([m.id], dropped=True)  # the broker would disconnect us for it
-                    self.counters.rejected += 1
-                    self._log_every(
-                        "size",
-                        logging.WARNING,
-                        "uplink: a message over the broker's maximum packet size (%d B) dropped",
-                        self._max_packet,
-                    )
+                    # the broker would disconnect us for it
+                    self._drop(m.id, f"over the broker's maximum packet size ({self._max_packet} B)")
                     sent = m.id
                     continue
-                info = self.client.publish(m.topic, m.payload, qos=m.qos, retain=m.retain)
+                problem = topic_problem(m.topic)
+                if problem is not None:  # the broker would disconnect us for it, paho may raise
+                    self._drop(m.id, problem)
+                    sent = m.id
+                    continue
+                try:
+                    info = self.client.publish(m.topic, m.payload, qos=m.qos, retain=m.retain)
+                except ValueError as e:  # what paho refuses to send, ever (a topic it rejects)
+                    self._drop(m.id, f"paho refuses it: {e}")
+                    sent = m.id
+                    continue
+                if info.rc in _NEVER:
+                    self._drop(m.id, f"paho refuses it: {mqtt.error_string(info.rc)}")
+                    sent = m.id
+                    continue
                 if info.rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS, MQTTErrorCode.MQTT_ERR_NO_CONN):
                     raise RuntimeError(f"paho publish: {mqtt.error_string(info.rc)}")
                 self._window[info.mid] = (m.id, self._generation)  # NO_CONN: paho sends it on reconnect

@@ -10,7 +10,7 @@ _COUNTERS = {
     "received": "Messages read from the agent's stream",
     "spooled": "Messages written to the spool (what the forwarding policy sends)",
     "sent": "Messages the broker acknowledged",
-    "rejected": "Messages the broker refused (not retried)",
+    "rejected": "Messages dropped as unsendable: refused by the broker, or not what the stream schema allows",
     "dropped": "Messages dropped from a full spool, oldest first (kept across restarts)",
     "rate_limited": "Messages not sent because of uplink.max_rate_hz",
     "stream_gaps": "Results the agent's socket dropped before the uplink read them (seq gaps)",

@@ -27,11 +27,14 @@ from edge_agent.core.config import AgentConfig
 from edge_agent.uplink.forward import make_forwarder
 from edge_agent.uplink.link import Link, LinkError
 from edge_agent.uplink.spool import Spool
+from edge_agent.uplink.validate import MAX_FRAME_BYTES, message_problem
 
 log = logging.getLogger(__name__)
 
 _POLL_MS = 100
 _BATCH = 256  # stream messages taken per spool transaction at most
+_MAX_SOURCES = 256  # distinct sources tracked; a message naming one more is rejected
+_LOG_EVERY_S = 60.0  # a condition that lasts (bad messages, a failing spool) is logged this often
 
 
 def _encode(body: dict[str, Any]) -> bytes:
@@ -65,16 +68,17 @@ class Uplink:
         except BaseException:
             self.spool.close()
             raise
-        # Scheduled on the monotonic clock, stamped in Unix time: a clock step at boot (NTP
-        # on a device without an RTC battery) neither freezes nor bunches the summaries.
-        self._unix0, self._mono0 = time.time(), time.monotonic()
-        run = f"{int(self._unix0):x}"
+        # Scheduled on the monotonic clock, stamped with the wall clock at send time: a clock
+        # step (NTP on a device without an RTC battery) neither freezes nor bunches the
+        # summaries, and their stamps follow the step at once.
+        run = f"{int(time.time()):x}"
         self.forwarder = make_forwarder(
             self.up.forward, self.up.interval_s, self.up.max_rate_hz, p.topic, run
         )
         self.received = 0
         self.spooled = 0
         self.lost = 0  # read from the stream but not spooled (the spool failed: a full disk)
+        self.invalid = 0  # read from the stream but not what the schema allows: dropped
         self.gaps = client.GapTracker()  # results the agent's socket dropped before the uplink read them
         self.beats: dict[str, dict[str, Any]] = {}  # the latest heartbeat per source
         self.models: dict[str, str] = {}  # the model of each source's latest result
@@ -84,10 +88,8 @@ class Uplink:
         self._connects_seen = 0
         self._last_stream = time.monotonic()
         self.progress = time.monotonic()  # the receiving loop's last turn (for the watchdog)
-
-    def now(self) -> float:
-        """Unix time that moves with the monotonic clock."""
-        return self._unix0 + (time.monotonic() - self._mono0)
+        self._last_log: dict[str, float] = {}
+        self._spool_failures = 0  # in a row
 
     def start(self) -> None:
         p = self.cfg.publish
@@ -114,7 +116,7 @@ class Uplink:
             if self._thread is not None:
                 self._thread.join(timeout_s)
                 ok = not self._thread.is_alive()
-            self._spool(self.forwarder.flush(self.now(), final=True))
+            self._spool(self.forwarder.flush(time.monotonic(), final=True, wall_s=time.time()))
         finally:
             try:
                 ok = self.link.stop(timeout_s) and ok
@@ -146,15 +148,54 @@ class Uplink:
                     try:
                         out += self._take(frame)
                     except Exception:  # one bad message must not end the uplink, nor cost the batch
-                        log.exception("uplink: a stream message could not be forwarded")
+                        self._reject("it could not be forwarded", exc_info=True)
             try:
-                out += self.forwarder.flush(self.now())
-                self._spool(out)
-            except Exception:  # a full disk: counted and logged, the loop goes on
-                self.lost += len(out)
-                log.exception("uplink: %d messages could not be spooled", len(out))
-                self._stop.wait(1.0)
+                out += self.forwarder.flush(time.monotonic(), wall_s=time.time())
+            except Exception:  # a policy's bug must not take the batch with it
+                log.exception("uplink: the forwarding policy failed to flush")
+            self._spool_or_count(out)
             self._publish_health()
+
+    def _spool_or_count(self, out: list[tuple[str, dict[str, Any]]]) -> None:
+        """Spool ``out``; when the spool fails (a full or read-only disk) count them as lost,
+        say so once a minute (not every turn), and back off up to 10 s."""
+        try:
+            self._spool(out)
+        except Exception as e:
+            self.lost += len(out)
+            self._spool_failures += 1
+            self._log_every(
+                "spool",
+                logging.ERROR,
+                "uplink: the spool %s fails (%s): %d messages lost so far; retrying with backoff",
+                self.up.spool_path,
+                e,
+                self.lost,
+            )
+            self._stop.wait(min(10.0, float(self._spool_failures)))
+        else:
+            if self._spool_failures:
+                log.info("uplink: the spool %s works again", self.up.spool_path)
+            self._spool_failures = 0
+
+    def _log_every(self, key: str, level: int, message: str, *args: Any, exc_info: bool = False) -> None:
+        now = time.monotonic()
+        if now - self._last_log.get(key, -1e9) >= _LOG_EVERY_S:
+            self._last_log[key] = now
+            log.log(level, message, *args, exc_info=exc_info)
+
+    def _reject(self, why: str, exc_info: bool = False) -> list[tuple[str, dict[str, Any]]]:
+        """Count a stream message that will not be forwarded (reported with ``rejected``)."""
+        self.invalid += 1
+        self._log_every(
+            "invalid",
+            logging.WARNING,
+            "uplink: a stream message rejected: %s (%d so far; logged once a minute)",
+            why,
+            self.invalid,
+            exc_info=exc_info,
+        )
+        return []
 
     def _publish_health(self) -> None:
         now = time.monotonic()
@@ -168,19 +209,42 @@ class Uplink:
                 log.exception("uplink: the health could not be sent")
 
     def _take(self, frame: bytes) -> list[tuple[str, dict[str, Any]]]:
+        self.received += 1
+        if len(frame) > MAX_FRAME_BYTES:
+            return self._reject(f"{len(frame)} bytes, over {MAX_FRAME_BYTES}")
         try:
             topic, body = client.decode(frame)
-        except (ValueError, UnicodeDecodeError) as e:
-            log.warning("uplink: an undecodable stream message skipped: %s", e)
-            return []
-        self.received += 1
+        except Exception as e:  # not JSON nor msgpack, nested too deep, not UTF-8
+            return self._reject(f"undecodable: {type(e).__name__}")
+        prefix = self.forwarder.result_prefix
+        problem = message_problem(topic, body, prefix)
+        if problem is None:
+            problem = self._source_problem(topic, body, prefix)
+        if problem is not None:
+            return self._reject(f"{topic[:64]!r}: {problem}")
         self._last_stream = time.monotonic()
         if topic == "health":
-            self.beats[str(body.get("source", ""))] = body
-        elif "seq" in body:
-            self.gaps.update(topic, int(body["seq"]))
-            self.models[str(body.get("source", ""))] = str(body.get("model", ""))
-        return self.forwarder.offer(topic, body, self.now())
+            self.beats[body["source"]] = body
+        elif topic.startswith(prefix):
+            self.gaps.update(topic, body["seq"])
+            self.models[topic[len(prefix) :]] = body.get("model", "")
+        return self.forwarder.offer(topic, body, time.monotonic(), wall_s=time.time())
+
+    def _source_problem(self, topic: str, body: dict[str, Any], prefix: str) -> str | None:
+        """A result's topic and body name the same source, and the sources tracked (each
+        costs memory and a line in the health) are bounded."""
+        if topic == "health":
+            source = body["source"]
+        elif topic.startswith(prefix):
+            source = topic[len(prefix) :]
+            if body.get("source", source) != source:
+                return "the topic names another source than the body"
+        else:
+            return None  # not forwarded
+        known = source in self.beats or source in self.models
+        if not known and len(self.beats.keys() | self.models.keys()) >= _MAX_SOURCES:
+            return f"more than {_MAX_SOURCES} sources"
+        return None
 
     def _spool(self, out: list[tuple[str, dict[str, Any]]]) -> None:
         if not out:
@@ -199,7 +263,7 @@ class Uplink:
             "received": self.received,
             "spooled": self.spooled,
             "sent": c.sent,
-            "rejected": c.rejected,
+            "rejected": c.rejected + self.invalid,
             "spool_messages": self.spool.count,
             "spool_bytes": self.spool.size_bytes,
             "dropped": self.spool.dropped,

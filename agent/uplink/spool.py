@@ -21,9 +21,11 @@ stream that is best-effort telemetry anyway.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import sqlite3
+import stat
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -49,6 +51,29 @@ _COLUMNS = {
 _SIZE = "length(topic) + length(payload)"
 #: Ids per ``IN (...)`` list: below SQLite's oldest default limit of 999 host parameters.
 _CHUNK = 500
+
+
+def _private(path: str) -> int:
+    """Open (create) ``path`` read-write as a regular file of mode 0600, not through a
+    symlink; the descriptor. SpoolError names the file when that cannot be."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise SpoolError(f"spool file {path}: is a symlink: refused (give the real path)") from e
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise SpoolError(f"spool file {path}: cannot be written: {e.strerror}") from e
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SpoolError(f"spool file {path}: not a regular file")
+        if st.st_mode & 0o077:
+            os.fchmod(fd, 0o600)  # a spool from an older uplink, created 0644
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 class SpoolError(Exception):
@@ -96,20 +121,25 @@ class Spool:
         parent = os.path.dirname(os.path.abspath(self.path))
         self._db: sqlite3.Connection | None = None
         try:
-            os.makedirs(parent, exist_ok=True)
+            os.makedirs(parent, mode=0o700, exist_ok=True)
             # One process per spool: a second uplink on the same file would hand out the
             # same messages (its in-flight marks are its own). The lock goes with the process.
-            self._lockfile: int | None = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+            self._lockfile: int | None = _private(self.path + ".lock")
             fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self._prepare_files()
         except BlockingIOError as e:
             self._unlock()
             raise SpoolError(f"spool {self.path}: in use by another process (another uplink?)") from e
+        except SpoolError:
+            self._unlock()
+            raise
         except OSError as e:
             self._unlock()
             raise SpoolError(f"spool {self.path}: cannot open: {e}") from e
         try:
             self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             self._count, self._size, self._dropped = self._open(self._db)
+            self._check_writable(self._db)
         except BaseException as e:
             if self._db is not None:
                 self._db.close()
@@ -118,6 +148,22 @@ class Spool:
             if isinstance(e, sqlite3.Error):
                 raise SpoolError(f"spool {self.path}: cannot open: {e}") from e
             raise
+
+    def _prepare_files(self) -> None:
+        """The database and its WAL files: regular files of mode 0600 (messages and the
+        broker's topics are nobody else's to read), never followed through a symlink (one
+        planted there would have the uplink write wherever it points)."""
+        os.close(_private(self.path))
+        for suffix in ("-wal", "-shm"):
+            name = self.path + suffix
+            if os.path.lexists(name):  # SQLite creates them with the database's mode
+                os.close(_private(name))
+
+    def _check_writable(self, db: sqlite3.Connection) -> None:
+        """A spool that opens but cannot be written (a read-only file system, an immutable
+        file) is refused now, naming the file, rather than failing on every batch."""
+        with self._transaction("a test write", db):
+            db.execute("UPDATE meta SET value = value WHERE key = 'version'")
 
     def _unlock(self) -> None:
         lockfile, self._lockfile = getattr(self, "_lockfile", None), None

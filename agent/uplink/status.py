@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import threading
 import time
 import uuid
@@ -73,8 +74,8 @@ class FleetView:
             else:
                 try:
                     entry["health"] = json.loads(msg.payload)
-                except ValueError:
-                    entry["health"] = {}
+                except (ValueError, RecursionError):  # RecursionError: nested too deep
+                    entry["health"] = "not JSON"  # not a dict: the row says invalid
 
     def start(self, timeout_s: float) -> None:
         host, port, _ = self.cfg.address()
@@ -108,13 +109,86 @@ class FleetView:
         with self.lock:
             devices = {k: dict(v) for k, v in self.devices.items()}
         return [
-            row(name, d.get("status", "unknown"), d.get("health") or {}, now_unix)
+            safe_row(name, d.get("status", "unknown"), d.get("health", {}), now_unix)
             for name, d in sorted(devices.items())
         ]
 
 
+#: A device clock this far ahead of ours is not believed (it would never go stale).
+_FUTURE_S = 300.0
+_NUMBERS = ("ts_unix_s", "health_interval_s", "agent_silent_s", "agent_silent_after_s")
+_STRINGS = ("model", "config_hash", "version", "power_mode")
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _source_problem(name: str, s: Any) -> str | None:
+    if not isinstance(s, dict):
+        return f"sources.{name} is not an object"
+    for key in ("fps", "miss_rate", "e2e_p99_ms"):
+        if key in s and not (_num(s[key]) or (key == "e2e_p99_ms" and s[key] is None)):
+            return f"sources.{name}.{key} is not a number"
+    return None
+
+
+def health_problem(health: Any, now_unix: float) -> str | None:
+    """Why a retained health cannot be shown (None when it can): it is written by whoever
+    may publish under the prefix, so every field the row reads is checked."""
+    if not isinstance(health, dict):
+        return "not a JSON object"
+    for key in _NUMBERS:
+        if key in health and not _num(health[key]):
+            return f"{key} is not a number"
+    seen = health.get("last_heartbeat_unix_s")
+    if seen is not None and not _num(seen):
+        return "last_heartbeat_unix_s is not a number"
+    for key in _STRINGS:
+        if key in health and not isinstance(health[key], str):
+            return f"{key} is not a string"
+    if health.get("throttled") is not None and not isinstance(health["throttled"], bool):
+        return "throttled is not a boolean"
+    if max(health.get("ts_unix_s", 0), seen or 0) > now_unix + _FUTURE_S:
+        return "its time is in the future"
+    sources = health.get("sources", {})
+    if not isinstance(sources, dict):
+        return "sources is not an object"
+    return next((p for n, s in sources.items() if (p := _source_problem(n, s))), None)
+
+
+def invalid_row(device: str, why: str) -> dict[str, Any]:
+    """The line of a device whose health cannot be read: the rest of the fleet still prints."""
+    return {
+        "device": device,
+        "status": "invalid",
+        "last_seen_s": None,
+        "model": "",
+        "config_hash": "",
+        "version": "",
+        "fps": None,
+        "e2e_p99_ms": None,
+        "miss_rate": None,
+        "throttled": None,
+        "power_mode": "",
+        "sources": [],
+        "error": why,
+    }
+
+
+def safe_row(device: str, status: Any, health: Any, now_unix: float) -> dict[str, Any]:
+    """``row``, or ``invalid_row`` for a health that is not what an uplink sends."""
+    why = health_problem(health, now_unix)
+    if why is None:
+        try:
+            return row(device, str(status), health, now_unix)
+        except Exception as e:  # a shape health_problem did not foresee: this row only
+            why = f"{type(e).__name__}: {e}"
+    return invalid_row(device, why)
+
+
 def row(device: str, status: str, health: dict[str, Any], now_unix: float) -> dict[str, Any]:
-    """One device's line, from its retained status and health."""
+    """One device's line, from its retained status and (checked) health."""
     sources = health.get("sources") or {}
     seen = health.get("last_heartbeat_unix_s") or health.get("ts_unix_s")
     if status == "online" and health:
@@ -137,6 +211,7 @@ def row(device: str, status: str, health: dict[str, Any], now_unix: float) -> di
         "throttled": health.get("throttled"),
         "power_mode": health.get("power_mode", ""),
         "sources": sorted(sources),
+        "error": None,
     }
 
 
@@ -147,6 +222,16 @@ def odd_configs(rows: list[dict[str, Any]]) -> set[str]:
         return set()
     common = hashes.most_common(1)[0][0]
     return {r["device"] for r in rows if r["config_hash"] and r["config_hash"] != common}
+
+
+_CELL_MAX = 48
+
+
+def printable(text: str) -> str:
+    """``text`` safe for a terminal: control and unprintable characters escaped (an ANSI
+    sequence in a device's model must not redraw the operator's screen), long text cut."""
+    out = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    return out if len(out) <= _CELL_MAX else out[: _CELL_MAX - 1] + "…"
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -160,7 +245,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         drift = "*" if r["device"] in odd else ""
         throttled = "-" if r["throttled"] is None else ("yes" if r["throttled"] else "no")
         miss = "-" if r["miss_rate"] is None else f"{r['miss_rate']:.1%}"
-        return [
+        texts = [
             r["device"],
             r["status"],
             seen,
@@ -173,12 +258,17 @@ def table(rows: list[dict[str, Any]]) -> str:
             throttled,
             r["power_mode"] or "-",
         ]
+        return [printable(t) for t in texts]
 
     lines = ["  ".join(name.ljust(width) for name, width in COLUMNS).rstrip()]
     for r in rows:
         lines.append("  ".join(c.ljust(w) for c, (_, w) in zip(cells(r), COLUMNS)).rstrip())
+        if r.get("error"):
+            lines.append(f"  {printable(r['device'])}: invalid health: {printable(r['error'])}")
     if not rows:
         lines.append("(no device has reported under this prefix)")
     if odd:
-        lines.append(f"* config differs from the fleet's most common one: {', '.join(sorted(odd))}")
+        lines.append(
+            f"* config differs from the fleet's most common one: {printable(', '.join(sorted(odd)))}"
+        )
     return "\n".join(lines)

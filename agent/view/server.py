@@ -8,9 +8,17 @@ source, and an HTTP server answers
 - ``/api/health``: the latest heartbeat of each source, as JSON.
 
 Many clients share one encoding: the encoder keeps only the newest JPEG of each source,
-and each client's thread sends whatever is newest when it is ready for more. A slow client
-therefore skips frames, never queues them, and slows no one else. A source's tap is active
-only while a stream is open on it (or for a moment after a snapshot was asked for).
+and each stream is sent whatever is newest when it has taken the previous part. A slow
+client therefore skips frames, never queues them, and slows no one else. A source's tap is
+active only while a stream is open on it (or for a moment after a snapshot was asked for).
+
+The HTTP side is ``http_endpoint.HttpEndpoint``, the metrics' server: one thread, at most
+MAX_CONNECTIONS connections, a deadline for each whole request head and for each part
+taken, answers only to the names in ``view.allowed_hosts`` (with the loopback names and
+``view.host``: DNS rebinding), and headers that keep the pages out of frames and caches.
+Paths are percent-decoded (UTF-8): a source named ``süd`` is at ``/snapshot/s%C3%BCd.jpg``.
+A port it cannot bind is logged with the setting named, and the agent runs on without the
+view, as it does without the metrics: neither is needed for the results.
 """
 
 from __future__ import annotations
@@ -18,20 +26,17 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import socket
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import cv2
 
 from edge_agent.core.config import ViewConfig
 from edge_agent.core.exposure import on_loopback
+from edge_agent.http_endpoint import Deferred, HttpEndpoint, Request, Response
 from edge_agent.pipelines.view_tap import ViewFrame, ViewTap
 from edge_agent.view.annotate import annotate
 from edge_agent.view.page import page
@@ -39,11 +44,29 @@ from edge_agent.view.page import page
 log = logging.getLogger(__name__)
 
 MAX_STREAMS = 16  # open MJPEG streams at most; more are refused (503)
-MAX_CONNECTIONS = 32  # connections being served at most; more are closed at once
+MAX_CONNECTIONS = 32  # connections held at most; one more closes the oldest idle one
 _REQUEST_TIMEOUT_S = 5.0  # a connection that sends no whole request in this time is closed
 _SNAPSHOT_WAIT_S = 3.0
-_WRITE_TIMEOUT_S = 10.0  # a client that takes nothing for this long is dropped
+_WRITE_TIMEOUT_S = 10.0  # a client that takes no response or frame within this is dropped
+_RESEND_S = 5.0  # no new frame (a camera down): the last again, so a vanished client is found out
 _SEND_BUFFER = 64 * 1024
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+#: On every answer: no framing by other sites, no type sniffing, no referrer (the token is
+#: in the URL), no caching of camera images.
+SECURITY_HEADERS = (
+    "X-Frame-Options: DENY",
+    "X-Content-Type-Options: nosniff",
+    "Referrer-Policy: no-referrer",
+    "Cache-Control: no-store",
+)
+_WILDCARDS = ("", "0.0.0.0", "::")
+
+
+def allowed_hosts(cfg: ViewConfig) -> frozenset[str]:
+    """The names a request's Host may carry: loopback, view.host (unless all interfaces)
+    and view.allowed_hosts."""
+    bound = () if cfg.host in _WILDCARDS else (cfg.host,)
+    return frozenset((*LOOPBACK_NAMES, *bound, *cfg.allowed_hosts))
 
 
 @dataclass
@@ -72,7 +95,7 @@ class ViewServer:
         self._stop = threading.Event()
         self._streams: dict[str, int] = {}
         self._wanted_until: dict[str, float] = {}
-        self._httpd: ThreadingHTTPServer | None = None
+        self._http: HttpEndpoint | None = None
         self._threads: list[threading.Thread] = []
 
     def tap(self, source: str, max_det: int) -> ViewTap:
@@ -90,32 +113,44 @@ class ViewServer:
                 self.taps.pop(source).active = False
                 self.latest.pop(source, None)
             self._cond.notify_all()
+        self._wake_http()  # its streams end now
 
     # -- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        server = self
-
-        class Handler(_Handler):
-            view = server
-
-        self._httpd = _Server((self.cfg.host, self.cfg.port), Handler)
-        host, port = self._httpd.server_address[:2]
-        self.url = f"http://{host}:{port}/"  # the token is not logged: ?token=... is the user's
-        self._threads = [
-            threading.Thread(
-                target=self._httpd.serve_forever, kwargs={"poll_interval": 0.2}, name="view-http"
-            ),
-            threading.Thread(target=self._encode_loop, name="view-encode"),
-        ]
+        cfg = self.cfg
+        self._http = HttpEndpoint(
+            cfg.host,
+            cfg.port,
+            "/",
+            handle=self._handle,
+            name="view",
+            setting="view",
+            allowed_hosts=allowed_hosts(cfg),
+            headers=SECURITY_HEADERS,
+            max_connections=MAX_CONNECTIONS,
+            request_timeout_s=_REQUEST_TIMEOUT_S,
+            write_timeout_s=_WRITE_TIMEOUT_S,
+        )
+        self._http.start()  # a port it cannot bind: a warning naming view.host/view.port
+        if not self._http.listening:
+            return
+        self._threads = [threading.Thread(target=self._encode_loop, name="view-encode")]
         for t in self._threads:
             t.start()
+        host = cfg.host or "0.0.0.0"
+        self.url = f"http://{f'[{host}]' if ':' in host else host}:{self._http.port}/"  # no token: the user's
         if not on_loopback(host):
             log.warning(
                 "live view on %s: anyone who reaches the port sees the cameras%s",
                 self.url,
-                "" if self.cfg.token else " (set view.token, or bind view.host to 127.0.0.1)",
+                "" if cfg.token else " (set view.token, or bind view.host to 127.0.0.1)",
             )
+            if cfg.host in _WILDCARDS and not cfg.allowed_hosts:
+                log.warning(
+                    "live view: view.allowed_hosts is empty, so a browser that reaches the view by "
+                    "this machine's name or address is refused (421); list those in view.allowed_hosts"
+                )
         log.info("live view on %s", self.url)
 
     def stop(self, timeout_s: float = 2.0) -> bool:
@@ -125,12 +160,15 @@ class ViewServer:
             for tap in self.taps.values():
                 tap.active = False  # a stream still writing must not keep the capture copying
             self._cond.notify_all()
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
+        if self._http is not None:
+            self._http.close()
         for t in self._threads:
             t.join(timeout_s)
         return not any(t.is_alive() for t in self._threads)
+
+    def _wake_http(self) -> None:
+        if self._http is not None:
+            self._http.wake()
 
     # -- who watches ----------------------------------------------------------------------
 
@@ -196,135 +234,88 @@ class ViewServer:
             )
             self.encoded += 1
             self._cond.notify_all()
+        self._wake_http()  # streams and waiting snapshots take it
 
-    def wait_newer(self, source: str, seq: int, timeout_s: float) -> Encoded | None:
-        """The newest frame of ``source`` if it is newer than ``seq``, waiting for one."""
-        end = time.monotonic() + timeout_s
-        with self._cond:
-            while not self._stop.is_set() and source in self.taps:
-                e = self.latest.get(source)
-                if e is not None and e.seq != seq:
-                    return e
-                left = end - time.monotonic()
-                if left <= 0:
-                    return None
-                self._cond.wait(left)
-        return None
+    # -- HTTP: in the server's thread, never blocking ------------------------------------
 
-
-class _Server(ThreadingHTTPServer):
-    """At most MAX_CONNECTIONS served at once; handler threads are daemons (a stream that is
-    still writing never holds up the agent's exit)."""
-
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], handler: type) -> None:
-        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        super().__init__(address, handler)
-
-    def verify_request(self, request: Any, client_address: Any) -> bool:
-        return self.slots.acquire(blocking=False)  # full: the connection is closed at once
-
-    def shutdown_request(self, request: Any) -> None:
-        super().shutdown_request(request)
-        self.slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.debug("view: a connection from %s failed", client_address, exc_info=True)
-
-
-class _Handler(BaseHTTPRequestHandler):
-    view: ViewServer
-    protocol_version = "HTTP/1.0"  # one request per connection; a stream ends with it
-    server_version = "edge-agent-view"
-    timeout = _REQUEST_TIMEOUT_S  # for reading the request; a stream sets its own for writing
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("view: %s %s", self.address_string(), (format % args).split("?")[0])
-
-    def do_GET(self) -> None:
-        url = urlsplit(self.path)
-        view = self.view
-        given = parse_qs(url.query).get("token", [""])[0]
-        if view.cfg.token and not hmac.compare_digest(given.encode(), view.cfg.token.encode()):
-            self._send(HTTPStatus.FORBIDDEN, b"a token is needed: ?token=...\n", "text/plain")
-            return
-        path = url.path
+    def _handle(self, request: Request) -> Response | Deferred:
+        token = self.cfg.token
+        given = request.query.get("token", [""])[0]
+        if token and not hmac.compare_digest(given.encode(), token.encode()):
+            return Response(403, b"a token is needed: ?token=...\n")
+        path = request.path
         if path == "/":
-            self._send(
-                HTTPStatus.OK,
-                page(sorted(view.taps), view.cfg, view.device).encode(),
-                "text/html; charset=utf-8",
-            )
-        elif path == "/api/health":
-            body = json.dumps(view.heartbeats(), default=str).encode()
-            self._send(HTTPStatus.OK, body, "application/json")
-        elif path.startswith("/stream/") and path.endswith(".mjpg"):
-            self._stream(path[len("/stream/") : -len(".mjpg")])
-        elif path.startswith("/snapshot/") and path.endswith(".jpg"):
-            self._snapshot(path[len("/snapshot/") : -len(".jpg")])
-        else:
-            self._send(HTTPStatus.NOT_FOUND, b"not found\n", "text/plain")
+            with self._cond:  # a reload may change the taps meanwhile
+                names = sorted(self.taps)
+            body = page(names, self.cfg, self.device).encode()
+            return Response(200, body, "text/html; charset=utf-8")
+        if path == "/api/health":
+            return Response(200, json.dumps(self.heartbeats(), default=str).encode(), "application/json")
+        if path.startswith("/stream/") and path.endswith(".mjpg"):
+            return self._stream(path[len("/stream/") : -len(".mjpg")])
+        if path.startswith("/snapshot/") and path.endswith(".jpg"):
+            return self._snapshot(path[len("/snapshot/") : -len(".jpg")])
+        return Response(404, b"not found\n")
 
-    def _send(self, status: HTTPStatus, body: bytes, kind: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(body)))
-        self.send_header("Cache-Control", "no-store")
-        self.end_headers()
-        self.wfile.write(body)
+    def _snapshot(self, source: str) -> Response | Deferred:
+        if source not in self.taps:
+            return Response(404, f"no source {source!r}\n".encode())
+        self.want(source)
+        e = self.latest.get(source)
+        if e is not None and time.monotonic() - e.at <= 2 / self.cfg.fps + 0.5:
+            return Response(200, e.jpeg, "image/jpeg")
+        seen, end = e.seq if e else -1, time.monotonic() + _SNAPSHOT_WAIT_S
 
-    def _known(self, source: str) -> bool:
-        if source in self.view.taps:
-            return True
-        self._send(HTTPStatus.NOT_FOUND, f"no source {source!r}\n".encode(), "text/plain")
-        return False
+        def newer() -> Response | None:  # nobody watched lately: the next frame, or 503 in time
+            e = self.latest.get(source)
+            if e is not None and e.seq != seen:
+                return Response(200, e.jpeg, "image/jpeg")
+            if self._stop.is_set() or source not in self.taps or time.monotonic() >= end:
+                return Response(503, b"no frame yet\n")
+            return None
 
-    def _snapshot(self, source: str) -> None:
-        if not self._known(source):
-            return
-        view = self.view
-        view.want(source)
-        e = view.latest.get(source)
-        if e is None or time.monotonic() - e.at > 2 / view.cfg.fps + 0.5:  # nobody watched lately
-            e = view.wait_newer(source, e.seq if e else -1, _SNAPSHOT_WAIT_S)
-        if e is None:
-            self._send(HTTPStatus.SERVICE_UNAVAILABLE, b"no frame yet\n", "text/plain")
-            return
-        self._send(HTTPStatus.OK, e.jpeg, "image/jpeg")
+        return newer
 
-    def _stream(self, source: str) -> None:
-        if not self._known(source):
-            return
-        view = self.view
-        if not view.watch(source, +1):
-            self._send(HTTPStatus.SERVICE_UNAVAILABLE, b"too many viewers\n", "text/plain")
-            return
-        try:
-            self.connection.settimeout(_WRITE_TIMEOUT_S)
-            # A small send buffer: a client that reads slowly holds up its own thread once the
-            # sockets hold a frame (or a few small ones), then gets the newest frame each time
-            # it reads, instead of working through a backlog in the kernel.
-            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER)
-            self.send_response(HTTPStatus.OK)
-            self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
-            self.send_header("Cache-Control", "no-store")
-            self.end_headers()
-            sent, last = -1, None
-            while not view._stop.is_set() and source in view.taps:  # gone after a reload: the end
-                # No new frame for 5 s (a camera down): the last one again, so a client that
-                # vanished is found out by the write timeout instead of holding a slot.
-                e = view.wait_newer(source, sent, 5.0) or last
-                if e is None:
-                    continue
-                head = (
-                    f"--frame\r\nContent-Type: image/jpeg\r\nX-Frame-Id: {e.frame_id}\r\n"
-                    f"Content-Length: {len(e.jpeg)}\r\n\r\n"
-                )
-                self.wfile.write(head.encode() + e.jpeg + b"\r\n")
-                self.wfile.flush()
-                sent, last = e.seq, e
-        except OSError:  # the client went, or took nothing for _WRITE_TIMEOUT_S
-            return
-        finally:
-            view.watch(source, -1)
+    def _stream(self, source: str) -> Response:
+        if source not in self.taps:
+            return Response(404, f"no source {source!r}\n".encode())
+        if not self.watch(source, +1):
+            return Response(503, b"too many viewers\n")
+        return Response(
+            200,
+            content_type="multipart/x-mixed-replace; boundary=frame",
+            stream=_Mjpeg(self, source),
+            # Small: a client that reads slowly has a frame or so in the sockets, then gets the
+            # newest frame each time it takes one, instead of working through a backlog.
+            send_buffer=_SEND_BUFFER,
+        )
+
+
+class _Mjpeg:
+    """One viewer's MJPEG stream: the newest frame whenever the last one was taken."""
+
+    def __init__(self, view: ViewServer, source: str) -> None:
+        self.view, self.source = view, source
+        self.sent, self.last, self.last_at = -1, None, time.monotonic()
+        self._closed = False
+
+    def next_part(self) -> bytes | None:
+        e, now = self.view.latest.get(self.source), time.monotonic()
+        if e is None or e.seq == self.sent:
+            if self.last is None or now - self.last_at < _RESEND_S:
+                return None
+            e = self.last
+        self.sent, self.last, self.last_at = e.seq, e, now
+        head = (
+            f"--frame\r\nContent-Type: image/jpeg\r\nX-Frame-Id: {e.frame_id}\r\n"
+            f"Content-Length: {len(e.jpeg)}\r\n\r\n"
+        )
+        return head.encode() + e.jpeg + b"\r\n"
+
+    def done(self) -> bool:
+        return self.view._stop.is_set() or self.source not in self.view.taps  # gone after a reload
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.view.watch(self.source, -1)

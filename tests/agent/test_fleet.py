@@ -348,6 +348,41 @@ def test_unset_variable_is_an_error(tmp_path):
     assert p.message == "${CAM} is not set (and has no default)"
 
 
+NESTED = """
+defaults:
+  source:
+    name: "${CAM:-${HOSTNAME}}"
+    fps: "${FPS:-${DEFAULT_FPS:-15}}"
+devices:
+  a: {}
+"""
+
+
+def test_a_default_may_hold_a_reference_as_in_a_shell(tmp_path):
+    """``${A:-${B}}`` is B's value when A is unset (as in sh and Docker Compose), not the
+    text ``${B}``; a default not taken needs none of its variables."""
+    fleet = load_fleet(write(tmp_path, NESTED))
+    cfg = fleet.render("a", env={"HOSTNAME": "gate-1"}).config
+    assert (cfg.source.name, cfg.source.fps) == ("gate-1", 15.0)
+    cfg = fleet.render("a", env={"CAM": "front", "DEFAULT_FPS": "7"}).config
+    assert (cfg.source.name, cfg.source.fps) == ("front", 7.0)
+    (p,) = problems_of(fleet.render, "a", env={"FPS": "5"})
+    assert (p.line, p.path, p.message) == (3, "source.name", "${HOSTNAME} is not set (and has no default)")
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ("${CAM:-front", "${CAM:-...} has no closing } (write $${ for a literal ${)"),
+        ("${A:-" * 9 + "x" + "}" * 9, "${VAR:-default} nested more than 8 deep"),
+    ],
+)
+def test_a_reference_that_cannot_be_read_is_refused_not_kept_as_text(tmp_path, value, message):
+    path = write(tmp_path, f"defaults:\n  source:\n    name: '{value}'\ndevices:\n  a: {{}}\n")
+    (p,) = problems_of(load_fleet(path).render, "a", env={})
+    assert (p.file, p.line, p.path, p.message) == (path, 3, "source.name", message)
+
+
 # -- errors: file, line, key path --------------------------------------------------------------
 
 

@@ -260,3 +260,35 @@ def test_a_check_that_could_not_end_or_fail_is_a_usage_error(option, value):
     out = run_process(agent_command("health", "--endpoint", free_endpoint(), option, value), 60)
     assert out.returncode == 2 and f"{option} {value}" in out.stderr, out.stdout + out.stderr
     assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "garbage",
+        "tcp://nohost",
+        "tcp://127.0.0.1:99999",
+        "tcp://127.0.0.1:abc",
+        "foo://127.0.0.1:5",
+        "ipc://",
+    ],
+)
+def test_an_endpoint_that_cannot_be_connected_to_is_a_usage_error(endpoint):
+    out = run_process(agent_command("health", "--endpoint", endpoint, "--timeout", "1"), 60)
+    assert out.returncode == 2 and f"--endpoint {endpoint}: expected " in out.stderr, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_a_config_endpoint_that_cannot_be_connected_to_is_named(tmp_path):
+    path = tmp_path / "agent.yaml"
+    path.write_text("publish: {endpoint: 'foo://x'}\n")  # passes the config's own check ("://")
+    out = run_process(agent_command("health", "--config", str(path), "--timeout", "1"), 60)
+    assert out.returncode == 2 and "publish.endpoint foo://x: expected " in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_an_address_zeromq_refuses_after_the_check_is_named_not_a_traceback():
+    endpoint = "tcp://bad host:5556"
+    out = run_process(agent_command("health", "--endpoint", endpoint, "--timeout", "1"), 60)
+    assert out.returncode == 2 and f"{endpoint}: ZeroMQ cannot connect to it" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr

@@ -257,3 +257,16 @@ def test_close_ends_the_thread_closes_every_socket_and_frees_the_port():
     finally:
         idle.close()
         server.close()
+
+
+def test_a_taken_port_is_logged_with_the_settings_named_and_is_not_fatal(caplog):
+    """Consistent with the live view: neither the metrics nor the view is needed for the
+    results, so a port another program holds costs that endpoint only, said loudly."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with caplog.at_level(logging.WARNING, logger="edge_agent"), serving(port=port) as server:
+            assert not server.http.listening
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("metrics.host" in w and "metrics.port" in w and str(port) in w for w in warnings), warnings

@@ -3,7 +3,6 @@ read off a socket, and the page rendered by a real headless Chromium."""
 
 from __future__ import annotations
 
-import itertools
 import os
 import shutil
 import socket
@@ -173,10 +172,13 @@ def test_a_slow_client_neither_slows_the_agent_nor_queues_frames(const_model):
         during = agent.pipeline.published() - before
     # The pipeline went on while the reader dawdled (30 fps for 7 s; a loaded machine fewer).
     assert during >= 60, during
-    # After what the sockets hold (a few frames), each read gets the newest frame, not the
-    # next of a backlog: ids jump by about a second of frames (the camera makes 30).
+    # After what the sockets hold (a few frames), each read gets a frame queued when a
+    # read made room, not the next of a backlog: over the last reads ids advance by about a
+    # second of frames a read (the camera makes 30; a backlog would advance by one). Judged
+    # on the mean of three reads: the sockets' buffers hold one or two frames, as their
+    # sizes vary, so a single step can be short.
     ids = [i for _, i, _ in frames]
-    assert all(b - a >= 10 for a, b in itertools.pairwise(ids[-3:])), f"a backlog: {ids}"
+    assert (ids[-1] - ids[-4]) / 3 >= 10, f"a backlog: {ids}"
     assert len(agent.view.latest) == 1, "one encoded frame per source is all the view keeps"
 
 

@@ -4,6 +4,7 @@ itself and the role reloads it with SIGHUP, as `systemctl reload` would."""
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import re
@@ -42,7 +43,9 @@ def build_wheel(tmp: Path) -> Path:
     return wheel
 
 
-def fleet(folder: Path, endpoint: str, budget_ms: float = 50, broken: bool = False) -> Path:
+# A healthy fleet's budget is generous: the rollout's health check must pass on a test
+# machine busy with other work (a 50 ms budget once missed 11 % of frames under load).
+def fleet(folder: Path, endpoint: str, budget_ms: float = 1000, broken: bool = False) -> Path:
     folder.mkdir(exist_ok=True)
     (folder / "fleet.yaml").write_text(
         "defaults:\n"
@@ -90,13 +93,17 @@ class Rollout:
             "edge_agent_reload_command": f"kill -HUP {pid}",
             "edge_agent_restart_command": f"kill -HUP {pid}",  # the test's agent stays in its process
             "edge_agent_health_timeout_s": 20,
+            # The configs hold secrets: readable by the agent's group only (here: the test's).
+            "edge_agent_group": grp.getgrgid(os.getgid()).gr_name,
         }
 
     @property
     def config(self) -> Path:
         return self.prefix / "etc" / "edge-agent" / "agent.yaml"
 
-    def run(self, fleet_src: Path, **extra) -> tuple[int, dict[str, int], str]:
+    def command(self, fleet_src: Path, *flags: str, **extra) -> tuple[list[str], dict[str, str]]:
+        """The ``ansible-playbook`` command line (``flags``: more options, e.g. ``-vvv``) and its
+        environment."""
         extra_vars = {**self.vars, "edge_agent_fleet_src": str(fleet_src), **extra}
         env = {
             **os.environ,
@@ -105,18 +112,20 @@ class Rollout:
             "ANSIBLE_LOCAL_TEMP": str(self.tmp / "ansible-tmp"),
             "ANSIBLE_HOME": str(self.tmp / "ansible-home"),
         }
-        out = run_process(
-            [
-                str(Path(sys.executable).parent / "ansible-playbook"),
-                "-i",
-                str(self.inventory),
-                "-e",
-                json.dumps(extra_vars),
-                str(ANSIBLE / "site.yml"),
-            ],
-            timeout_s=240,
-            env=env,
-        )
+        args = [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            str(self.inventory),
+            *flags,
+            "-e",
+            json.dumps(extra_vars),
+            str(ANSIBLE / "site.yml"),
+        ]
+        return args, env
+
+    def run(self, fleet_src: Path, *flags: str, **extra) -> tuple[int, dict[str, int], str]:
+        args, env = self.command(fleet_src, *flags, **extra)
+        out = run_process(args, timeout_s=240, env=env)
         recap = re.search(r"this-jetson\s*:\s*(.*)", out.stdout.split("PLAY RECAP")[-1])
         counts = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", recap.group(1))} if recap else {}
         return out.returncode, counts, out.stdout + out.stderr
