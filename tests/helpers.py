@@ -195,3 +195,28 @@ def damage(src: Path, dst: Path, start: float, end: float) -> Path:
     data[lo:hi] = np.random.default_rng(7).integers(0, 256, hi - lo, dtype=np.uint8).tobytes()
     dst.write_bytes(bytes(data))
     return dst
+
+
+def refused_handshake(
+    ctx: zmq.Context, server_public: bytes, key_pair: tuple[bytes, bytes], endpoint: str
+) -> None:
+    """One real CURVE connection with ``key_pair`` (public, secret), until the server refused
+    it. (libzmq does not retry a connection the server refused: a client that keeps trying
+    opens new ones.)"""
+    from zmq.utils.monitor import recv_monitor_message
+
+    sock = ctx.socket(zmq.SUB)
+    sock.linger = 0
+    sock.curve_serverkey = server_public
+    sock.curve_publickey, sock.curve_secretkey = key_pair
+    sock.subscribe("det")
+    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+    try:
+        sock.connect(endpoint)
+        assert monitor.poll(30_000), "the server refused the connection"
+        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
+        sock.close(linger=0)
+

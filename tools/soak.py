@@ -33,6 +33,7 @@ from collections import Counter
 from pathlib import Path
 
 import zmq
+from agent_process import stop_group  # tools/, beside this script
 
 from edge_agent.client import GapTracker
 
@@ -179,12 +180,7 @@ def main() -> int:
         code = agent.wait(timeout=args.duration + 300)
     finally:
         if agent.poll() is None:
-            os.killpg(agent.pid, signal.SIGTERM)
-            try:
-                agent.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(agent.pid, signal.SIGKILL)
-                agent.wait()
+            stop_group(agent)
         results.close()
         log.close()
 

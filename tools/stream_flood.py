@@ -16,12 +16,10 @@ agent is started with ``--duration`` and killed (its whole session) on every way
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import multiprocessing
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -32,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from agent_process import stop_group  # tools/, beside this script
 
 WARMUP_S = 4.0  # the agent's first frames (model load, first inferences) are not measured
 SETTLE_S = 12.0  # after the flood: the RSS is read at the end of this (the drain catches up)
@@ -183,13 +182,7 @@ def run_once(args: argparse.Namespace, with_flood: bool) -> dict[str, float]:
             flooder.kill()
             flooder.join(5)
         observer.join(2)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(agent.pid, signal.SIGTERM)
-        try:
-            agent.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(agent.pid, signal.SIGKILL)
-            agent.wait()
+        stop_group(agent)
     gaps = [(b - a) / 1e9 for a, b in zip(seen.beats, seen.beats[1:])]
     result["heartbeats"] = len(seen.beats)
     result["heartbeat_gap_max_s"] = max(gaps) if gaps else float("nan")

@@ -17,7 +17,7 @@ import pytest
 import zmq
 import zmq.auth
 from conftest import free_endpoint, wait_until
-from zmq.utils.monitor import recv_monitor_message
+from helpers import refused_handshake
 
 from edge_agent.client import connect
 from edge_agent.pipelines.publish import ZmqPublisher
@@ -224,22 +224,10 @@ def test_adding_a_key_keeps_connected_clients(keys, ctx, caplog):
 
 
 def refused_attempt(ctx: zmq.Context, keys: Keys, name: str, endpoint: str) -> None:
-    """One connection with ``name``'s key, until CURVE refused it. (libzmq does not retry a
-    connection the server refused: a client that keeps trying opens new ones.)"""
-    sock = ctx.socket(zmq.SUB)
-    sock.linger = 0
-    sock.curve_serverkey = zmq.auth.load_certificate(keys.public("server"))[0]
-    sock.curve_publickey, sock.curve_secretkey = zmq.auth.load_certificate(keys.dir / f"{name}.key_secret")
-    sock.subscribe("det")
-    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-    try:
-        sock.connect(endpoint)
-        assert monitor.poll(30_000), "the server refused the connection"
-        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
-    finally:
-        sock.disable_monitor()
-        monitor.close(linger=0)
-        sock.close(linger=0)
+    """One connection with ``name``'s key, until CURVE refused it."""
+    server_public = zmq.auth.load_certificate(keys.public("server"))[0]
+    key_pair = zmq.auth.load_certificate(keys.dir / f"{name}.key_secret")
+    refused_handshake(ctx, server_public, key_pair, endpoint)
 
 
 def test_a_refused_client_is_logged_once_not_per_attempt(keys, ctx, caplog):

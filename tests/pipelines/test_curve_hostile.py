@@ -16,7 +16,7 @@ import pytest
 import zmq
 import zmq.auth
 from conftest import free_endpoint
-from zmq.utils.monitor import recv_monitor_message
+from helpers import refused_handshake
 
 from edge_agent.pipelines.curve import AllowedClients, read_client_keys
 from edge_agent.pipelines.publish import ZmqPublisher
@@ -106,19 +106,7 @@ def test_a_symlink_to_a_key_file_still_counts(folder):
 
 def refused(ctx: zmq.Context, server_public: bytes, endpoint: str) -> None:
     """One real CURVE handshake with a fresh random key pair, until the server refused it."""
-    sock = ctx.socket(zmq.SUB)
-    sock.linger = 0
-    sock.curve_serverkey = server_public
-    sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
-    monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-    try:
-        sock.connect(endpoint)
-        assert monitor.poll(30_000), "the server refused the connection"
-        assert recv_monitor_message(monitor)["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH
-    finally:
-        sock.disable_monitor()
-        monitor.close(linger=0)
-        sock.close(linger=0)
+    refused_handshake(ctx, server_public, zmq.curve_keypair(), endpoint)
 
 
 def test_fresh_keys_at_every_attempt_get_a_bounded_number_of_warnings(folder, caplog, monkeypatch):
