@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qs, unquote_to_bytes
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ _READING, _WAITING, _WRITING = "reading", "waiting", "writing"
 _STREAMING, _LINGERING = "streaming", "lingering"
 _LINGER_S = 2.0  # after a response: read and discard what the client still sends, then close
 _LINGER_BYTES = 64 * 1024
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,18 @@ def _response(
 class _Conn:
     """One client connection: its request head so far, then its response."""
 
-    __slots__ = ("buf", "deadline", "drained", "head_only", "out", "pending", "sock", "state", "stream")
+    __slots__ = (
+        "buf",
+        "deadline",
+        "drained",
+        "eof",
+        "head_only",
+        "out",
+        "pending",
+        "sock",
+        "state",
+        "stream",
+    )
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
         self.sock = sock
@@ -122,6 +134,7 @@ class _Conn:
         self.out = memoryview(b"")
         self.deadline = deadline
         self.drained = 0
+        self.eof = False  # the client has half-closed: nothing more to read
         self.head_only = False
         self.pending: Deferred | None = None
         self.stream: Stream | None = None
@@ -142,7 +155,9 @@ class HttpEndpoint:
 
     One thread (named ``name``) runs a selector loop over non-blocking sockets. At most
     ``max_connections`` are held: one more closes the oldest that has not sent a whole
-    request yet (or the new one when all are being answered). A request head must
+    request yet, else the oldest waiting for its answer (told 503), else the new one (all
+    are being answered or streamed). A client that half-closes after its request still
+    gets its answer. A request head must
     arrive within ``request_timeout_s`` of the connection (however it trickles in) and be
     at most ``max_request_bytes``; a response, or a part of a stream, not taken by the
     client within ``write_timeout_s`` is abandoned; a stream with nothing to send for
@@ -350,7 +365,7 @@ class HttpEndpoint:
                 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     victim = self._evictable()
                     if victim is not None:  # give an idle connection's fd to the new one
-                        self._drop(victim)
+                        self._evict(victim)
                         continue
                     self._log_once(
                         "accept", "%s: cannot accept a connection (%s); pausing 0.5 s", self.name, e.strerror
@@ -370,18 +385,29 @@ class HttpEndpoint:
                     self.name,
                     len(self._conns),
                 )
-                self._drop(victim)
+                self._evict(victim)
             conn = _Conn(sock, time.monotonic() + self.request_timeout_s)
             self._conns[conn] = None
             self._sel.register(sock, selectors.EVENT_READ, conn)
 
     def _evictable(self) -> _Conn | None:
-        """The oldest connection done with (lingering), else the oldest without a request."""
-        for state in (_LINGERING, _READING):
+        """The oldest connection done with (lingering), else the oldest without a request,
+        else the oldest waiting for its answer: requests that wait (a snapshot with no fresh
+        frame) must not be able to fill every slot and lock new clients out."""
+        for state in (_LINGERING, _READING, _WAITING):
             for conn in self._conns:
                 if conn.state == state:
                     return conn
         return None
+
+    def _evict(self, conn: _Conn) -> None:
+        """Close ``conn`` to make room; one waiting for its answer is told 503, best effort
+        (a short answer into an empty send buffer: it never blocks)."""
+        if conn.state == _WAITING:
+            with contextlib.suppress(OSError):
+                busy = self._plain(503, b"too many connections; try again\n", head_only=conn.head_only)
+                conn.sock.send(busy)
+        self._drop(conn)
 
     def _expire(self, now: float) -> None:
         if self._paused_until and now >= self._paused_until and self._sock is not None:
@@ -420,7 +446,11 @@ class HttpEndpoint:
             return
         except OSError:
             data = b""
-        if not data:
+        if not data and conn.state in (_WAITING, _STREAMING):
+            # A half-close after the request (``nc -N``): still owed its answer; stop reading.
+            conn.eof = True
+            self._watch(conn, selectors.EVENT_READ)
+        elif not data:
             self._drop(conn)
         elif conn.state != _READING:  # after the request: read and discard, up to a bound
             conn.drained += len(data)
@@ -503,29 +533,34 @@ class HttpEndpoint:
         else:  # not ready: polled from now on
             conn.state, conn.pending, conn.buf = _WAITING, answer, bytearray()
             conn.deadline = time.monotonic() + self.stream_idle_s
-            assert self._sel is not None
-            self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
+            self._watch(conn, selectors.EVENT_READ)
             self._poll_one(conn)
 
     def _poll_one(self, conn: _Conn) -> None:
-        assert conn.pending is not None
-        response = conn.pending()
+        pending = conn.pending
+        assert pending is not None
+        response = self._guarded("a waiting answer", pending)
         if response is not None:
             self._start_response(conn, response)
 
     def _handle(self, request: Request) -> Response | Deferred:
+        return self._guarded(request.path, lambda: self.handle(request))
+
+    def _guarded(self, what: str, answer: Callable[[], _T]) -> _T | Response:
+        """``answer()``, or a 500 when it raises (each new failure logged once, with its traceback)."""
         try:
-            answer = self.handle(request)
+            result = answer()
         except Exception as e:
             message = f"{type(e).__name__}: {e}"
-            if message != self._last_error:  # each new failure once, with its traceback
-                log.exception("%s: answering %s failed; the request gets 500", self.name, request.path)
+            if message != self._last_error:
+                log.exception("%s: answering %s failed; the request gets 500", self.name, what)
             else:
                 log.debug("%s: answering failed again: %s", self.name, message)
             self._last_error = message
             return Response(500)
-        self._last_error = ""
-        return answer
+        if result is not None:  # a waiting answer's "not yet" says nothing about failures
+            self._last_error = ""
+        return result
 
     def _start_response(self, conn: _Conn, response: Response) -> None:
         conn.pending = None
@@ -563,8 +598,7 @@ class HttpEndpoint:
         conn.deadline = time.monotonic() + self.write_timeout_s
         self._send(conn)
         if conn.state == _WRITING and conn in self._conns:
-            assert self._sel is not None
-            self._sel.modify(conn.sock, selectors.EVENT_WRITE, conn)
+            self._watch(conn, selectors.EVENT_WRITE)
 
     def _send(self, conn: _Conn) -> None:
         while conn.out:
@@ -576,10 +610,9 @@ class HttpEndpoint:
                 self._drop(conn)
                 return
             conn.out = conn.out[sent:]
-        assert self._sel is not None
         if conn.stream is not None and not conn.stream.done():  # wait for the next part
             conn.state, conn.deadline = _STREAMING, time.monotonic() + self.stream_idle_s
-            self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
+            self._watch(conn, selectors.EVENT_READ)
             return
         self._finish(conn)
 
@@ -592,9 +625,24 @@ class HttpEndpoint:
         except OSError:
             self._drop(conn)
             return
+        if conn.eof:  # the client sends nothing more: nothing to linger for
+            self._drop(conn)
+            return
         conn.state, conn.deadline = _LINGERING, time.monotonic() + _LINGER_S
+        self._watch(conn, selectors.EVENT_READ)
+
+    def _watch(self, conn: _Conn, events: int) -> None:
+        """Select ``conn`` for ``events``; never for reading once the client has half-closed
+        (its end of stream would wake the loop at once, for ever)."""
         assert self._sel is not None
-        self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
+        if events == selectors.EVENT_READ and conn.eof:
+            with contextlib.suppress(KeyError, ValueError):
+                self._sel.unregister(conn.sock)
+            return
+        try:
+            self._sel.modify(conn.sock, events, conn)
+        except KeyError:  # unregistered after a half-close
+            self._sel.register(conn.sock, events, conn)
 
     def _log_once(self, key: str, message: str, *args: Any) -> None:
         if key in self._warned:

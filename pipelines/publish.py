@@ -81,6 +81,9 @@ class ZmqPublisher:
         # Results come from the post thread and heartbeats from the health thread; a
         # ZeroMQ socket must not be used by two threads at once.
         self._lock = threading.Lock()
+        # Notified (under the lock) when subscription messages were read: wait_for_subscribers
+        # waits on it, with the lock released, rather than polling the socket under the lock.
+        self._arrived = threading.Condition(self._lock)
         self._refresh_lock = threading.Lock()  # one refresh at a time (reading the folder)
         self.sent = 0
         self.error: str | None = None  # the stream is down for good (a rebind failed)
@@ -267,18 +270,19 @@ class ZmqPublisher:
         the agent connects within ZeroMQ's reconnect interval (100 ms), so its subscription
         is here well inside a second. A client that CURVE refuses never subscribes."""
         deadline = time.monotonic() + timeout_s
-        while True:
-            with self._lock:
+        with self._arrived:
+            while True:
                 if self._sock is None:
                     return self.subscriptions
-                self._drain(DRAIN_BATCH)
+                self._drain(DRAIN_BATCH)  # one batch, as the heartbeat does
                 left_s = deadline - time.monotonic()
                 if self.subscriptions >= count or left_s <= 0:
                     return self.subscriptions
-                # Short slices: the lock is the socket's, and the heartbeat may want it.
-                self._sock.poll(min(left_s, 0.05) * 1000, zmq.POLLIN)
-            if interrupt is not None and interrupt.is_set():
-                return self.subscriptions
+                if interrupt is not None and interrupt.is_set():
+                    return self.subscriptions
+                # The drain thread reads the rest and wakes us; waiting releases the lock, so
+                # send() and the drain never wait for this. Short slices: ``interrupt`` is polled.
+                self._arrived.wait(min(left_s, DRAIN_IDLE_S))
 
     def poll_subscriptions(self) -> int:
         """The current count of subscriptions to results. The heartbeat calls this: it reads
@@ -307,6 +311,8 @@ class ZmqPublisher:
             elif msg[:1] == b"\x00":
                 self.subscriptions = max(0, self.subscriptions - 1)
         self.subscription_messages += n
+        if n:
+            self._arrived.notify_all()
         return n
 
     def _drain_loop(self) -> None:

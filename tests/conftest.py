@@ -195,3 +195,21 @@ def started(agent: Agent | AgentConfig, *closing: Any, clean: bool = False) -> I
             for c in closing:
                 c.close()
         assert stopped or not clean, "every pipeline thread must end"
+
+
+@pytest.fixture
+def many_fds() -> Iterator[None]:
+    """Room for about 1,200 more descriptors in this process (connection floods): the soft
+    RLIMIT_NOFILE raised for the test, restored after; skipped when the hard limit is lower."""
+    import resource  # Unix only: imported where it is needed
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = len(os.listdir("/proc/self/fd")) + 1200
+    if soft != resource.RLIM_INFINITY and soft < need:
+        if hard != resource.RLIM_INFINITY and hard < need:
+            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} is below {need}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

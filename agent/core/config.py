@@ -16,13 +16,13 @@ from typing import Literal
 
 from edge_agent.core import configload
 from edge_agent.core.configload import check, path_field
+from edge_agent.core.names import MAX_NAME, NAME_RULE, level_problem, name_ok
 from edge_agent.core.reloads import AT_START, ELSEWHERE, MODELS, REBIND, reloads
 from edge_agent.core.source_config import (
     ImageFolderSourceConfig,
     SourceConfig,
     SyntheticSourceConfig,
     VideoSourceConfig,
-    _name_ok,
 )
 from edge_agent.core.stages import STAGES
 from edge_agent.core.uplink_config import UplinkConfig
@@ -157,7 +157,7 @@ class PublishConfig:
             "CURVE needs both curve_server_key and curve_clients_dir",
         )
         check("://" in self.endpoint, "endpoint", "expected a ZeroMQ endpoint like tcp://host:port")
-        check(_name_ok(self.topic), "topic", "use letters, digits, '-' and '_' only")
+        check(name_ok(self.topic), "topic", NAME_RULE)
         check(self.send_hwm >= 1, "send_hwm", "must be >= 1")
 
 
@@ -173,7 +173,7 @@ class LadderStep:
     infer: bool = True  # false: alert only (frames are counted and dropped, health goes on)
 
     def __post_init__(self) -> None:
-        check(_name_ok(self.name), "name", "use letters, digits, '-' and '_' only")
+        check(name_ok(self.name), "name", NAME_RULE)
         check(self.frame_stride >= 1, "frame_stride", "must be >= 1")
 
 
@@ -429,14 +429,12 @@ class AgentConfig:
 
     def __post_init__(self) -> None:
         # The id names the device on the stream and in MQTT topics and client ids.
-        # isprintable(): no control character (U+0000 makes the broker drop the uplink's
-        # connection, silently), no unpaired surrogate, no separator but the space.
+        # No control character: U+0000 makes the broker drop the uplink's connection, silently.
         check(
-            bool(self.device_id)
-            and not set(self.device_id) & set("/+# \t\n")
-            and self.device_id.isprintable(),
+            level_problem(self.device_id) is None,
             "device_id",
-            "must be non-empty, without '/', '+', '#', spaces or control characters (an MQTT topic level)",
+            f"must be non-empty, at most {MAX_NAME} characters, without '/', '+', '#', spaces or "
+            "control characters (an MQTT topic level)",
         )
         check(
             not self.sources or self.source == SyntheticSourceConfig(),

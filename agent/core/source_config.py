@@ -8,11 +8,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from edge_agent.core.configload import check, path_field
+from edge_agent.core.names import NAME_RULE, name_ok
 from edge_agent.core.reloads import LANE, MODELS, marked_fields, reloads
-
-
-def _name_ok(name: str) -> bool:
-    return bool(name) and all(c.isalnum() or c in "-_" for c in name)
 
 
 @dataclass(frozen=True)
@@ -30,7 +27,7 @@ class _SourceBase:
     manifest: str = path_field("file", reload=(LANE, MODELS))  # its manifest; empty: beside it
 
     def __post_init__(self) -> None:
-        check(_name_ok(self.name), "name", "use letters, digits, '-' and '_' only (it is a topic)")
+        check(name_ok(self.name), "name", f"{NAME_RULE} (it is a topic)")
         check(-1000 <= self.priority <= 1000, "priority", "must be within -1000..1000")
         check(0 <= self.budget_ms <= 60_000, "budget_ms", "must be within 0..60000 (0: deadline.budget_ms)")
         check(0 <= self.max_fps <= 1000, "max_fps", "must be within 0..1000 (0: no cap)")

@@ -19,10 +19,15 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
+from edge_agent.uplink.validate import finite_number
+
 Message = tuple[str, dict[str, Any]]
 
 HEALTH_TOPIC = "health"
 RESULT_PREFIX = "det."
+
+#: The key of :attr:`Forwarder.rate_limited` that holds the counts of forgotten sources.
+FORGOTTEN = "(forgotten sources)"
 
 #: Slack on time comparisons: interval ends and gaps are sums of floats near 1.7e9 s.
 _EPS_S = 1e-6
@@ -65,6 +70,17 @@ class Forwarder(ABC):
 
     def flush(self, now_s: float, final: bool = False, wall_s: float | None = None) -> list[Message]:
         """What is due by time alone; ``final`` also emits what is held for a later time."""
+        return []
+
+    def forget(self, source: str, now_s: float, wall_s: float | None = None) -> list[Message]:
+        """Drop what is kept for ``source`` (the uplink tracks a bounded number of sources,
+        the least recently seen is forgotten); returns what is still due for it. Its
+        rate-limited count is kept, under :data:`FORGOTTEN`, so the total never goes down."""
+        subtopic = "det/" + source
+        self._last_sent.pop(subtopic, None)
+        count = self.rate_limited.pop(subtopic, 0)
+        if count:
+            self.rate_limited[FORGOTTEN] = self.rate_limited.get(FORGOTTEN, 0) + count
         return []
 
     def _admit(self, subtopic: str, at_s: float) -> bool:
@@ -162,7 +178,7 @@ class _Window:
         latency = body.get("latency_ms")
         total = latency.get("total") if isinstance(latency, dict) else None
         # Only numbers: one odd value would make every later sort() of this window raise.
-        if isinstance(total, int | float) and not isinstance(total, bool) and math.isfinite(total):
+        if finite_number(total):
             self.latencies.append(total)
         if body.get("deadline_missed"):
             self.missed += 1
@@ -253,6 +269,17 @@ class Summarize(Forwarder):
             if final and (win.frames or win.heartbeat):
                 self._emit(source, win, now_s, out, offset)
                 win.start_s = now_s
+        return out
+
+    def forget(self, source: str, now_s: float, wall_s: float | None = None) -> list[Message]:
+        """Close ``source``'s open interval (its frames are counted in one last summary)."""
+        out = super().forget(source, now_s, wall_s)
+        win = self._windows.pop(source, None)
+        if win is not None:
+            offset = _offset(now_s, wall_s)
+            self._close_due(source, win, now_s, out, offset)
+            if win.frames or win.heartbeat:
+                self._emit(source, win, now_s, out, offset)
         return out
 
     def _close_due(self, source: str, win: _Window, now_s: float, out: list[Message], offset: float) -> None:

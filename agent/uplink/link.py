@@ -27,6 +27,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 
+from edge_agent.core.names import topic_chars_problem
 from edge_agent.core.uplink_config import UplinkConfig
 from edge_agent.uplink.spool import Spool
 
@@ -101,10 +102,9 @@ def _read_password(path: str) -> str:
 def topic_problem(topic: str) -> str | None:
     """Why no broker takes ``topic`` for a publish (None when one does): a spool written
     before messages were checked may hold such a message, and it must not block the rest."""
-    if set(topic) & {"#", "+"}:
-        return "an MQTT wildcard in the topic"
-    if not topic.isprintable():
-        return "a control character or unprintable code point in the topic"
+    problem = topic_chars_problem(topic)
+    if problem is not None:
+        return f"the topic {problem}"
     if len(topic.encode("utf-8", "surrogatepass")) > 65535:
         return "a topic over 65535 bytes"
     return None

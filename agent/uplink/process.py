@@ -14,6 +14,7 @@ each source folded into one message with the uplink's own counters, sent at most
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import threading
@@ -24,7 +25,7 @@ import zmq
 
 from edge_agent import __version__, client
 from edge_agent.core.config import AgentConfig
-from edge_agent.uplink.forward import make_forwarder
+from edge_agent.uplink.forward import Message, make_forwarder
 from edge_agent.uplink.link import Link, LinkError
 from edge_agent.uplink.spool import Spool
 from edge_agent.uplink.validate import MAX_FRAME_BYTES, message_problem
@@ -33,7 +34,9 @@ log = logging.getLogger(__name__)
 
 _POLL_MS = 100
 _BATCH = 256  # stream messages taken per spool transaction at most
-_MAX_SOURCES = 256  # distinct sources tracked; a message naming one more is rejected
+# Distinct sources tracked; a new one makes the uplink forget the least recently seen (a
+# name only a stray publisher used must not lock out a real source not yet seen).
+_MAX_SOURCES = 256
 _LOG_EVERY_S = 60.0  # a condition that lasts (bad messages, a failing spool) is logged this often
 
 
@@ -82,6 +85,8 @@ class Uplink:
         self.gaps = client.GapTracker()  # results the agent's socket dropped before the uplink read them
         self.beats: dict[str, dict[str, Any]] = {}  # the latest heartbeat per source
         self.models: dict[str, str] = {}  # the model of each source's latest result
+        self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()  # LRU first
+        self._gaps_forgotten = 0  # stream gaps of the sources forgotten
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_health = 0.0
@@ -223,27 +228,45 @@ class Uplink:
         if problem is not None:
             return self._reject(f"{topic[:64]!r}: {problem}")
         self._last_stream = time.monotonic()
+        out: list[Message] = []
         if topic == "health":
+            out = self._touch(body["source"])
             self.beats[body["source"]] = body
         elif topic.startswith(prefix):
+            out = self._touch(topic[len(prefix) :])
             self.gaps.update(topic, body["seq"])
             self.models[topic[len(prefix) :]] = body.get("model", "")
-        return self.forwarder.offer(topic, body, time.monotonic(), wall_s=time.time())
+        return out + self.forwarder.offer(topic, body, time.monotonic(), wall_s=time.time())
+
+    def _touch(self, source: str) -> list[Message]:
+        """Mark ``source`` the most recently seen; past _MAX_SOURCES, forget the least
+        recently seen. What is still due for a forgotten source is returned."""
+        recent = self._recent
+        if source in recent:
+            recent.move_to_end(source)
+            return []
+        recent[source] = None
+        out: list[Message] = []
+        while len(recent) > _MAX_SOURCES:
+            old, _ = recent.popitem(last=False)
+            out += self._forget(old)
+        return out
+
+    def _forget(self, source: str) -> list[Message]:
+        self.beats.pop(source, None)
+        self.models.pop(source, None)
+        topic = self.forwarder.result_prefix + source
+        self._gaps_forgotten += self.gaps.lost.pop(topic, 0)  # stream_gaps never goes down
+        self.gaps.last.pop(topic, None)
+        self.gaps.joined.pop(topic, None)
+        return self.forwarder.forget(source, time.monotonic(), wall_s=time.time())
 
     def _source_problem(self, topic: str, body: dict[str, Any], prefix: str) -> str | None:
-        """A result's topic and body name the same source, and the sources tracked (each
-        costs memory and a line in the health) are bounded."""
-        if topic == "health":
-            source = body["source"]
-        elif topic.startswith(prefix):
+        """A result's topic and body name the same source."""
+        if topic.startswith(prefix):
             source = topic[len(prefix) :]
             if body.get("source", source) != source:
                 return "the topic names another source than the body"
-        else:
-            return None  # not forwarded
-        known = source in self.beats or source in self.models
-        if not known and len(self.beats.keys() | self.models.keys()) >= _MAX_SOURCES:
-            return f"more than {_MAX_SOURCES} sources"
         return None
 
     def _spool(self, out: list[tuple[str, dict[str, Any]]]) -> None:
@@ -268,7 +291,7 @@ class Uplink:
             "spool_bytes": self.spool.size_bytes,
             "dropped": self.spool.dropped,
             "rate_limited": self.forwarder.rate_limited.total,
-            "stream_gaps": sum(self.gaps.lost.values()),
+            "stream_gaps": sum(self.gaps.lost.values()) + self._gaps_forgotten,
             "lost": self.lost,
             "reconnects": max(0, c.connects - 1),
             "connect_failures": c.connect_failures,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import json
-import math
 import threading
 import time
 import uuid
@@ -14,6 +13,7 @@ from typing import Any
 
 from edge_agent.core.uplink_config import UplinkConfig
 from edge_agent.uplink.link import make_client
+from edge_agent.uplink.validate import finite_number
 
 COLUMNS = (
     ("device", 14),
@@ -120,15 +120,11 @@ _NUMBERS = ("ts_unix_s", "health_interval_s", "agent_silent_s", "agent_silent_af
 _STRINGS = ("model", "config_hash", "version", "power_mode")
 
 
-def _num(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def _source_problem(name: str, s: Any) -> str | None:
     if not isinstance(s, dict):
         return f"sources.{name} is not an object"
     for key in ("fps", "miss_rate", "e2e_p99_ms"):
-        if key in s and not (_num(s[key]) or (key == "e2e_p99_ms" and s[key] is None)):
+        if key in s and not (finite_number(s[key]) or (key == "e2e_p99_ms" and s[key] is None)):
             return f"sources.{name}.{key} is not a number"
     return None
 
@@ -139,10 +135,10 @@ def health_problem(health: Any, now_unix: float) -> str | None:
     if not isinstance(health, dict):
         return "not a JSON object"
     for key in _NUMBERS:
-        if key in health and not _num(health[key]):
+        if key in health and not finite_number(health[key]):
             return f"{key} is not a number"
     seen = health.get("last_heartbeat_unix_s")
-    if seen is not None and not _num(seen):
+    if seen is not None and not finite_number(seen):
         return "last_heartbeat_unix_s is not a number"
     for key in _STRINGS:
         if key in health and not isinstance(health[key], str):

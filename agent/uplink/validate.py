@@ -11,32 +11,21 @@ from __future__ import annotations
 import math
 from typing import Any
 
-#: A source name becomes an MQTT topic level: at most this many characters.
-MAX_NAME = 128
+from edge_agent.core.names import MAX_NAME, level_problem
+
+__all__ = ["MAX_FRAME_BYTES", "MAX_NAME", "finite_number", "message_problem", "name_problem"]
+
 #: A stream frame larger than this is rejected before it is decoded (a result with the most
 #: detections a model gives is tens of kB).
 MAX_FRAME_BYTES = 1 << 20
-_TOPIC_UNSAFE = frozenset("/#+")
+
+#: Why a source name cannot be an MQTT topic level (None when it can): the config's rule
+#: for names (edge_agent.core.names), so every source the config takes passes here.
+name_problem = level_problem
 
 
-def name_problem(name: Any) -> str | None:
-    """Why ``name`` cannot be an MQTT topic level (None when it can): MQTT wildcards, a
-    level separator, U+0000 or any control character (brokers disconnect for these), an
-    unpaired surrogate (not UTF-8), or more than MAX_NAME characters."""
-    if not isinstance(name, str) or not name:
-        return "empty or not a string"
-    if len(name) > MAX_NAME:
-        return f"longer than {MAX_NAME} characters"
-    if _TOPIC_UNSAFE & set(name):
-        return "contains '/', '#' or '+'"
-    # isprintable() is False for control characters, surrogates, unassigned code points
-    # and separators other than the space.
-    if not name.isprintable() or " " in name:
-        return "contains a space, a control character or an unprintable code point"
-    return None
-
-
-def _number(v: Any) -> bool:
+def finite_number(v: Any) -> bool:
+    """An int or a float that is finite, and not a bool (JSON's true is no number here)."""
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -56,7 +45,7 @@ def _result_problem(body: dict[str, Any]) -> str | None:
     if not _count(body.get("seq")):
         return "seq is not a count"
     latency = body.get("latency_ms")
-    if not isinstance(latency, dict) or not _number(latency.get("total")) or latency["total"] < 0:
+    if not isinstance(latency, dict) or not finite_number(latency.get("total")) or latency["total"] < 0:
         return "latency_ms.total is not a number >= 0"
     dets = body.get("detections")
     if not isinstance(dets, list):
@@ -77,11 +66,11 @@ def _result_problem(body: dict[str, Any]) -> str | None:
 
 
 def _summary_ok(v: Any) -> bool:
-    return isinstance(v, dict) and all(_number(v[k]) for k in ("p50", "p99") if k in v)
+    return isinstance(v, dict) and all(finite_number(v[k]) for k in ("p50", "p99") if k in v)
 
 
 def _health_problem(body: dict[str, Any]) -> str | None:
-    if not _number(body.get("ts_unix_s")):
+    if not finite_number(body.get("ts_unix_s")):
         return "ts_unix_s is not a number"
     counts = body.get("counts")
     if not isinstance(counts, dict) or not _opt(counts, "dropped", _count):
@@ -98,8 +87,8 @@ def _health_problem(body: dict[str, Any]) -> str | None:
     ):
         return "power has the wrong shape"
     checks = (
-        ("fps", _number),
-        ("miss_rate", _number),
+        ("fps", finite_number),
+        ("miss_rate", finite_number),
         ("version", _is(str)),
         ("config_hash", _is(str)),
         ("device", _is(str)),

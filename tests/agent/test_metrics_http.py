@@ -10,7 +10,6 @@ import contextlib
 import gc
 import logging
 import os
-import resource
 import socket
 import threading
 import urllib.error
@@ -23,6 +22,7 @@ import pytest
 from conftest import wait_until
 from prometheus_client.core import GaugeMetricFamily
 
+from edge_agent.http_endpoint import Deferred, HttpEndpoint, Request, Response
 from edge_agent.metrics import AgentCollector, MetricsServer
 
 #: File descriptors the server may hold beyond its connections at a moment we look.
@@ -77,21 +77,6 @@ def exchange(port: int, payload: bytes, timeout_s: float = 30) -> bytes:
 def status_of(response: bytes) -> int:
     assert response.startswith(b"HTTP/1."), response[:80]
     return int(response.split(b" ", 2)[1])
-
-
-@pytest.fixture
-def many_fds() -> Iterator[None]:
-    """Room for 500 more connections in this process (the soft limit, restored after)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = fd_count() + 1200
-    if soft != resource.RLIM_INFINITY and soft < need:
-        if hard != resource.RLIM_INFINITY and hard < need:
-            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} is below {need}")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_hundreds_of_idle_connections_neither_pile_up_nor_delay_a_scrape(many_fds):
@@ -270,3 +255,96 @@ def test_a_taken_port_is_logged_with_the_settings_named_and_is_not_fatal(caplog)
             assert not server.http.listening
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert any("metrics.host" in w and "metrics.port" in w and str(port) in w for w in warnings), warnings
+
+
+# Answers that wait (a snapshot waiting for a frame) and streams, on the endpoint the view uses.
+
+
+@contextlib.contextmanager
+def endpoint_for(handle, **limits) -> Iterator[HttpEndpoint]:
+    server = HttpEndpoint("127.0.0.1", 0, handle=handle, name="test-http", **limits)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+class Parts:
+    """A stream of ``parts``, each sent once ``go`` is set."""
+
+    def __init__(self, parts: list[bytes], go: threading.Event) -> None:
+        self.parts, self.go = list(parts), go
+
+    def next_part(self) -> bytes | None:
+        return self.parts.pop(0) if self.go.is_set() and self.parts else None
+
+    def done(self) -> bool:
+        return not self.parts
+
+    def close(self) -> None:
+        pass
+
+
+def half_closed_exchange(port: int, path: str, go: threading.Event, server: HttpEndpoint) -> bytes:
+    """Send a request, half-close (``nc -N``), let the answer come, return all of it."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+        sock.shutdown(socket.SHUT_WR)
+        threading.Timer(0.5, lambda: (go.set(), server.wake())).start()  # after the EOF was seen
+        return read_until_closed(sock, 30)
+
+
+def test_a_client_that_half_closes_after_its_request_still_gets_a_waiting_answer_and_a_stream():
+    go = threading.Event()
+
+    def handle(request: Request) -> Response | Deferred:
+        if request.path == "/stream":
+            return Response(200, stream=Parts([b"one;", b"two;", b"three;"], go))
+        return lambda: Response(200, b"ready\n") if go.is_set() else None
+
+    with endpoint_for(handle) as server:
+        waited = half_closed_exchange(server.port, "/wait", go, server)
+        assert status_of(waited) == 200 and waited.endswith(b"ready\n"), waited
+        go.clear()
+        streamed = half_closed_exchange(server.port, "/stream", go, server)
+        assert status_of(streamed) == 200 and streamed.endswith(b"one;two;three;"), streamed
+
+
+def test_a_waiting_answer_that_raises_is_answered_500():
+    def handle(request: Request) -> Deferred:
+        def broken() -> Response | None:
+            raise RuntimeError("a bug in a waiting answer")
+
+        return broken
+
+    with endpoint_for(handle) as server:
+        for _ in range(2):  # and the server goes on answering
+            assert status_of(exchange(server.port, b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n")) == 500
+
+
+def test_answers_that_wait_cannot_fill_every_slot():
+    """Connections waiting for an answer that will not come soon are closed (503), oldest
+    first, to make room: a new client is answered, not reset."""
+    cap = 4
+
+    def handle(request: Request) -> Response | Deferred:
+        if request.path == "/wait":
+            return lambda: None  # answered by the deadline (stream_idle_s) at the latest
+        return Response(200, b"ok\n")
+
+    with endpoint_for(handle, max_connections=cap, stream_idle_s=120) as server:
+        waiting = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(cap)]
+        try:
+            for sock in waiting:
+                sock.sendall(b"GET /wait HTTP/1.1\r\nHost: a\r\n\r\n")
+            wait_until(
+                lambda: sum(c.state == "waiting" for c in list(server._conns)) == cap,
+                30,
+                message="every slot holds a waiting answer",
+            )
+            assert status_of(exchange(server.port, b"GET /now HTTP/1.1\r\nHost: a\r\n\r\n")) == 200
+            assert status_of(read_until_closed(waiting[0], 30)) == 503, "the oldest waiting one made room"
+        finally:
+            for sock in waiting:
+                sock.close()
