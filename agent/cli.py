@@ -44,6 +44,7 @@ def _sub(parent: Any, name: str, text: str) -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     from edge_agent.core.config import TensorRTConfig
+    from edge_agent.healthcheck import DEFAULT_MIN_FRAMES
 
     p = argparse.ArgumentParser(
         prog="edge-agent",
@@ -115,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     he.add_argument(
         "--min-frames",
         type=int,
-        default=100,
+        default=DEFAULT_MIN_FRAMES,
         help="judge each source on at least this many frames ended (published or missed)",
     )
     he.add_argument(

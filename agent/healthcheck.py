@@ -25,6 +25,7 @@ from typing import Any
 import zmq
 
 from edge_agent import client
+from edge_agent.core.text import printable
 
 #: Frames a verdict needs: one miss moves the rate by 1 %, a fifth of the default 5 %.
 DEFAULT_MIN_FRAMES = 100
@@ -135,19 +136,13 @@ def endpoint_error(endpoint: str) -> str:
     malformed one with a bare "Invalid argument" (a traceback), and port 99999 without a word."""
     scheme, sep, rest = endpoint.partition("://")
     if not sep or scheme not in ("tcp", "ipc"):
-        return f"{short(endpoint)}: expected a ZeroMQ address, tcp://HOST:PORT or ipc://PATH"
+        return f"{printable(endpoint)}: expected a ZeroMQ address, tcp://HOST:PORT or ipc://PATH"
     if scheme == "ipc":
-        return "" if rest else f"{short(endpoint)}: expected ipc://PATH, got no path"
+        return "" if rest else f"{printable(endpoint)}: expected ipc://PATH, got no path"
     host, colon, port = rest.rpartition(":")
     if not (colon and host and port.isascii() and port.isdigit() and 1 <= int(port) <= 65535):
-        return f"{short(endpoint)}: expected tcp://HOST:PORT, a port within 1..65535"
+        return f"{printable(endpoint)}: expected tcp://HOST:PORT, a port within 1..65535"
     return ""
-
-
-def short(text: str, limit: int = 80) -> str:
-    """``text`` for a message: printable, and cut to ``limit`` characters."""
-    text = text.encode("unicode_escape").decode("ascii")
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def counts_line(counts: dict[str, Any]) -> str:
@@ -324,7 +319,7 @@ def check(
         sock = client.connect(client.stream_endpoint(endpoint), ("health",), server_key, client_cert)
     except zmq.ZMQError as e:  # an address that passed the check above, refused all the same
         raise ValueError(
-            f"{short(endpoint)}: ZeroMQ cannot connect to it ({zmq.strerror(e.errno)})"
+            f"{printable(endpoint)}: ZeroMQ cannot connect to it ({zmq.strerror(e.errno)})"
         ) from None
     end = time.monotonic() + timeout_s
     judge_ = Judge(max_miss_rate, expect_hash, min_frames, wait, more_frames)

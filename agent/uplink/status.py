@@ -11,6 +11,7 @@ import time
 import uuid
 from typing import Any
 
+from edge_agent.core.text import printable
 from edge_agent.core.uplink_config import UplinkConfig
 from edge_agent.uplink.link import make_client
 from edge_agent.uplink.validate import finite_number
@@ -223,13 +224,6 @@ def odd_configs(rows: list[dict[str, Any]]) -> set[str]:
 _CELL_MAX = 48
 
 
-def printable(text: str) -> str:
-    """``text`` safe for a terminal: control and unprintable characters escaped (an ANSI
-    sequence in a device's model must not redraw the operator's screen), long text cut."""
-    out = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-    return out if len(out) <= _CELL_MAX else out[: _CELL_MAX - 1] + "…"
-
-
 def table(rows: list[dict[str, Any]]) -> str:
     odd = odd_configs(rows)
 
@@ -254,17 +248,19 @@ def table(rows: list[dict[str, Any]]) -> str:
             throttled,
             r["power_mode"] or "-",
         ]
-        return [printable(t) for t in texts]
+        return [printable(t, _CELL_MAX) for t in texts]
 
     lines = ["  ".join(name.ljust(width) for name, width in COLUMNS).rstrip()]
     for r in rows:
         lines.append("  ".join(c.ljust(w) for c, (_, w) in zip(cells(r), COLUMNS)).rstrip())
         if r.get("error"):
-            lines.append(f"  {printable(r['device'])}: invalid health: {printable(r['error'])}")
+            device, error = printable(r["device"], _CELL_MAX), printable(r["error"], _CELL_MAX)
+            lines.append(f"  {device}: invalid health: {error}")
     if not rows:
         lines.append("(no device has reported under this prefix)")
     if odd:
         lines.append(
-            f"* config differs from the fleet's most common one: {printable(', '.join(sorted(odd)))}"
+            "* config differs from the fleet's most common one: "
+            + printable(", ".join(sorted(odd)), _CELL_MAX)
         )
     return "\n".join(lines)
