@@ -26,11 +26,10 @@ import zmq
 
 from edge_agent import client
 from edge_agent.core.text import printable
+from edge_agent.pipelines.deadline import MISS_DROPS
 
 #: Frames a verdict needs: one miss moves the rate by 1 %, a fifth of the default 5 %.
 DEFAULT_MIN_FRAMES = 100
-#: Drop reasons the agent counts as misses (``DeadlineMonitor.dropped``).
-MISS_DROPS = ("stale", "error")
 
 
 @dataclass(frozen=True)

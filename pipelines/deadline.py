@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 #: (``deadline.mode: latency``) passed it over, having waited too long for a busy
 #: inference, for its source's next frame, which then replaced it.
 DROP_REASONS = ("overrun", "stale", "source_gap", "ladder", "error", "shutdown", "not_fresh")
+#: The drops that count as misses (with late frames): the frame was due and the agent failed
+#: it. The others were replaced by a newer frame, skipped on purpose, or cut by a stop.
+MISS_DROPS = ("stale", "error")
 
 _EWMA_ALPHA = 0.1
 _BUCKET_NS = 100_000_000  # the miss window is kept in 100 ms buckets
@@ -196,7 +199,7 @@ class DeadlineMonitor:
     def dropped(self, reason: str, now_ns: int) -> None:
         """A frame that will never be published. Stale drops count as misses (a frame
         passed over as not fresh does not: like an overrun, a newer frame took its place)."""
-        if reason in ("stale", "error"):
+        if reason in MISS_DROPS:
             with self._lock:
                 self._window.add(now_ns, True)
         self._frame_ended(now_ns)
