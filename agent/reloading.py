@@ -23,7 +23,13 @@ log = logging.getLogger("edge_agent.runner")
 
 def make_publisher(pub: PublishConfig) -> ZmqPublisher:
     return ZmqPublisher(
-        pub.endpoint, pub.send_hwm, pub.encoding, pub.curve_server_key, pub.curve_clients_dir, pub.topic
+        pub.endpoint,
+        pub.send_hwm,
+        pub.encoding,
+        pub.curve_server_key,
+        pub.curve_clients_dir,
+        pub.topic,
+        max_subscribers=pub.max_subscribers,
     )
 
 

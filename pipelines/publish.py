@@ -27,6 +27,7 @@ from edge_agent.core.exposure import on_loopback
 from edge_agent.core.stages import CAPTURED, N_STAMPS, PUBLISH, STAGES
 from edge_agent.pipelines.curve import AllowedClients, read_client_keys
 from edge_agent.pipelines.handoff import FrameSlot
+from edge_agent.pipelines.stream_guard import SubscriberGuard
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +45,12 @@ REBIND_TIMEOUT_S = 5.0  # a rebind waits at most this long for the old listener 
 DRAIN_BATCH = 256  # messages read under the lock at once (well under a millisecond)
 DRAIN_PAUSE_S = 0.001  # between full batches: the flood gets a bounded share of the GIL
 DRAIN_IDLE_S = 0.05  # how often an empty queue is looked at again
-DRAIN_TRIM_AFTER = 100_000  # after a flood this large, freed memory is given back to the system
+DRAIN_TRIM_AFTER = 10_000  # after a flood this large, freed memory is given back to the system
 # Each subscriber's queue of (un)subscriptions not yet taken in by the socket: when full,
 # libzmq stops reading that connection, so a flood waits in the flooder's own memory and
 # comes in at the pace of the drain, not all at once into the agent's.
 SUBSCRIPTION_HWM = 100
+HANDSHAKE_MS = 5000
 FLOOD_LOG_INTERVAL_S = 60.0  # at most one warning about a subscription flood in this long
 FLOOD_MESSAGES = 100_000  # subscription messages in one interval that count as a flood
 
@@ -66,10 +68,12 @@ class ZmqPublisher:
         curve_server_key: str = "",
         curve_clients_dir: str = "",
         topic: str = "det",
+        max_subscribers: int = 32,
     ) -> None:
         self.endpoint = endpoint
         self._results = f"{topic}.".encode()  # results go out as "<topic>.<source>"
         self.send_hwm = send_hwm
+        self.max_subscribers = max_subscribers
         self.encoding = encoding
         self.curve_server_key = curve_server_key
         self.curve_clients_dir = curve_clients_dir
@@ -89,6 +93,10 @@ class ZmqPublisher:
         self.error: str | None = None  # the stream is down for good (a rebind failed)
         self.subscriptions = 0  # to results (not heartbeats only): subscribed minus unsubscribed
         self.subscription_messages = 0  # every (un)subscription read, any topic
+        # Live subscriptions of any topic, all subscribers (needs XPUB_VERBOSER, which also
+        # passes up the unsubscriptions of a subscriber that left); None: not counted.
+        self.live_subscriptions: int | None = 0
+        self.guard = SubscriberGuard(max_subscribers)  # drain thread's only
         self._drainer: threading.Thread | None = None
         self._drain_stop = threading.Event()
         self._flood_window = (0.0, 0)  # (its start, subscription_messages then)
@@ -124,6 +132,7 @@ class ZmqPublisher:
             raise OSError(f"cannot bind result stream to {self.endpoint}: {e}{hint}") from None
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT) or self.endpoint
         self._sock = sock
+        self.guard.bind(self.endpoint)
         self._drain_stop.clear()
         self._drainer = threading.Thread(target=self._drain_loop, name="xpub-subscriptions", daemon=True)
         self._drainer.start()
@@ -136,12 +145,16 @@ class ZmqPublisher:
         sock.sndhwm = self.send_hwm
         sock.rcvhwm = SUBSCRIPTION_HWM  # an XPUB receives only (un)subscriptions
         sock.linger = 0
+        # A connection that never completes its handshake gives its place back this soon
+        # (libzmq's default is 30 s): idle ones cannot hold publish.max_subscribers for long.
+        sock.handshake_ivl = HANDSHAKE_MS
         # Every subscriber's subscriptions and unsubscriptions (a disconnect included), not
         # only a topic's first and last: wait_for_subscribers counts them.
         try:
             sock.setsockopt(zmq.XPUB_VERBOSER, 1)
         except (AttributeError, zmq.ZMQError):  # libzmq < 4.3: no unsubscriptions counted
             sock.setsockopt(zmq.XPUB_VERBOSE, 1)
+            self.live_subscriptions = None
         if self._server_keys is not None:
             sock.curve_publickey, sock.curve_secretkey = self._server_keys
             sock.curve_server = True
@@ -239,6 +252,8 @@ class ZmqPublisher:
         self._sock.close(linger=0)  # nothing more for anyone on the old connections
         self._sock = None
         self.subscriptions = 0
+        if self.live_subscriptions is not None:
+            self.live_subscriptions = 0
         sock = self._socket()
         # The old listener is closed by ZeroMQ's I/O thread, a moment after close().
         deadline = time.monotonic() + REBIND_TIMEOUT_S
@@ -302,6 +317,11 @@ class ZmqPublisher:
             except zmq.Again:
                 break
             n += 1
+            if self.live_subscriptions is not None:
+                if msg[:1] == b"\x01":
+                    self.live_subscriptions += 1
+                elif msg[:1] == b"\x00":
+                    self.live_subscriptions = max(0, self.live_subscriptions - 1)
             prefix = msg[1:]
             # A subscription to "", "d", "det" or "det.cam0" receives results; "health" not.
             if not (self._results.startswith(prefix) or prefix.startswith(self._results)):
@@ -319,10 +339,18 @@ class ZmqPublisher:
         """The drain thread: full batches back to back (a pause between, the lock released),
         an idle wait when the queue is empty."""
         since_trim = 0
+        guard_failed = False
         while not self._drain_stop.is_set():
             self._log_flood()
             with self._lock:
                 n = self._drain(DRAIN_BATCH) if self._sock is not None else 0
+            # Outside the lock: send() never waits for a look at the connections.
+            try:
+                self.guard.check(self.live_subscriptions or 0)
+            except Exception:  # the drain goes on without the guard rather than stop
+                if not guard_failed:
+                    log.exception("result stream: the subscriber guard failed (subscriptions still read)")
+                guard_failed = True
             since_trim += n
             if n == DRAIN_BATCH:
                 time.sleep(DRAIN_PAUSE_S)

@@ -130,6 +130,8 @@ class PublishConfig:
     topic: str = "det"  # messages go out as "<topic>.<source name>"
     # messages queued per subscriber before ZeroMQ drops for it
     send_hwm: int = field(default=100, metadata=reloads(REBIND))
+    # connections to the stream at once; past it the newest is closed (docs/security.md)
+    max_subscribers: int = field(default=32, metadata=reloads(REBIND))
     health_interval_s: float = 1.0  # heartbeat on topic "health"
     # msgpack (the msgpack extra) for bandwidth
     encoding: Literal["json", "msgpack"] = field(default="json", metadata=reloads(REBIND))
@@ -159,6 +161,7 @@ class PublishConfig:
         check("://" in self.endpoint, "endpoint", "expected a ZeroMQ endpoint like tcp://host:port")
         check(name_ok(self.topic), "topic", NAME_RULE)
         check(self.send_hwm >= 1, "send_hwm", "must be >= 1")
+        check(1 <= self.max_subscribers <= 1000, "max_subscribers", "must be within 1..1000")
 
 
 @dataclass(frozen=True)

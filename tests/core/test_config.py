@@ -244,6 +244,16 @@ BAD = [
     ),
     pytest.param(
         """
+        publish:
+          max_subscribers: 0
+        """,
+        2,
+        "publish.max_subscribers",
+        r"must be within 1\.\.1000",
+        id="range-max-subscribers",
+    ),
+    pytest.param(
+        """
         source:
           type: synthetic
           name: front door
@@ -658,7 +668,7 @@ def test_reload_kinds_come_from_the_fields_marks():
     from edge_agent.core.reloads import LANE, MODELS, REBIND, marked_fields, marked_values
     from edge_agent.core.source_config import SyntheticSourceConfig
 
-    rebind = ("endpoint", "send_hwm", "encoding", "curve_server_key", "curve_clients_dir")
+    rebind = ("endpoint", "send_hwm", "max_subscribers", "encoding", "curve_server_key", "curve_clients_dir")
     assert marked_fields(PublishConfig, REBIND) == rebind, "a topic change needs no new socket"
     lane = ("priority", "budget_ms", "max_fps", "model", "manifest")
     assert marked_fields(SyntheticSourceConfig, LANE) == lane
