@@ -24,6 +24,7 @@ from edge_agent.core.source_config import GStreamerSourceConfig, RtspSourceConfi
 from edge_agent.pipelines.source_base import BufferPolicy, Source, SourceError, SourceFrame, open_video
 
 log = logging.getLogger(__name__)
+CLOSE_WAIT_S = 0.5  # a close waits this long for the reader thread (it may be blocked in the driver)
 
 LiveConfig = V4L2SourceConfig | RtspSourceConfig | GStreamerSourceConfig
 
@@ -269,13 +270,20 @@ class OpenCvCapture(Source):
         self._start_reader()
 
     def close(self) -> None:
+        self.stop(CLOSE_WAIT_S)
+
+    def stop(self, timeout_s: float = CLOSE_WAIT_S) -> bool:
+        """Stop the reader; True if it ended within ``timeout_s``. A reader blocked in the
+        driver is a daemon thread: it is abandoned (and said so), not waited for."""
         self._stop.set()
-        if self._thread is not None:
-            # A reader blocked in the driver is a daemon thread: it is not waited for long.
-            self._thread.join(timeout=0.5)
-            if self._thread.is_alive():
-                log.warning("source %s: capture thread still blocked in the driver", self.name)
-            self._thread = None
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return True
+        thread.join(timeout=timeout_s)
+        if thread.is_alive():
+            log.warning("source %s: capture thread still blocked in the driver", self.name)
+            return False
+        return True
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -393,25 +393,29 @@ class ZmqPublisher:
     def start(self) -> None:
         self.open()
 
-    def stop(self, timeout_s: float = 0.0) -> bool:
-        self.close()
-        return True
+    def stop(self, timeout_s: float = CLOSE_LINGER_MS / 1000) -> bool:
+        """Close within ``timeout_s``; True if the drain thread ended in it."""
+        return self.close(timeout_s)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = CLOSE_LINGER_MS / 1000) -> bool:
+        deadline = time.monotonic() + timeout_s
         self._drain_stop.set()
         drainer, self._drainer = self._drainer, None
         if drainer is not None:
-            drainer.join()  # it holds the lock for one batch at most
+            drainer.join(timeout_s)  # it holds the lock for one batch at most
+        ended = drainer is None or not drainer.is_alive()
         with self._lock:
             if self._sock is not None:
                 # The last results and the final heartbeat may still be queued for the
-                # network: a bounded linger sends them, and keeps the stop short.
-                self._sock.close(linger=CLOSE_LINGER_MS)
+                # network: a linger bounded by what is left of the timeout sends them.
+                left_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+                self._sock.close(linger=min(CLOSE_LINGER_MS, left_ms))
                 self._sock = None
         self._stop_auth()
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
+        return ended
 
 
 def _detection_head(label: str, class_id: int) -> str:

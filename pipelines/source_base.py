@@ -117,6 +117,8 @@ class Source(ABC):
         self.open()
 
     def stop(self, timeout_s: float = 0.0) -> bool:
+        """Close; a source with no thread of its own ends at once, so ``timeout_s`` is not
+        needed (live sources, which read on a thread, wait for it up to ``timeout_s``)."""
         self.close()
         return True
 

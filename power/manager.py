@@ -21,6 +21,7 @@ from edge_agent.power.controller import PowerController, ReadOnlyController, mak
 from edge_agent.power.state import clear_state, load_state, save_state
 
 log = logging.getLogger(__name__)
+TELEMETRY_JOIN_S = 1.0  # a stop waits this long for the telemetry thread (a sysfs read)
 
 # A locked clock reads back a little lower on some boards: 5 % below is throttling.
 _CLOCK_TOLERANCE = 0.95
@@ -96,8 +97,11 @@ class PowerManager:
             try:
                 self.restore()
             except Exception as undo:  # keep the first error; the state file stays
-                log.error("power: undoing the failed apply failed too: %s; state kept in %s", undo,
-                          self.cfg.state_file)
+                log.error(
+                    "power: undoing the failed apply failed too: %s; state kept in %s",
+                    undo,
+                    self.cfg.state_file,
+                )
             raise e
         return self.applied
 
@@ -133,22 +137,25 @@ class PowerManager:
         log.info("power: restored (%s)", "; ".join(done) or "nothing changed")
         return done
 
-    def stop(self, timeout_s: float = 0.0) -> bool:
-        """The agent's lifecycle: the state put back (``close``)."""
-        self.close()
-        return True
+    def stop(self, timeout_s: float = TELEMETRY_JOIN_S) -> bool:
+        """The agent's lifecycle: the state put back, whatever the telemetry thread does;
+        True if that thread ended within ``timeout_s``."""
+        return self.close(timeout_s)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = TELEMETRY_JOIN_S) -> bool:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(1.0)
-            self._thread = None
+        ended = True
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout_s)
+            ended = not thread.is_alive()
         try:
             self.restore()
         except Exception as e:  # never let a failed restore hide the rest of the shutdown
             log.error(
                 "power: %s (the state stays in %s for `edge-agent power restore`)", e, self.cfg.state_file
             )
+        return ended
 
     def snapshot(self) -> dict[str, Any]:
         """Telemetry and throttling for the health stream."""

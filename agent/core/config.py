@@ -17,7 +17,7 @@ from typing import Literal
 from edge_agent.core import configload
 from edge_agent.core.configload import check, path_field
 from edge_agent.core.names import MAX_NAME, NAME_RULE, level_problem, name_ok
-from edge_agent.core.reloads import AT_START, ELSEWHERE, MODELS, REBIND, reloads
+from edge_agent.core.reloads import AT_START, ELSEWHERE, LOCAL, MODELS, REBIND, drop_local, reloads
 from edge_agent.core.source_config import (
     ImageFolderSourceConfig,
     SourceConfig,
@@ -42,7 +42,10 @@ class ModelConfig:
     # convolution, so the host's preprocessing is the letterbox alone (ONNX Runtime only;
     # TensorRT does this work on the GPU or DLA). `off`: numpy preprocessing of the original.
     input_adapter: Literal["auto", "off"] = "auto"
-    cache_dir: str = path_field("path", "~/.cache/edge-agent/models")  # adapted model copies
+    # Adapted model copies. Caches are local: their default (~/.cache/...) is written out by
+    # `config render` and expanded at load, so with the home folder in the hash the agent
+    # (systemd's HOME) and a health check run as root would never agree on a rendered config.
+    cache_dir: str = path_field("path", "~/.cache/edge-agent/models", local=True)
 
     def __post_init__(self) -> None:
         for key in ("score_threshold", "iou_threshold"):
@@ -85,7 +88,8 @@ class TensorRTConfig:
     gpu_fallback: bool = True  # layers the DLA cannot run go to the GPU (else the build fails)
     workspace_mib: int = 1024
     optimization_level: int = 3  # TensorRT builder optimisation level, 0..5
-    cache_dir: str = path_field("path", "~/.cache/edge-agent/engines")  # engines, timing, calibration
+    # engines, timing, calibration (local: see ModelConfig.cache_dir)
+    cache_dir: str = path_field("path", "~/.cache/edge-agent/engines", local=True)
     # INT8 only: frames for calibration, run through the same letterbox as live frames.
     calibration_images: str = path_field("path")  # checked when an INT8 engine is built
     calibration_frames: int = 200
@@ -126,7 +130,7 @@ BackendConfig = AutoBackendConfig | OnnxRuntimeConfig | TensorRTConfig
 
 @dataclass(frozen=True)
 class PublishConfig:
-    endpoint: str = field(default="tcp://127.0.0.1:5556", metadata=reloads(REBIND))
+    endpoint: str = field(default="tcp://127.0.0.1:5556", metadata=reloads(REBIND) | LOCAL)
     topic: str = "det"  # messages go out as "<topic>.<source name>"
     # messages queued per subscriber before ZeroMQ drops for it
     send_hwm: int = field(default=100, metadata=reloads(REBIND))
@@ -261,7 +265,8 @@ class PowerConfig:
     fan_mode: str = ""  # jetson-stats fan profile (quiet, cool, manual); needs the jtop service
     fan_speed: int = -1  # 0..100 with fan_mode manual; -1: leave
     thermal_limit_c: float = 85.0  # a zone above this counts as throttling
-    state_file: str = path_field("path", "/var/lib/edge-agent/power-state.json")  # kept until restored
+    # kept until restored
+    state_file: str = path_field("path", "/var/lib/edge-agent/power-state.json", local=True)
     sample_hz: float = 2.0  # telemetry rate, off the frame path
     root: str = path_field("dir", "/")  # filesystem root to read and write (a copied tree, for tests)
 
@@ -295,8 +300,8 @@ class MetricsConfig:
     """The Prometheus endpoint. Loopback by default: metrics are not for the open network."""
 
     enabled: bool = True
-    host: str = "127.0.0.1"
-    port: int = 9108  # 0: any free port (logged)
+    host: str = field(default="127.0.0.1", metadata=LOCAL)
+    port: int = field(default=9108, metadata=LOCAL)  # 0: any free port (logged)
 
     def __post_init__(self) -> None:
         check(0 <= self.port <= 65535, "port", "must be within 0..65535")
@@ -412,7 +417,7 @@ class FaultsConfig:
 
 @dataclass(frozen=True)
 class AgentConfig:
-    device_id: str = field(default_factory=socket.gethostname)
+    device_id: str = field(default_factory=socket.gethostname, metadata=LOCAL)
     source: SourceConfig = field(default_factory=SyntheticSourceConfig)
     # Several cameras on one accelerator: give ``sources`` instead of ``source``.
     sources: tuple[SourceConfig, ...] = field(default=(), metadata={"unordered": True})
@@ -426,7 +431,8 @@ class AgentConfig:
     service: ServiceConfig = field(default_factory=ServiceConfig)
     faults: FaultsConfig = field(default_factory=FaultsConfig)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
-    view: ViewConfig = field(default_factory=ViewConfig, metadata=reloads(AT_START))
+    # a person watching one device is no drift: the view is local
+    view: ViewConfig = field(default_factory=ViewConfig, metadata=reloads(AT_START) | LOCAL)
     uplink: UplinkConfig = field(default_factory=UplinkConfig, metadata=reloads(ELSEWHERE))
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
@@ -462,37 +468,12 @@ class AgentConfig:
         return int(any(isinstance(s, files) and not getattr(s, "realtime", False) for s in sources))
 
 
-#: Not part of the config hash: who the device is, and where this instance binds its
-#: sockets and keeps its state (the same across a fleet, and different between several
-#: agents on one host, which would otherwise never hash alike).
-LOCAL_KEYS = (
-    "device_id",
-    "publish.endpoint",
-    "metrics.host",
-    "metrics.port",
-    "power.state_file",
-    "uplink.spool_path",
-    # Caches: their default (~/.cache/...) is written out by `config render` and expanded at
-    # load, so with the home folder in the hash the agent (systemd's HOME) and a health check
-    # run as root would never agree on a rendered config.
-    "model.cache_dir",
-    "backend.cache_dir",  # type tensorrt
-    "backend.tensorrt.cache_dir",  # type auto
-    "uplink.metrics",
-    "view",  # a person watching one device is no drift
-)
-
-
 def config_hash(cfg: AgentConfig) -> str:
-    """A short hash of the effective config without ``LOCAL_KEYS``, so devices that run
-    the same config show the same hash (and drift across a fleet shows)."""
-    plain = configload.to_plain(cfg)
-    for key in LOCAL_KEYS:
-        *parents, last = key.split(".")
-        section = plain
-        for p in parents:
-            section = section.get(p, {})
-        section.pop(last, None)
+    """A short hash of the effective config without the fields marked LOCAL (who the
+    device is, where this instance binds and keeps its state: the same across a fleet, and
+    different between several agents on one host), so devices that run the same config
+    show the same hash (and drift across a fleet shows)."""
+    plain = drop_local(cfg, configload.to_plain(cfg))
     text = json.dumps(plain, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 

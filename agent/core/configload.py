@@ -87,13 +87,14 @@ ENV_PREFIX = "EDGE_AGENT__"
 ENV_ORIGIN = "env "
 
 
-def path_field(kind: PathKind, default: str = "", reload: tuple[str, ...] = ()) -> Any:
+def path_field(kind: PathKind, default: str = "", reload: tuple[str, ...] = (), local: bool = False) -> Any:
     """A config field that names a file or folder. A relative value resolves against the
     folder of the config file that set it (an environment override: the working folder),
     and ``~`` is the home folder. ``file``/``dir``: an input that must exist when the loader
     checks files; ``path``: created, or needed only in some modes (checked where used).
-    ``reload``: how a running agent takes a change (``core.reloads``)."""
-    return dataclasses.field(default=default, metadata={"path": kind, "reload": reload})
+    ``reload``: how a running agent takes a change, ``local``: left out of the config hash
+    (both ``core.reloads``)."""
+    return dataclasses.field(default=default, metadata={"path": kind, "reload": reload, "local": local})
 
 
 def _origin_dir(mark_file: str | None, fallback: str) -> str | None:

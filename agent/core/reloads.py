@@ -18,6 +18,29 @@ def reloads(*kinds: str) -> dict[str, tuple[str, ...]]:
     return {"reload": kinds}
 
 
+#: Field metadata (``reloads(...) | LOCAL``): the field is this instance's own, not part of
+#: the config a fleet shares (who the device is, where it binds and keeps its state), so
+#: the config hash leaves it out.
+LOCAL: dict[str, bool] = {"local": True}
+
+
+def drop_local(value: Any, plain: dict) -> dict:
+    """``plain`` (``value`` as plain data, sections as dicts) without the fields marked
+    LOCAL, in ``value``'s sections and in the sections of its lists; ``plain`` is changed."""
+    for f in fields(value):
+        if f.metadata.get("local"):
+            plain.pop(f.name, None)
+            continue
+        v, section = getattr(value, f.name), plain.get(f.name)
+        if is_dataclass(v) and isinstance(section, dict):
+            drop_local(v, section)
+        elif isinstance(v, tuple) and isinstance(section, list):
+            for item, part in zip(v, section):
+                if is_dataclass(item) and isinstance(part, dict):
+                    drop_local(item, part)
+    return plain
+
+
 def marked_fields(cls: type, kind: str) -> tuple[str, ...]:
     """The names of ``cls``'s fields marked ``kind``."""
     return tuple(f.name for f in fields(cls) if kind in f.metadata.get("reload", ()))

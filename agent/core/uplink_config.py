@@ -9,6 +9,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from edge_agent.core.configload import check, path_field
+from edge_agent.core.reloads import LOCAL
 
 #: What goes up: every result, the results with detections, or one summary per source and
 #: interval (counts per label, fps, end-to-end p50/p99, misses, drops).
@@ -50,9 +51,9 @@ class UplinkConfig:
     curve_client_cert: str = path_field("file")
     # Store and forward: what the broker has not acknowledged, on disk, bounded; when full
     # the oldest are dropped and counted.
-    spool_path: str = path_field("path", "/var/lib/edge-agent/uplink-spool.sqlite")
+    spool_path: str = path_field("path", "/var/lib/edge-agent/uplink-spool.sqlite", local=True)
     spool_max_mib: float = 64.0
-    metrics: UplinkMetricsConfig = field(default_factory=UplinkMetricsConfig)
+    metrics: UplinkMetricsConfig = field(default_factory=UplinkMetricsConfig, metadata=LOCAL)
 
     def __post_init__(self) -> None:
         url = urlsplit(self.broker)

@@ -707,6 +707,46 @@ def test_the_config_hash_shows_drift_but_not_who_or_where_a_device_is():
     assert len(config_hash(base)) == 12
 
 
+@pytest.mark.parametrize("backend", ["auto", "tensorrt"])
+def test_every_field_marked_local_is_left_out_of_the_hash_and_only_those(backend):
+    """The hash leaves out the fields marked LOCAL wherever they sit (a TensorRT section on
+    its own or inside ``auto``), found from the marks, not from a list of key paths."""
+    from dataclasses import fields, is_dataclass, replace
+
+    from edge_agent.core.config import AutoBackendConfig, TensorRTConfig, config_hash
+
+    trt = TensorRTConfig(cache_dir="/a")
+    base = AgentConfig(backend=AutoBackendConfig(tensorrt=trt) if backend == "auto" else trt)
+
+    def changed(section, path):
+        """``section`` with the field at ``path`` given another value of its type."""
+        name, *rest = path
+        value = getattr(section, name)
+        if rest:
+            return replace(section, **{name: changed(value, rest)})
+        other = value + "x" if isinstance(value, str) else value + 1
+        return replace(section, **{name: other})
+
+    def marked(section, path=()):
+        for f in fields(section):
+            v = getattr(section, f.name)
+            if f.metadata.get("local") and not is_dataclass(v):
+                yield (*path, f.name)
+            elif is_dataclass(v) and not f.metadata.get("local"):
+                yield from marked(v, (*path, f.name))
+
+    local = sorted(".".join(p) for p in marked(base))
+    assert "device_id" in local and "publish.endpoint" in local and "uplink.spool_path" in local
+    assert any(p.endswith("tensorrt.cache_dir") or p == "backend.cache_dir" for p in local)
+    for path in local:
+        assert config_hash(changed(base, path.split("."))) == config_hash(base), path
+    # Sections marked whole: the view, the uplink's metrics endpoint.
+    assert config_hash(replace(base, view=replace(base.view, port=1))) == config_hash(base)
+    uplink = replace(base.uplink, metrics=replace(base.uplink.metrics, port=1))
+    assert config_hash(replace(base, uplink=uplink)) == config_hash(base)
+    assert config_hash(replace(base, model=replace(base.model, max_detections=5))) != config_hash(base)
+
+
 def test_the_config_hash_of_a_rendered_config_does_not_depend_on_the_home_folder(tmp_path, monkeypatch):
     """`config render` writes the caches' defaults (~/.cache/...) out, and the loader expands
     ~: the agent (systemd's HOME=/var/lib/edge-agent) and `health --expect-config` run as root

@@ -406,6 +406,20 @@ def test_stalled_camera_is_replaced_by_a_new_reader(tmp_path):
     wait_until(lambda: caps[0].released, 10, message="the stuck capture is released once its call returns")
 
 
+def test_a_stop_waits_for_a_reader_blocked_in_the_driver_only_as_long_as_asked(tmp_path):
+    cap = FakeStalledCapture(2)
+    cfg = V4L2SourceConfig(stall_timeout_s=60, retry_initial_s=0.01, retry_max_s=0.02)
+    src = OpenCvCapture(cfg, opener=lambda: cap)
+    src.open()
+    try:
+        wait_until(lambda: cap.left == 0, 10, message="the reader blocked in the driver")
+        assert src.stop(0.05) is False  # it says the reader did not end
+    finally:
+        cap.unblock.set()
+    wait_until(lambda: cap.released, 10, message="the blocked reader leaves once its call returns")
+    assert src.stop(1.0) is True  # nothing left to wait for
+
+
 class FakeFrozenCapture:
     """A camera whose driver keeps returning the very same picture (cannot exist here)."""
 
