@@ -18,7 +18,8 @@ import numpy as np
 
 from edge_agent.core.config import BackendConfig, ModelConfig
 from edge_agent.core.latency import LatencyHistogram
-from edge_agent.pipelines.decode import Decoded, box_iou
+from edge_agent.models.decoders.base import Decoded
+from edge_agent.models.decoders.nms import box_iou
 from edge_agent.pipelines.preprocess import Letterbox, boxes_to_source
 from edge_agent.pipelines.synthetic import CLASSES, SceneSpec, SyntheticScene
 

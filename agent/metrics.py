@@ -32,7 +32,6 @@ on loopback (a warning says so otherwise) or firewalled.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import numpy as np
@@ -43,6 +42,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from edge_agent.core.exposure import on_loopback
 from edge_agent.core.latency import _UPPER, LatencyHistogram
 from edge_agent.http_endpoint import HttpEndpoint
+from edge_agent.pipelines.snapshot import LaneSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +77,12 @@ class AgentCollector:
         pipeline = agent.pipeline
         if pipeline is None:
             return
-        now = time.monotonic_ns()
-        yield from self._lanes(pipeline.lanes, now)
+        snap = pipeline.snapshot()
+        yield from self._per_lane(snap.lanes)
         batches = CounterMetricFamily(
             "edge_agent_inference_batches", "Inference batches run, by size (frames)", labels=["size"]
         )
-        for size, n in pipeline.scheduler.summary()["sizes"].items():
+        for size, n in snap.batching.sizes.items():
             batches.add_metric([size], n)
         yield batches
         if agent.model is not None:
@@ -142,32 +142,31 @@ class AgentCollector:
         }
 
     @classmethod
-    def _lanes(cls, lanes: Any, now: int):
+    def _per_lane(cls, lanes: tuple[LaneSnapshot, ...]):
         """The per-source families filled from every lane (the live-source ones only if any)."""
         f = cls._lane_families()
         live = False
         for lane in lanes:
-            src, stats, monitor = lane.name, lane.stats, lane.monitor
-            c = stats.counts()
-            f["captured"].add_metric([src], c["captured"])
-            f["published"].add_metric([src, "on_time"], c["on_time"])
-            f["published"].add_metric([src, "late"], c["late"])
-            for reason, n in c["dropped_by_reason"].items():
+            src, c, deadline = lane.name, lane.counts, lane.deadline
+            f["captured"].add_metric([src], c.captured)
+            f["published"].add_metric([src, "on_time"], c.on_time)
+            f["published"].add_metric([src, "late"], c.late)
+            for reason, n in c.dropped_by_reason.items():
                 f["dropped"].add_metric([src, reason], n)
-            state = lane.source.describe()
+            state = lane.source_state
             if "connected" in state:
                 live = True
                 f["up"].add_metric([src], float(bool(state["connected"])))
                 f["fails"].add_metric([src], state.get("failures", 0))
-            f["in_flight"].add_metric([src], c["in_flight"])
-            for name, h in stats.stages.items():
+            f["in_flight"].add_metric([src], c.in_flight)
+            for name, h in lane.stages.items():
                 buckets, total = histogram_buckets(h)
                 f["stage"].add_metric([src, name], buckets, total)
-            buckets, total = histogram_buckets(stats.total)
+            buckets, total = histogram_buckets(lane.total)
             f["e2e"].add_metric([src], buckets, total)
-            f["budget"].add_metric([src], monitor.config.budget_ms / 1e3)
-            f["miss"].add_metric([src], monitor.miss_rate(now)[0])
-            f["step"].add_metric([src, monitor.current.name], monitor.step)
+            f["budget"].add_metric([src], deadline.budget_ms / 1e3)
+            f["miss"].add_metric([src], deadline.miss_rate)
+            f["step"].add_metric([src, deadline.step_name], deadline.step)
         yield from (f["captured"], f["published"], f["dropped"])
         if live:
             yield from (f["up"], f["fails"])

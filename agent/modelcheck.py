@@ -18,11 +18,10 @@ from edge_agent.core import configload
 from edge_agent.core.budget_fit import BudgetFit
 from edge_agent.core.config import BackendConfig, ModelConfig
 from edge_agent.evaluation import heldout_images
+from edge_agent.models.decoders import registry as decoders
 from edge_agent.models.manifest import ModelManifest
 from edge_agent.pipelines.model import LoadedModel, load_model, model_notes_once
 from edge_agent.pipelines.preprocess import Letterbox
-
-_NO_NMS = ("end2end", "rtdetr", "efficient_nms")  # NMS inside the model, or none needed
 
 
 @dataclass
@@ -79,13 +78,16 @@ def _describe(loaded: LoadedModel) -> CheckReport:
     outs = loaded.backend.outputs
     read = ", ".join(f"{outs[k].name} {list(outs[k].shape)} {outs[k].dtype}" for k in d.outputs)
     r.add("decoder", f"{d.name}: reads {read}")
-    if d.name == "rtdetr":
-        r.add("rtdetr rows", "top-k (box, score, class id)" if p.rtdetr_topk else "box + per-class scores")
+    setup = d.decoder.describe()
+    if setup:
+        r.add(f"{d.name} output", setup)
     for note in resolved.assumptions:
         r.add("assumed", note)
     names = ", ".join(m.labels[:6]) + (", ..." if len(m.labels) > 6 else "")
     r.add("labels", f"{len(m.labels)}: {names}")
-    nms = "no NMS here (in the model, or not needed)" if d.name in _NO_NMS else f"NMS IoU {p.iou_threshold}"
+    nms = f"NMS IoU {p.iou_threshold}"
+    if d.decoder.nms_in_model:
+        nms = "no NMS here (in the model, or not needed)"
     r.add("thresholds", f"score > {p.score_threshold}, {nms}, at most {p.max_detections} detections")
     described = loaded.backend.describe()
     r.add("backend", ", ".join(f"{k} {v}" for k, v in described.items()))
@@ -120,7 +122,7 @@ def write_manifest(m: ModelManifest, path: str, force: bool = False) -> str:
     if os.path.exists(path) and not force:
         raise FileExistsError(f"{path} exists: pass --force to replace it")
     plain = configload.to_plain(m)
-    if m.output.decoder != "efficient_nms":
+    if not decoders.get(m.output.decoder).roles:  # one output, named by output.name
         del plain["output"]["efficient_nms"]
     text = (
         "# Written by `edge-agent models check --write-manifest` from what the agent read in the model.\n"

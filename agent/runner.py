@@ -1,39 +1,36 @@
 """Builds the agent from its config and owns the lifetime of every component.
 
 Components start in order (publisher, source, pipeline) and stop in reverse; every
-failure to build names the file, device or key at fault before anything is started.
+failure to build names the file, device or key at fault before anything is started. The
+parts are made by the agent's ``Assembly``; a reload prepares the new config's with its
+``Reloader`` while the old pipeline runs, then the agent swaps them at a frame boundary.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import replace
 from typing import Any
 
+from edge_agent.assembly import Assembly
 from edge_agent.core.config import (
     AgentConfig,
     LadderStep,
     OnnxRuntimeConfig,
+    PublishConfig,
     config_hash,
 )
 from edge_agent.core.lifecycle import Parts
-from edge_agent.core.plan import model_at, model_batches, source_models, with_batch
-from edge_agent.core.source_config import SourceConfig
-from edge_agent.models.manifest import (
-    ModelError,
-)
-from edge_agent.pipelines.deadline import DeadlineMonitor
+from edge_agent.core.reloads import REBIND, marked_fields
 from edge_agent.pipelines.health import HealthReporter
-from edge_agent.pipelines.lane import Lane
-from edge_agent.pipelines.model import LoadedModel, load_model
+from edge_agent.pipelines.model import LoadedModel
 from edge_agent.pipelines.pipeline import Pipeline
 from edge_agent.pipelines.profile import Profile
-from edge_agent.pipelines.publish import MessageBuilder, ZmqPublisher
-from edge_agent.pipelines.sources import create_source
+from edge_agent.pipelines.publish import ZmqPublisher
+from edge_agent.pipelines.source_base import Source
 from edge_agent.power.manager import PowerManager
-from edge_agent.reloading import Reloading, make_publisher
+from edge_agent.reloading import Prepared, Reloader, make_publisher
 
 log = logging.getLogger(__name__)
 
@@ -53,19 +50,21 @@ class _FinalBeat:
         return True
 
 
-class Agent(Reloading):
+class Agent:
     """One configured agent: source → pipeline → result stream, with its heartbeat."""
 
-    #: Warn, at start and at each reload, of a source whose model cannot fit its budget
-    #: (``core.budget_fit``). The bench and tune measure that themselves and say it once.
-    says_budget_advice = True
-
-    def __init__(self, config: AgentConfig, max_frames: int = 0) -> None:
+    def __init__(self, config: AgentConfig, max_frames: int = 0, assembly: Assembly | None = None) -> None:
+        """``max_frames``: each source ends after that many frames (0: runs on);
+        ``assembly``: what makes the parts (the bench's plays frames from memory), which
+        then holds ``max_frames`` itself."""
+        if assembly is not None and max_frames:
+            raise ValueError("max_frames goes to the assembly given: Assembly(max_frames)")
         self.config = config
-        self.max_frames = max_frames
+        self.assembly = assembly if assembly is not None else Assembly(max_frames)
+        self._reloader = Reloader(self.assembly)
         self.models: dict[str, LoadedModel] = {}  # by path, the main model under ""
         self.profiles: dict[str, Profile] = {}  # the same keys
-        self.sources: dict[str, Any] = {}  # by source name
+        self.sources: dict[str, Source] = {}  # by source name
         self.pipeline: Pipeline | None = None
         self.publisher: ZmqPublisher | None = None
         self.health: HealthReporter | None = None
@@ -84,121 +83,16 @@ class Agent(Reloading):
     def model(self) -> LoadedModel | None:
         return next(iter(self.models.values()), None)
 
-    def _load_profiles(self, cfg: AgentConfig) -> tuple[dict[str, Profile], dict[str, LoadedModel]]:
-        """Load every model the config names (the ladder's and the sources' own too) and
-        key them by path (the main model under "").
-
-        Ladder models are loaded now, not when the ladder reaches them: a switch under
-        overload must be instant, and a broken fallback must fail at start, not then.
-        """
-        batches = model_batches(cfg)
-        if cfg.faults.model_load_delay_s:
-            time.sleep(cfg.faults.model_load_delay_s)
-        main = self._faulty(load_model(cfg.model, with_batch(cfg.backend, batches[""])), cfg)
-        profiles = {"": Profile(main.manifest.name, main)}
-        models = {"": main}
-        wanted = [("ladder step", s.name, s.model, s.manifest, True) for s in cfg.deadline.ladder]
-        wanted += [("source", s.name, s.model, s.manifest, False) for s in cfg.source_list()]
-        try:
-            for what, tag, path, manifest, same_labels in wanted:
-                if not path or path in profiles:
-                    continue
-                alt_cfg = model_at(cfg, path, manifest)
-                backend = with_batch(cfg.backend, batches[path])
-                alt = models[path] = self._faulty(load_model(alt_cfg, backend), cfg)
-                if same_labels and alt.manifest.labels != main.manifest.labels:
-                    raise ModelError(f"{what} {tag!r}: {path} has other labels than the main model")
-                # Profile names key the per-model estimates and latencies: keep them unique.
-                name = alt.manifest.name
-                if name in {p.name for p in profiles.values()}:
-                    name = f"{name}@{tag}"
-                profiles[path] = Profile(name, alt)
-        except BaseException:
-            for m in models.values():  # loaded for nothing: give the sessions back
-                m.close()
-            raise
-        return profiles, models
-
-    @staticmethod
-    def _faulty(model: LoadedModel, cfg: AgentConfig) -> LoadedModel:
-        f = cfg.faults
-        if f.backend_error_rate or f.backend_fail_after_frames or f.backend_delay_ms:
-            from edge_agent.pipelines.faults import FaultyBackend
-
-            model.backend = FaultyBackend(model.backend, f)
-        return model
-
-    @staticmethod
-    def _source(cfg: AgentConfig, src: SourceConfig) -> Any:
-        source = create_source(src)
-        if cfg.faults.source_outage_after_frames:
-            from edge_agent.pipelines.faults import FaultySource
-
-            source = FaultySource(source, cfg.faults)
-        return source
-
-    @staticmethod
-    def _lane_profiles(
-        cfg: AgentConfig, profiles: dict[str, Profile]
-    ) -> list[tuple[str, dict[str, Profile]]]:
-        """Per source, the profiles it may use, its own under "" (the ladder's model steps
-        then have nothing to switch a source with its own model to; its strides and
-        alert-only steps still apply)."""
-        return [
-            (src.name, {"": profiles[paths[0]], **{p: profiles[p] for p in paths[1:]}})
-            for src, paths in source_models(cfg)
-        ]
-
-    def _pipeline(
-        self, cfg: AgentConfig, sources: dict[str, Any], profiles: dict[str, Profile], advise: bool = True
-    ) -> Pipeline:
-        """The lanes of ``cfg`` on ``profiles``, warmed up. ``advise``: warn of a source
-        whose model cannot fit its budget (off where the warm-up times are not the model's
-        alone: a reload's new model warmed up beside the running pipeline)."""
-        assert self.publisher is not None
-        lanes = []
-        for i, (src, (_, lane_profiles)) in enumerate(
-            zip(cfg.source_list(), self._lane_profiles(cfg, profiles))
-        ):
-            budget_ms = src.budget_ms or cfg.deadline.budget_ms
-            labels = lane_profiles[""].model.manifest.labels
-            lanes.append(
-                Lane(
-                    i,
-                    sources[src.name],
-                    lane_profiles,
-                    DeadlineMonitor(replace(cfg.deadline, budget_ms=budget_ms)),
-                    MessageBuilder(cfg.device_id, labels, budget_ms, self.power, cfg.publish.encoding),
-                    cfg.publish.topic,
-                    src.priority,
-                    src.max_fps,
-                )
-            )
-        if self.view is not None:
-            for lane in lanes:
-                lane.view_tap = self.view.tap(lane.name, cfg.model.max_detections)
-            self.view.keep({lane.name for lane in lanes})
-        b = cfg.batching
-        pipeline = Pipeline(
-            lanes,
-            self.publisher,
-            self.max_frames,
-            cfg.resilience.max_consecutive_errors,
-            b.max_batch,
-            b.max_wait_ms,
-            b.margin_ms,
-        )
-        pipeline.warm_up()
-        if advise and self.says_budget_advice:
-            for line in pipeline.budget_advice(budget_settings(cfg)):
-                log.warning("%s", line)
-        return pipeline
+    def primary_profile(self, source: int = 0) -> Profile:
+        """The model profile (the loaded model and its buffers) the ``source``-th source
+        runs: its own model, else the main one."""
+        return self.assembly.lane_profiles(self.config, self.profiles)[source][1][""]
 
     def build(self) -> None:
-        cfg = self.config
-        self.profiles, self.models = self._load_profiles(cfg)
+        cfg, assembly = self.config, self.assembly
+        self.profiles, self.models = assembly.load_profiles(cfg)
         try:
-            self.sources = {src.name: self._source(cfg, src) for src in cfg.source_list()}
+            self.sources = {src.name: assembly.source(cfg, src) for src in cfg.source_list()}
             self.power = PowerManager(cfg.power)
             self.publisher = make_publisher(cfg.publish)
             if cfg.view.enabled:
@@ -264,12 +158,110 @@ class Agent(Reloading):
             self.metrics = MetricsServer(AgentCollector(self), cfg.metrics.host, cfg.metrics.port)
             self._parts.start(self.metrics)
 
+    def _pipeline(
+        self, cfg: AgentConfig, sources: dict[str, Source], profiles: dict[str, Profile], advise: bool = True
+    ) -> Pipeline:
+        """``cfg``'s pipeline on ``sources`` and ``profiles``, on this agent's stream, power
+        and view (``Assembly.pipeline``)."""
+        assert self.publisher is not None
+        return self.assembly.pipeline(cfg, sources, profiles, self.publisher, self.power, self.view, advise)
+
+    # -- reload -------------------------------------------------------------------------
+
+    def reload(self, new: AgentConfig, force: bool = False) -> list[str]:
+        """Swap to ``new`` at a frame boundary, keeping the result stream and its seq.
+
+        Everything that can fail (models, a new source) is prepared while the old
+        pipeline still runs; if it fails, the old config keeps running and the error is
+        raised. Returns what changed.
+        """
+        old = self.config
+        assert self.pipeline is not None and self.publisher is not None and self.health is not None
+        changed = self._reloader.changes(old, new)
+        # CURVE: keys added to (or removed from) the allowed folder count from now on, even
+        # when the config itself did not change. A rebind below reads the folder anyway.
+        self.publisher.refresh_clients()
+        if not changed and not force:
+            self.config = new  # at most a section read elsewhere (the uplink's) or at start
+            self.health.config_hash = config_hash(new)
+            return []
+        if not force:
+            self._breaker_trips = 0  # a new config starts the breaker's escalation afresh
+        ready = self._reloader.prepare(old, new, force, self.sources, self.profiles, self.models)
+        # The swap: drain the old pipeline, then start the new one on the same socket.
+        old_pipeline = self.pipeline
+        drained = old_pipeline.stop()
+        if not drained:  # its stuck thread still counts when the agent stops
+            self._undrained.append(old_pipeline)
+        try:
+            self._swap_parts(old, new)
+            pipeline = self._pipeline(new, ready.sources, ready.profiles, advise=not ready.models_changed)
+        except BaseException:
+            self._resume_old(old, ready, old_pipeline)
+            raise
+        self._adopt_sources(ready.sources, old_pipeline)
+        self.config = new
+        self._start_pipeline(pipeline, old_pipeline)
+        if ready.models_changed:
+            if drained:
+                for m in self.models.values():
+                    m.close()
+            else:  # a stage is stuck inside the old backend: never pull it from under it
+                log.warning("reload: the old pipeline did not drain; its models stay open")
+            self.models, self.profiles = ready.models, ready.profiles
+        log.info("reload: applied (%s)", ", ".join(changed))
+        return changed
+
+    def _resume_old(self, old: AgentConfig, ready: Prepared, old_pipeline: Pipeline) -> None:
+        """The swap failed after the drain: close what the reload opened and run ``old`` again."""
+        # Past the drain nothing may leave the agent without a pipeline: the old
+        # config comes back (its models and sources are still open), then the error.
+        log.exception("reload: failed after the swap began; resuming the old config")
+        self._reloader.discard(ready, self.sources)
+        try:
+            self._swap_parts(ready.config, old)
+        except Exception:
+            log.exception("reload: could not put the old power profile or socket back")
+        self._start_pipeline(self._pipeline(old, self.sources, self.profiles, advise=False), old_pipeline)
+
+    def _adopt_sources(self, sources: dict[str, Source], old_pipeline: Pipeline) -> None:
+        """Close the sources the new config no longer runs and make ``sources`` the agent's."""
+        for name, source in self.sources.items():
+            if sources.get(name) is not source:
+                source.close()
+        # Sources start just before the pipeline, so they stop just after it.
+        for source in self.sources.values():
+            self._parts.remove(source)
+        self._parts.insert_before(old_pipeline, sources.values())
+        self.sources = sources
+
+    def _swap_parts(self, old: AgentConfig, new: AgentConfig) -> None:
+        """The power profile and the result socket for ``new`` (the pipeline is stopped)."""
+        if old.power != new.power:
+            assert self.power is not None
+            self.power.close()  # puts the old profile's state back first
+            power = PowerManager(new.power)
+            power.start()
+            self._parts.replace(self.power, power)
+            self.power = power
+        if old.metrics != new.metrics:
+            self._restart_metrics(new)
+        pub_old, pub_new = old.publish, new.publish
+        if any(getattr(pub_old, k) != getattr(pub_new, k) for k in marked_fields(PublishConfig, REBIND)):
+            log.warning("reload: the result stream is rebound (%s); subscribers reconnect", pub_new.endpoint)
+            assert self.publisher is not None
+            self.publisher.close()
+            publisher: ZmqPublisher = make_publisher(pub_new)
+            publisher.open()
+            self._parts.replace(self.publisher, publisher)
+            self.publisher = publisher
+
     def _start_pipeline(self, pipeline: Pipeline, old_pipeline: Pipeline) -> None:
-        assert self.health is not None
+        assert self.health is not None and self.publisher is not None
         pipeline.adopt(old_pipeline)
         self._parts.replace(self.pipeline, pipeline)
         self.pipeline = pipeline
-        self.health.pipeline, self.health.power, self.health.publisher = pipeline, self.power, self.publisher
+        self.health.attach(pipeline, self.publisher, self.power)
         self.health.interval_s = self.config.publish.health_interval_s
         self.health.config_hash = config_hash(self.config)
         pipeline.start()
@@ -373,10 +365,3 @@ class Agent(Reloading):
             "endpoint": self.config.publish.endpoint,
             "ladder": [step.name for step in self.config.deadline.ladder],
         }
-
-
-def budget_settings(cfg: AgentConfig) -> dict[str, str]:
-    """By source name, the key that sets its budget: its own ``budget_ms``, else the deadline's."""
-    keys = {f"sources[{i}].budget_ms": s for i, s in enumerate(cfg.sources)}
-    keys = keys or {"source.budget_ms": cfg.source}
-    return {s.name: key if s.budget_ms else "deadline.budget_ms" for key, s in keys.items()}

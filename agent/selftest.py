@@ -26,7 +26,7 @@ from edge_agent import __version__
 from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig, TensorRTConfig
 from edge_agent.core.files import read_text
 from edge_agent.evaluation import FrameResult, heldout_images, mean_average_precision
-from edge_agent.pipelines.decode import box_iou
+from edge_agent.models.decoders.nms import box_iou
 from edge_agent.pipelines.preprocess import Letterbox, boxes_to_source
 
 # FP16 engines against the FP32 CPU model: scores are sigmoid outputs in 0..1, boxes are

@@ -8,13 +8,15 @@ and ``imgsz`` in their metadata) and reports every assumption it made.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from edge_agent.core import configload
 from edge_agent.core.configload import check
 from edge_agent.models import onnx_info
+from edge_agent.models.decoders import registry as decoders
+from edge_agent.models.decoders.efficient_nms import NMS_OUTPUTS
 
 BUNDLED_DIR = Path(__file__).resolve().parent
 BUNDLED_MODEL = "shapes-det"
@@ -84,29 +86,32 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class NmsOutputs:
-    """The four outputs of TensorRT's EfficientNMS plugin, by name."""
+    """The outputs of a decoder that reads several, by role: TensorRT's EfficientNMS
+    plugin's four (``efficient_nms``' roles), its documented names by default."""
 
-    num_dets: str = onnx_info.NMS_OUTPUTS[0]
-    boxes: str = onnx_info.NMS_OUTPUTS[1]
-    scores: str = onnx_info.NMS_OUTPUTS[2]
-    classes: str = onnx_info.NMS_OUTPUTS[3]
-
-
-DecoderName = Literal["yolov8", "yolov5", "end2end", "rtdetr", "efficient_nms"]
+    num_dets: str = NMS_OUTPUTS[0]
+    boxes: str = NMS_OUTPUTS[1]
+    scores: str = NMS_OUTPUTS[2]
+    classes: str = NMS_OUTPUTS[3]
 
 
 @dataclass(frozen=True)
 class OutputSpec:
-    name: str = ""  # empty: the model's first output (every decoder but efficient_nms)
-    decoder: DecoderName = "yolov8"
+    name: str = ""  # empty: the model's first output (a decoder of one output)
+    decoder: str = "yolov8"  # a registered decoder (models/decoders/)
     efficient_nms: NmsOutputs = field(default_factory=NmsOutputs)
+
+    def __post_init__(self) -> None:
+        known = decoders.names()
+        check(
+            self.decoder in known,
+            "decoder",
+            f"unknown decoder {self.decoder!r} (one of {', '.join(map(repr, known))})",
+        )
 
     def names(self) -> tuple[str, ...]:
         """The outputs the decoder reads, in its order ("" for the model's first)."""
-        if self.decoder == "efficient_nms":
-            n = self.efficient_nms
-            return (n.num_dets, n.boxes, n.scores, n.classes)
-        return (self.name,)
+        return decoders.get(self.decoder).output_names(self.name, asdict(self.efficient_nms))
 
 
 @dataclass(frozen=True)
@@ -182,22 +187,23 @@ def manifest_from_onnx(path: str) -> tuple[ModelManifest, list[str]]:
         choice = onnx_info.choose(info, len(labels), h, w)
     except onnx_info.UnsupportedModel as e:
         raise ModelError(f"{path}: {e}") from None
-    notes.append(f"decoder {choice.decoder}, chosen by {choice.rule}")
+    decoder = decoders.get(choice.decoder)
+    notes.append(f"decoder {decoder.name}, chosen by {choice.rule}")
     if choice.ignored:
         notes.append(f"outputs {list(choice.ignored)} are not read")
-    resize = "stretch" if choice.decoder == "rtdetr" else "letterbox"
-    if resize == "stretch":
-        notes.append("input stretched to the model's size, not letterboxed (as Ultralytics does for RT-DETR)")
+    if decoder.resize == "stretch":
+        notes.append(f"input stretched to the model's size, not letterboxed ({decoder.resize_why})")
     if labels:
         notes.append(f"{len(labels)} labels from metadata names")
     else:
-        n_cls = _class_count(info, choice)
+        first = next(t.shape for t in info.outputs if t.name == choice.outputs[0])
+        n_cls = max(decoder.class_count(first), 0)
         labels = tuple(f"class{i}" for i in range(n_cls or 80))
         notes.append(
             f"no label names in the model: using class0..class{len(labels) - 1}"
             + ("" if n_cls else " (the output does not tell the class count)")
         )
-    nms = NmsOutputs(*choice.nms_names) if choice.nms_names else NmsOutputs()
+    name, named = decoder.output_section(choice.outputs)
     manifest = ModelManifest(
         name=Path(path).stem,
         input=InputSpec(
@@ -207,9 +213,9 @@ def manifest_from_onnx(path: str) -> tuple[ModelManifest, list[str]]:
             layout="NHWC" if nhwc else "NCHW",
             dtype=dtype,
             color=color,
-            resize=resize,
+            resize=decoder.resize,  # type: ignore[arg-type]
         ),
-        output=OutputSpec(name=choice.output, decoder=choice.decoder, efficient_nms=nms),  # type: ignore[arg-type]
+        output=OutputSpec(name=name, decoder=decoder.name, efficient_nms=NmsOutputs(**named)),
         labels=labels,
     )
     return manifest, notes
@@ -227,15 +233,3 @@ def _input_size(info: onnx_info.OnnxInfo, shape: list, nhwc: bool, notes: list[s
             h = w = 640
             notes.append("input size unknown: assumed 640x640")
     return h, w
-
-
-def _class_count(info: onnx_info.OnnxInfo, choice: onnx_info.Choice) -> int:
-    """The class count an output's shape tells (0: it does not, as for end-to-end rows)."""
-    shape = next(t.shape for t in info.outputs if t.name == choice.output)
-    if choice.decoder == "yolov8":
-        return int(shape[1] or 0) - 4
-    if choice.decoder == "yolov5":
-        return int(shape[2] or 0) - 5
-    if choice.decoder == "rtdetr" and shape[2] not in (None, 6):  # the older per-class layout
-        return int(shape[2]) - 4
-    return 0

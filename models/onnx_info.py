@@ -1,14 +1,15 @@
 """What an ONNX file says about itself, and the rules that pick its decoder from that.
 
 Read with ``onnx`` rather than an ONNX Runtime session, so a graph that only TensorRT can
-run (the ``EfficientNMS_TRT`` plugin) is inspected too. The rules run in a fixed order,
-and each decision comes with the rule that made it, for the log and ``models check``:
+run (the ``EfficientNMS_TRT`` plugin) is inspected too. Each decoder brings its own rules
+(``Decoder.recognise``, in its module under ``models/decoders/``); they run in the order
+``models.decoders.recognition`` numbers, and each decision comes with the rule that made
+it, for the log and ``models check``:
 
 1. Ultralytics metadata ``task``: anything but ``detect`` is refused with that reason.
-2. Output names: TensorRT's EfficientNMS outputs (``num_dets``, ``det_boxes``, ...), or
-   four outputs shaped like them.
-3. Ultralytics metadata: ``head: RTDETRDecoder`` (RT-DETR), ``end2end: True`` (YOLO26,
-   YOLOv10), export ``args`` with ``nms: True`` (NMS exported into the graph).
+2. Output names, or a set of outputs shaped like a decoder's (TensorRT's EfficientNMS).
+3. Ultralytics metadata naming the layout (``head: RTDETRDecoder``, ``end2end: True``,
+   export ``args`` with ``nms: True``), when the output fits it.
 4. The output's shape, against the anchor counts of the input size and the label count.
 
 A shape no rule accepts is refused with the shapes seen and the decoders known.
@@ -19,30 +20,15 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-STRIDES = ((8, 16, 32), (8, 16, 32, 64))  # YOLO heads: P3-P5, and the P6 models
+from edge_agent.models.decoders import registry as decoders
+from edge_agent.models.decoders.recognition import BY_METADATA, Seen, Tensor
+
 _ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 10: "float16"}
-KNOWN_LAYOUTS = (
-    "yolov8 [B, 4+C, N], yolov5 [B, N, 5+C], end2end [B, K, 6], rtdetr [B, K, 4+C] or [B, K, 6], "
-    "efficient_nms (num_dets [B, 1], det_boxes [B, K, 4], det_scores [B, K], det_classes [B, K])"
-)
-#: TensorRT's EfficientNMS plugin's outputs, as its documentation names them.
-NMS_OUTPUTS = ("num_dets", "det_boxes", "det_scores", "det_classes")
 _TASKS = {"segment": "segmentation", "pose": "pose", "obb": "oriented-box", "classify": "classification"}
 
 
 class UnsupportedModel(ValueError):
     """The model is not one the agent can decode; the message says why."""
-
-
-@dataclass(frozen=True)
-class Tensor:
-    name: str
-    shape: tuple[int | None, ...]  # None for a dynamic axis
-    dtype: str  # numpy's name; "" for a type the agent does not read
-
-    def show(self) -> str:
-        dims = ", ".join("?" if d is None else str(d) for d in self.shape)
-        return f"{self.name} [{dims}] {self.dtype}"
 
 
 @dataclass(frozen=True)
@@ -88,35 +74,12 @@ def read(path: str) -> OnnxInfo:
     )
 
 
-def anchor_counts(height: int, width: int) -> set[int]:
-    """Anchor-free heads' anchors (YOLOv8 and later) for an input size, P5 and P6 models."""
-    return {sum(-(-height // s) * -(-width // s) for s in strides) for strides in STRIDES}
-
-
 @dataclass(frozen=True)
 class Choice:
     decoder: str
-    output: str  # the output it reads (the first of efficient_nms' four)
-    nms_names: tuple[str, ...] = ()  # efficient_nms: num_dets, boxes, scores, classes
+    outputs: tuple[str, ...]  # the outputs it reads, in its order
     rule: str = ""
     ignored: tuple[str, ...] = ()  # outputs the decoder does not read
-
-
-def _is_true(value) -> bool:
-    return value is True or (isinstance(value, str) and value.lower() == "true")
-
-
-def _nms_shaped(outs: tuple[Tensor, ...]) -> tuple[str, ...]:
-    """The four outputs in EfficientNMS order when their ranks and types fit it, else ()."""
-    ints = [t for t in outs if t.dtype in ("int32", "int64")]
-    floats = [t for t in outs if t.dtype.startswith("float")]
-    num = [t for t in ints if len(t.shape) in (1, 2) and t.shape[-1] in (1, None)]
-    cls = [t for t in ints if len(t.shape) == 2 and t not in num[:1]]
-    boxes = [t for t in floats if len(t.shape) == 3 and t.shape[-1] == 4]
-    scores = [t for t in floats if len(t.shape) == 2]
-    if len(outs) != 4 or not (num and cls and len(boxes) == 1 and len(scores) == 1):
-        return ()
-    return (num[0].name, boxes[0].name, scores[0].name, cls[0].name)
 
 
 def choose(info: OnnxInfo, n_labels: int, height: int, width: int) -> Choice:
@@ -129,75 +92,33 @@ def choose(info: OnnxInfo, n_labels: int, height: int, width: int) -> Choice:
             "the agent runs detection models (task 'detect') only"
         )
     outs = info.outputs
-    names = NMS_OUTPUTS
-    if set(names) <= {t.name for t in outs}:
-        return Choice("efficient_nms", names[0], names, "outputs named like TensorRT's EfficientNMS")
-    names = _nms_shaped(outs)
-    if names:
-        return Choice("efficient_nms", names[0], names, "four outputs shaped like TensorRT's EfficientNMS")
+    seen = Seen(outs, n_labels, height, width, info.meta)
+    found = [(g, d.name) for d in decoders.registered() for g in d.recognise(seen)]
+    guesses = sorted(found, key=lambda x: (x[0].order, x[1]))
+    best = next(((g, name) for g, name in guesses if g.fits), None)
     masks = [t for t in outs if len(t.shape) == 4]
-    if masks and task is None:  # with task=detect, an extra feature-map output is just unread
+    # With task=detect, an extra feature-map output is just unread.
+    if masks and task is None and (best is None or best[0].order >= BY_METADATA):
         raise UnsupportedModel(
             f"output {masks[0].show()} is an image-shaped tensor (mask prototypes: a segmentation "
             "export): the agent runs detection models only"
         )
-    out = outs[0]
-    ignored = tuple(t.name for t in outs[1:])
-    args = info.meta("args")
-    by_meta = ""
-    if info.meta("head") == "RTDETRDecoder":
-        by_meta, rule = "rtdetr", "metadata head=RTDETRDecoder (RT-DETR)"
-    elif _is_true(info.meta("end2end")):
-        by_meta, rule = "end2end", "metadata end2end=True (an end-to-end head)"
-    elif isinstance(args, dict) and _is_true(args.get("nms")):
-        by_meta, rule = "end2end", "metadata args nms=True (NMS in the graph)"
-    if by_meta and _fits(by_meta, out.shape, n_labels):
-        return Choice(by_meta, out.name, rule=rule, ignored=ignored)
-    choice = _by_shape(out, outs, n_labels, height, width, ignored)
-    if by_meta:  # the metadata said otherwise: say both
-        rule = f"{choice.rule} ({rule}, but the output {out.show()} is not that layout)"
-        return Choice(choice.decoder, choice.output, rule=rule, ignored=ignored)
-    return choice
+    if best is None:
+        at = f"at {width}x{height}" + (f" with {n_labels} labels" if n_labels else "")
+        raise _refuse(f"output {outs[0].name!r} fits no decoder {at}", outs)
+    guess, name = best
+    rule = guess.rule
+    claim = next((g for g, _ in guesses if not g.fits and g.order < guess.order), None)
+    if claim is not None:  # the metadata said otherwise: say both
+        rule = f"{rule} ({claim.rule}, but the output {outs[0].show()} is not that layout)"
+    ignored = tuple(t.name for t in outs if t.name not in guess.outputs)
+    return Choice(name, guess.outputs, rule, ignored)
 
 
-def _fits(decoder: str, shape: tuple[int | None, ...], n: int) -> bool:
-    """Whether an output of ``shape`` can be the metadata's decoder's layout."""
-    if len(shape) != 3:
-        return False
-    last = shape[2]
-    if decoder == "rtdetr":
-        return last is None or last == 6 or (n > 0 and last == 4 + n) or (n == 0 and last > 4)
-    return last in (None, 6)
-
-
-def _by_shape(out: Tensor, outs: tuple[Tensor, ...], n: int, h: int, w: int, ignored) -> Choice:
-    def refuse(why: str) -> UnsupportedModel:
-        seen = "; ".join(t.show() for t in outs)
-        return UnsupportedModel(
-            f"{why} (outputs: {seen}); the decoders known: {KNOWN_LAYOUTS}. A manifest beside the "
-            "model names the decoder and labels (edge-agent models check MODEL --write-manifest)"
-        )
-
-    if len(out.shape) != 3 or (out.shape[1] is None and out.shape[2] is None):
-        raise refuse(f"output {out.name!r} is not a [B, rows, columns] tensor with a fixed size")
-    a, b = out.shape[1], out.shape[2]  # either may be dynamic (None): decided by the other
-    v8 = anchor_counts(h, w)
-    v5 = {3 * c for c in v8}
-    at = f"at {w}x{h}"
-
-    def pick(decoder: str, rule: str) -> Choice:
-        dims = ", ".join("?" if d is None else str(d) for d in (a, b))
-        return Choice(decoder, out.name, rule=f"shape [B, {dims}]: {rule}", ignored=ignored)
-
-    if b in v8 and a is not None and a > 4 and (n == 0 or a == 4 + n):
-        return pick("yolov8", f"{b} = the anchors of a YOLOv8-style head {at} on axis 2")
-    if a in v5 and b is not None and b > 5 and (n == 0 or b == 5 + n):
-        return pick("yolov5", f"{a} = the anchors of a YOLOv5 head {at} on axis 1")
-    if b == 6 and a not in v8 | v5 and not (a is None and n == 1):  # [?, 6]: a 1-class YOLOv5 too
-        k = "K" if a is None else a
-        return pick("end2end", f"{k} rows of 6 (x1, y1, x2, y2, score, class), not an anchor count {at}")
-    if n and a == 4 + n:
-        return pick("yolov8", f"axis 1 = 4 + {n} labels")
-    if n and b == 5 + n:
-        return pick("yolov5", f"axis 2 = 5 + {n} labels")
-    raise refuse(f"output {out.name!r} fits no decoder {at}" + (f" with {n} labels" if n else ""))
+def _refuse(why: str, outs: tuple[Tensor, ...]) -> UnsupportedModel:
+    seen = "; ".join(t.show() for t in outs)
+    known = "; ".join(f"{d.name} {d.layout}" for d in decoders.registered())
+    return UnsupportedModel(
+        f"{why} (outputs: {seen}); the decoders known: {known}. A manifest beside the "
+        "model names the decoder and labels (edge-agent models check MODEL --write-manifest)"
+    )

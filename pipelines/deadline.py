@@ -22,7 +22,10 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
@@ -55,6 +58,26 @@ class LadderChange:
     previous: str
     miss_rate: float
     reason: str
+
+
+@dataclass(frozen=True)
+class DeadlineSnapshot:
+    """One source's deadline settings, miss rate and ladder, at one moment."""
+
+    budget_ms: float
+    stage_budgets_ms: Mapping[str, float]
+    stage_overruns: Mapping[str, int]  # frames over a stage's budget, by stage
+    admission: bool
+    miss_window_s: float
+    estimate_ms: Mapping[str, Mapping[str, float]]  # per model profile, per stage
+    miss_rate: float  # over the window ending now
+    miss_window_frames: int  # the frames that ended in that window
+    step: int  # the ladder's step (0: normal)
+    step_name: str
+    steps: tuple[str, ...]
+    changes: int
+    step_up_after_s: float  # the healthy time the next step up needs now (backoff included)
+    history: tuple[Mapping[str, Any], ...]  # the latest ladder changes
 
 
 class MissWindow:
@@ -165,9 +188,10 @@ class DeadlineMonitor:
         """
         if not self.config.admission:
             return True
-        remaining = self.remaining_ns(profile)
+        est = self.estimates(profile)
+        remaining = float(est[INFER_START:PUBLISH].sum())  # as ``remaining_ns``
         if infer_ns is not None:
-            remaining -= max(0.0, float(self.estimates(profile)[INFER_START]) - infer_ns)
+            remaining -= max(0.0, float(est[INFER_START]) - infer_ns)
         fits = (now_ns - int(stamps[CAPTURED])) + remaining <= self.budget_ns
         if fits or now_ns - self._last_admit_ns >= self.config.miss_window_s * 1e9:
             self._last_admit_ns = now_ns
@@ -226,6 +250,29 @@ class DeadlineMonitor:
             return self._changes.popleft()
         except IndexError:
             return None
+
+    # -- readers (the heartbeat, metrics) ----------------------------------------
+
+    def snapshot(self, now_ns: int) -> DeadlineSnapshot:
+        """The settings, the miss rate of the window ending at ``now_ns`` and the ladder."""
+        c = self.config
+        rate, ended = self.miss_rate(now_ns)
+        return DeadlineSnapshot(
+            budget_ms=c.budget_ms,
+            stage_budgets_ms=MappingProxyType(dict(c.stage_budgets_ms)),
+            stage_overruns=MappingProxyType(dict(self.stage_overruns)),
+            admission=c.admission,
+            miss_window_s=c.miss_window_s,
+            estimate_ms=MappingProxyType(self.estimates_ms()),
+            miss_rate=rate,
+            miss_window_frames=ended,
+            step=self.step,
+            step_name=self.current.name,
+            steps=tuple(s.name for s in self.ladder),
+            changes=self.changes,
+            step_up_after_s=c.step_up_after_s * self.up_backoff,
+            history=tuple(self.history),
+        )
 
     # -- once a second, from _frame_ended -----------------------------------------
 

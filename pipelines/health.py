@@ -3,7 +3,9 @@
 The heartbeat comes from its own thread, not from the frame path, so a stalled pipeline
 still reports (with fps 0 and growing drop counts) instead of going silent. With several
 sources, each has its own message (its ``source`` field says which) with its own counts,
-latencies, deadline and ladder; all carry the shared batch scheduler's figures.
+latencies, deadline and ladder; all carry the shared batch scheduler's figures. Each beat
+reads one snapshot of the pipeline (``Pipeline.snapshot``), taking what is handed out once:
+the latencies since the last beat and the ladder's changes.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from typing import Any
 from edge_agent import __version__
 from edge_agent.core import resources
 from edge_agent.core.stages import STAGES
-from edge_agent.pipelines.deadline import LadderChange
+from edge_agent.pipelines.pipeline import Pipeline
 from edge_agent.pipelines.publish import SCHEMA_VERSION, ZmqPublisher
+from edge_agent.pipelines.snapshot import BatchingSnapshot, LaneSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +30,7 @@ HEALTH_TOPIC = b"health"
 class HealthReporter:
     def __init__(
         self,
-        pipeline: Any,
+        pipeline: Pipeline,
         publisher: ZmqPublisher,
         device_id: str,
         interval_s: float = 1.0,
@@ -47,6 +50,10 @@ class HealthReporter:
         self._t0 = time.monotonic_ns()
         self._last: dict[str, tuple[int, int]] = {}  # by source: (ns, published) at its last beat
         self._unix_offset_ns = time.time_ns() - time.monotonic_ns()
+
+    def attach(self, pipeline: Pipeline, publisher: ZmqPublisher, power: Any) -> None:
+        """Report on ``pipeline`` through ``publisher`` from the next beat on (a reload)."""
+        self.pipeline, self.publisher, self.power = pipeline, publisher, power
 
     def start(self) -> None:
         self._t0 = time.monotonic_ns()
@@ -80,9 +87,9 @@ class HealthReporter:
         now = time.monotonic_ns()
         first: dict[str, Any] = {}
         self.publisher.poll_subscriptions()
-        for lane in self.pipeline.lanes:
-            change = lane.monitor.take_change()  # the monitor steps its ladder itself
-            msg = self.snapshot(now, change, lane)
+        snap = self.pipeline.snapshot(now, take=True)  # the monitors step their ladders themselves
+        for lane in snap.lanes:
+            msg = self.message(now, lane, snap.batching)
             if final:
                 msg["final"] = True
             self.publisher.send(HEALTH_TOPIC, self.publisher.encode(msg))
@@ -92,17 +99,15 @@ class HealthReporter:
         self.beats += 1
         return first
 
-    def snapshot(self, now: int, change: LadderChange | None = None, lane: Any = None) -> dict[str, Any]:
-        p = self.pipeline
-        lane = lane or p.lanes[0]
-        stats, monitor = lane.stats, lane.monitor
-        window = stats.take_window()
-        published = stats.published
+    def message(self, now: int, lane: LaneSnapshot, batching: BatchingSnapshot) -> dict[str, Any]:
+        """One source's heartbeat from its snapshot (taken at ``now``, with its window)."""
+        published = lane.published
         last_ns, last_published = self._last.get(lane.name, (self._t0, 0))
         dt = (now - last_ns) / 1e9
         fps = (published - last_published) / dt if dt > 0 else 0.0
         self._last[lane.name] = (now, published)
-        miss_rate, ended = monitor.miss_rate(now)
+        d = lane.deadline
+        window = lane.window.summary_ms() if lane.window is not None else {}
         msg: dict[str, Any] = {
             "schema": SCHEMA_VERSION,
             "type": "health",
@@ -113,36 +118,37 @@ class HealthReporter:
             "ts_unix_s": round((now + self._unix_offset_ns) / 1e9, 3),
             "uptime_s": round((now - self._t0) / 1e9, 3),
             "fps": round(fps, 2),
-            "counts": stats.counts(),
-            "miss_rate": round(miss_rate, 4),
-            "miss_window_frames": ended,
+            "counts": lane.counts.as_dict(),
+            "miss_rate": round(d.miss_rate, 4),
+            "miss_window_frames": d.miss_window_frames,
             "latency_ms": {
-                "window": window.summary_ms(),
-                "cumulative": stats.total.summary_ms(),
-                "stages": {name: _short(stats.stages[name]) for name in STAGES},
-                "backend": {name: _short(h) for name, h in list(stats.backend_parts.items())},
+                "window": window,
+                "cumulative": lane.total.summary_ms(),
+                "stages": {name: _short(lane.stages[name]) for name in STAGES},
+                "backend": {name: _short(h) for name, h in lane.backend_parts.items()},
             },
             "deadline": {
-                "budget_ms": monitor.config.budget_ms,
-                "stage_budgets_ms": dict(monitor.config.stage_budgets_ms),
-                "stage_overruns": dict(monitor.stage_overruns),
-                "admission": monitor.config.admission,
-                "miss_window_s": monitor.config.miss_window_s,
-                "estimate_ms": monitor.estimates_ms(),
+                "budget_ms": d.budget_ms,
+                "stage_budgets_ms": dict(d.stage_budgets_ms),
+                "stage_overruns": dict(d.stage_overruns),
+                "admission": d.admission,
+                "miss_window_s": d.miss_window_s,
+                "estimate_ms": dict(d.estimate_ms),
             },
             "ladder": {
-                "step": monitor.step,
-                "name": monitor.current.name,
-                "steps": [s.name for s in monitor.ladder],
-                "changes": monitor.changes,
-                "step_up_after_s": monitor.config.step_up_after_s * monitor.up_backoff,
+                "step": d.step,
+                "name": d.step_name,
+                "steps": list(d.steps),
+                "changes": d.changes,
+                "step_up_after_s": d.step_up_after_s,
             },
-            "source_state": {**lane.source.describe(), "priority": lane.priority, "error": lane.error},
-            "batching": p.scheduler.summary(),
+            "source_state": {**lane.source_state, "priority": lane.priority, "error": lane.error},
+            "batching": batching.summary(),
             "process": resources.snapshot(),
         }
         if self.power is not None:
             msg["power"] = self.power.snapshot()
+        change = lane.change
         if change is not None:
             msg["event"] = {
                 "kind": "ladder",

@@ -1,32 +1,38 @@
 """One source's lane through the pipeline: its source, the profiles it may run (the
-degradation ladder switches among them), its deadline monitor, message builder and stats."""
+degradation ladder switches among them), its deadline monitor, message builder, counts and
+sequence numbers.
+
+What the stages ask of a source goes through its lane: its next frame in a frame slot
+(``take``), and how each frame ended (``drop``, ``published``). The batch scheduler
+reads a lane as a ``scheduler.SchedulerLane``. Every frame a source produced ends exactly
+once, here: published (on time or late) or dropped with a reason.
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 
 from edge_agent.core.budget_fit import DEFAULT_CAMERA_FPS
 from edge_agent.core.latency import LatencyHistogram
-from edge_agent.core.stages import (
-    INFER_END,
-    PUBLISH,
-)
+from edge_agent.core.stages import CAPTURED, INFER_END, PUBLISH
 from edge_agent.pipelines.deadline import DeadlineMonitor
+from edge_agent.pipelines.handoff import FrameSlot
 from edge_agent.pipelines.profile import Profile
 from edge_agent.pipelines.publish import MessageBuilder
-from edge_agent.pipelines.source_base import BufferPolicy, Source
+from edge_agent.pipelines.snapshot import LaneSnapshot, frozen_copy, read_only
+from edge_agent.pipelines.source_base import BufferPolicy, Source, SourceFrame
+from edge_agent.pipelines.stage_control import POLL_S
 from edge_agent.pipelines.stats import PipelineStats
 from edge_agent.pipelines.view_tap import ViewTap
 
 log = logging.getLogger(__name__)
 
-#: Per source and model: capture+preprocess, the scheduler's cell, inference, the post
-#: queue, postprocess: one slot each.
-
 
 class Lane:
-    """One source's share of the pipeline: its capture thread, deadline monitor (with its
-    own budget and ladder), counts, result topic and sequence numbers."""
+    """One source's share of the pipeline: its deadline monitor (with its own budget and
+    ladder), counts, result topic and sequence numbers."""
 
     def __init__(
         self,
@@ -38,8 +44,10 @@ class Lane:
         topic: str,
         priority: int = 0,
         max_fps: float = 0.0,
+        max_frames: int = 0,
     ) -> None:
-        """``profiles``: by the ladder's model path, the lane's own model under ""."""
+        """``profiles``: by the ladder's model path, the lane's own model under "".
+        ``max_frames``: the source ends after that many frames (0: it runs on)."""
         self.index = index
         self.source = source
         self.name = source.name
@@ -53,15 +61,123 @@ class Lane:
         # each one is processed, late or not; the ladder never skips its frames.
         self.every_frame = source.policy is BufferPolicy.WAIT
         monitor.fixed = self.every_frame
+        # What the scheduler reads (``SchedulerLane``): a live source's newer frame replaces
+        # its waiting one, and in latency mode its stale frames are passed over.
+        self.newest_wins = not self.every_frame
+        self.budget_ns = monitor.budget_ns
+        self.fresh_only = monitor.config.mode == "latency" and self.newest_wins
         self.max_fps = max_fps
+        self.max_frames = max_frames
         self.stats = PipelineStats()
         for p in profiles.values():
             self.stats.by_profile.setdefault(p.name, LatencyHistogram())
         self.seq = 0
         self.view_tap: ViewTap | None = None  # the live view's, when enabled
-        self.stale_seen = source.stale  # the source's stale count already accounted
         self.error: str | None = None  # why the source ended early, if it did
+        self._stale_seen = source.stale  # the source's stale count already accounted
         self._stride_count = 0
+
+    # -- the capture stage ------------------------------------------------------------
+
+    def done(self) -> bool:
+        """The source produced its ``max_frames``."""
+        return bool(self.max_frames) and self.stats.captured >= self.max_frames
+
+    def take(self, timeout_s: float, stop: threading.Event) -> FrameSlot | None:
+        """The source's next frame in a free slot of the profile the ladder picks, stamped
+        and labelled (``slot.frame`` holds the source's frame until its next read); None
+        when no frame came within ``timeout_s``, or the frame is not processed: the ladder
+        skips it, or ``stop`` came while no slot was free (both accounted as drops).
+
+        Counts the frames the source skipped or drained as stale. Raises what the source's
+        ``read`` raises (``EndOfStream``, ``SourceError``).
+        """
+        frame = self._read(timeout_s)
+        if frame is None:
+            return None
+        profile = self.profile()
+        if profile is None:
+            self.drop(None, "ladder")
+            return None
+        pool = profile.pools[self.name]
+        # Try at least once: a frame read just before stop is still processed.
+        slot = pool.acquire(POLL_S)
+        while slot is None and not stop.is_set():
+            slot = pool.acquire(POLL_S)
+        if slot is None:
+            self.drop(None, "shutdown")
+            return None
+        slot.stamps[CAPTURED] = frame.capture_ns
+        slot.frame = frame
+        slot.lane = self.index
+        slot.source = self.name
+        slot.frame_id = frame.frame_id
+        slot.expected_ns = 0.0
+        slot.gt_count = 0
+        if frame.gt is not None:
+            n = min(len(frame.gt), len(slot.gt))
+            slot.gt[:n] = frame.gt[:n]
+            slot.gt_count = n
+        return slot
+
+    def _read(self, timeout_s: float) -> SourceFrame | None:
+        """The source's next frame (None on timeout), counting the frames it skipped."""
+        source = self.source
+        before = source.skipped
+        frame = source.read(timeout_s)
+        gap = source.skipped - before
+        # A camera's reader drains stale frames on its own thread, whenever it reconnects.
+        drained = source.stale
+        stale, self._stale_seen = drained - self._stale_seen, drained
+        if self.max_frames:  # --frames N counts source frames, skipped ones included
+            room = max(self.max_frames - self.stats.captured - (frame is not None), 0)
+            gap = min(gap, room)
+            stale = min(stale, room - gap)
+        self.stats.add_captured(int(frame is not None), gap, stale)
+        return frame
+
+    def profile(self) -> Profile | None:
+        """The profile for the next frame, or None when it is not processed (ladder)."""
+        step = self.monitor.current
+        self._stride_count += 1
+        if (step.frame_stride > 1 and self._stride_count % step.frame_stride) or not step.infer:
+            return None
+        return self.profiles.get(step.model, self.primary)  # the main model is under ""
+
+    # -- how a frame ended ------------------------------------------------------------
+
+    def drop(self, slot: FrameSlot | None, reason: str) -> None:
+        """A frame that will never be published (``deadline.DROP_REASONS``); its slot, if
+        any, goes back to its pool (None: none taken, or one that must stay out of it)."""
+        self.stats.drop(reason)
+        self.monitor.dropped(reason, time.monotonic_ns())
+        if slot is not None:
+            slot.pool.release(slot)  # type: ignore[union-attr]
+
+    def published(self, slot: FrameSlot, end_ns: int) -> None:
+        """A frame whose result went out (``end_ns``: after the send): its latencies, its
+        deadline outcome, and its slot back to its pool."""
+        st, stats = slot.stamps, self.stats
+        name = slot.profile.name
+        stats.record(st, end_ns, name, slot.profile.model.backend.timings(slot.io))
+        stats.add_published(int(st[PUBLISH] - st[CAPTURED]), self.monitor.published(st, end_ns, name))
+        slot.pool.release(slot)  # type: ignore[union-attr]
+
+    # -- the scheduler ----------------------------------------------------------------
+
+    def current(self) -> Profile | None:
+        """The profile of the ladder's current step (None at an alert-only step)."""
+        step = self.monitor.current
+        if not step.infer:
+            return None
+        return self.profiles.get(step.model, self.primary)  # the main model is under ""
+
+    def around_ns(self) -> tuple[float, float]:
+        """Estimated ns before the inference stage and after it, for the scheduler."""
+        est = self.monitor.estimates(self.primary.name)
+        return float(est[:2].sum()), float(est[INFER_END:PUBLISH].sum())
+
+    # -- the owner --------------------------------------------------------------------
 
     def frame_period_ms(self) -> float | None:
         """The interval between this live source's frames (its rate, capped by ``max_fps``;
@@ -73,26 +189,6 @@ class Lane:
         if self.max_fps:
             fps = min(fps, self.max_fps)
         return 1000.0 / fps
-
-    def current(self) -> Profile | None:
-        """The profile of the ladder's current step (None at an alert-only step)."""
-        step = self.monitor.current
-        if not step.infer:
-            return None
-        return self.profiles.get(step.model, self.primary)  # the main model is under ""
-
-    def profile(self) -> Profile | None:
-        """The profile for the next frame, or None when it is not processed (ladder)."""
-        step = self.monitor.current
-        self._stride_count += 1
-        if step.frame_stride > 1 and self._stride_count % step.frame_stride:
-            return None
-        return self.current()
-
-    def around_ns(self) -> tuple[float, float]:
-        """Estimated ns before the inference stage and after it, for the scheduler."""
-        est = self.monitor.estimates(self.primary.name)
-        return float(est[:2].sum()), float(est[INFER_END:PUBLISH].sum())
 
     def adopt(self, old: Lane) -> None:
         """Continue where ``old`` (the same source before a reload) stopped."""
@@ -108,3 +204,28 @@ class Lane:
             {k: v for k, v in self.stats.by_profile.items() if k not in old.stats.by_profile}
         )
         self.stats = old.stats
+
+    def snapshot(self, now_ns: int, take: bool = False) -> LaneSnapshot:
+        """The lane at ``now_ns``; ``take``: with what is handed out once (the heartbeat's):
+        the latencies since the last take and the oldest ladder change not yet reported."""
+        stats, source = self.stats, self.source
+        return LaneSnapshot(
+            name=self.name,
+            priority=self.priority,
+            counts=stats.counts(),
+            stages=read_only({k: frozen_copy(h) for k, h in stats.stages.items()}),
+            total=frozen_copy(stats.total),
+            send=frozen_copy(stats.send),
+            overhead=frozen_copy(stats.overhead),
+            by_profile=read_only({k: frozen_copy(h) for k, h in list(stats.by_profile.items())}),
+            backend_parts=read_only({k: frozen_copy(h) for k, h in list(stats.backend_parts.items())}),
+            source_state=read_only(source.describe()),
+            error=self.error,
+            lost=source.lost,
+            damage=source.damage,
+            seq=self.seq,
+            frame_period_ms=self.frame_period_ms(),
+            deadline=self.monitor.snapshot(now_ns),
+            window=stats.take_window() if take else None,
+            change=self.monitor.take_change() if take else None,
+        )

@@ -18,6 +18,8 @@ import numpy as np
 
 from edge_agent.core.config import BackendConfig, ModelConfig
 from edge_agent.models import adapter
+from edge_agent.models.decoders import registry as decoders
+from edge_agent.models.decoders.base import BoundDecoder, Decoded, DecodeParams, OutputMismatch
 from edge_agent.models.manifest import (
     InputFormat,
     InputSpec,
@@ -28,7 +30,6 @@ from edge_agent.models.manifest import (
 )
 from edge_agent.pipelines.backends.base import InferenceBackend, TensorSpec
 from edge_agent.pipelines.backends.registry import create_backend
-from edge_agent.pipelines.decode import Decoded, DecodeParams, Decoder
 from edge_agent.pipelines.preprocess import Preprocessor
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ class LoadedModel:
     resolved: ResolvedModel
     backend: InferenceBackend
     preprocessor: Preprocessor
-    decode: Decoder
+    decode: BoundDecoder
     params: DecodeParams
     input_name: str
     adapted_from: str = ""  # the original model when the backend runs its input-adapted copy
@@ -81,9 +82,9 @@ def check_io(
     inputs: list[TensorSpec],
     outputs: list[TensorSpec],
     host: InputFormat | None = None,
-) -> tuple[str, Decoder, bool]:
-    """Check the model's tensors against its manifest; returns the input's name, the bound
-    decoder and whether an RT-DETR output holds top-k rows (``check_outputs``).
+) -> tuple[str, BoundDecoder]:
+    """Check the model's tensors against its manifest; returns the input's name and the
+    decoder bound to the outputs it reads (``check_outputs``).
 
     ``host`` is the format the host writes when the backend took normalisation over (its
     input is then the backend's own tensor). Raises ModelError naming the file.
@@ -106,50 +107,29 @@ def check_io(
         )
     if tin.dtype != np.dtype(_DTYPE[spec.dtype]):
         raise ModelError(f"{path}: input {tin.name!r} is {tin.dtype}, but the manifest says {spec.dtype}")
-    decoder, topk = check_outputs(m, path, outputs)
-    return tin.name, decoder, topk
+    return tin.name, check_outputs(m, path, outputs)
 
 
-def check_outputs(m: ModelManifest, path: str, outputs: list[TensorSpec]) -> tuple[Decoder, bool]:
-    """The manifest's decoder bound to the outputs it reads, after checking their shapes;
-    with whether an RT-DETR output holds the top-k rows (box, score, class) rather than
-    per-class scores. Raises ModelError naming the file and the output."""
+def check_outputs(m: ModelManifest, path: str, outputs: list[TensorSpec]) -> BoundDecoder:
+    """The manifest's decoder, set up for the model's outputs (their shapes checked by the
+    decoder) and bound to the ones it reads. Raises ModelError naming the file and the output."""
     names = [t.name for t in outputs]
     wanted = m.output.names()
     missing = [n for n in wanted if n and n not in names]
     if missing:
         raise ModelError(f"{path}: manifest output(s) {missing} are not outputs of the model ({names})")
     index = tuple(names.index(n) if n else 0 for n in wanted)
-    dec, n = m.output.decoder, len(m.labels)
     shapes = [outputs[i].shape for i in index]
-
-    def need(ok: bool, what: str, k: int = 0) -> None:
-        if not ok:
-            raise ModelError(
-                f"{path}: output {names[index[k]]!r} has shape {shapes[k]}; the {dec} decoder with "
-                f"{n} labels needs {what}"
-            )
-
-    shape = shapes[0]
-    if dec != "efficient_nms":
-        need(len(shape) == 3, "3 axes")
-    if dec == "yolov8":
-        need(shape[1] in (None, 4 + n), f"{4 + n} on axis 1")
-    elif dec == "yolov5":
-        need(shape[2] in (None, 5 + n), f"{5 + n} on axis 2")
-    elif dec == "end2end":
-        need(shape[2] == 6, "6 on axis 2 (x1, y1, x2, y2, score, class id)")
-    elif dec == "rtdetr":
-        need(shape[2] in (6, 4 + n), f"{4 + n} on axis 2 (box, class scores) or 6 (box, score, class id)")
-    else:
-        num, boxes, scores, classes = shapes
-        need(len(num) in (1, 2) and num[-1] in (1, None), "[B, 1]", 0)
-        need(len(boxes) == 3 and boxes[2] == 4, "[B, K, 4]", 1)
-        need(len(scores) == 2 and scores[1] == boxes[1], f"[B, {boxes[1]}] (K of det_boxes)", 2)
-        need(len(classes) == 2 and classes[1] == boxes[1], f"[B, {boxes[1]}] (K of det_boxes)", 3)
-    # Ultralytics 8.4 exports RT-DETR's top-k rows; older ones per-class scores. With two
-    # labels both are 6 wide: the current export is meant.
-    return Decoder(dec, index), dec == "rtdetr" and shape[2] == 6
+    decoder = decoders.get(m.output.decoder)
+    try:
+        fitted = decoder.fit(shapes, len(m.labels))
+    except OutputMismatch as e:
+        k = e.index
+        raise ModelError(
+            f"{path}: output {names[index[k]]!r} has shape {shapes[k]}; the {decoder.name} decoder with "
+            f"{len(m.labels)} labels needs {e.needs}"
+        ) from None
+    return BoundDecoder(fitted, index)
 
 
 def load_model(model: ModelConfig, backend_config: BackendConfig) -> LoadedModel:
@@ -168,33 +148,34 @@ def load_model(model: ModelConfig, backend_config: BackendConfig) -> LoadedModel
         fmt = adapter.host_format(fmt)
     backend.load(path or resolved.path, fmt)
     host = backend.host_format(fmt)
-    input_name, decoder, topk = check_io(m, resolved.path, backend.inputs, backend.outputs, host)
-    if decoder.name == "rtdetr" and m.input.resize != "stretch":
+    input_name, decoder = check_io(m, resolved.path, backend.inputs, backend.outputs, host)
+    wants = decoder.decoder
+    if wants.resize == "stretch" and m.input.resize != "stretch":
         log.warning(
-            "model %s: an RT-DETR decoder with a letterboxed input; Ultralytics trains and runs RT-DETR "
-            "on stretched frames (input.resize: stretch in its manifest)",
+            "model %s: the %s decoder with a letterboxed input; %s (input.resize: stretch in its manifest)",
             resolved.path,
+            wants.name,
+            wants.resize_why,
         )
     return LoadedModel(
         resolved,
         backend,
         Preprocessor(host),
         decoder,
-        decode_params(model, m, topk),
+        decode_params(model, m),
         input_name,
         adapted_from=resolved.path if path else "",
     )
 
 
-def decode_params(model: ModelConfig, m: ModelManifest, rtdetr_topk: bool = False) -> DecodeParams:
-    """The decoder's settings: the config's thresholds over the manifest's."""
+def decode_params(model: ModelConfig, m: ModelManifest) -> DecodeParams:
+    """What every decoder is told: the config's thresholds over the manifest's."""
     return DecodeParams(
         score_threshold=model.score_threshold if model.score_threshold is not None else m.score_threshold,
         iou_threshold=model.iou_threshold if model.iou_threshold is not None else m.iou_threshold,
         max_detections=model.max_detections,
         input_w=m.input.width,
         input_h=m.input.height,
-        rtdetr_topk=rtdetr_topk,
     )
 
 

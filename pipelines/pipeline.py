@@ -1,32 +1,27 @@
 """The staged pipeline: capture+preprocess per source → batch scheduler → infer → postprocess+publish.
 
 Frame N+1 is captured and preprocessed while frame N is inferred and frame N-1 is decoded
-and published. Capture and preprocessing share a thread, as do postprocessing and
-publishing: each pair is sub-millisecond, and a thread hand-off costs tens of
-microseconds, so splitting them would add latency without adding throughput. OpenCV and
-ONNX Runtime release the GIL, so the stages do overlap on separate cores.
+and published; OpenCV and ONNX Runtime release the GIL, so the stages overlap on separate
+cores. Each stage is a class handed its collaborators: ``CaptureStage`` (a lane and the
+scheduler), ``InferStage`` (the scheduler and the post stage), ``PostStage`` (the
+publisher and the per-result steps; the frame's lane accounts it). The pipeline builds
+them, runs each on its own thread, stops them, and hands out a snapshot of itself
+(``snapshot``): it owns the threads and the stop, the stages do the work.
 
-The hand-offs are kept short where nothing is queued: while the post thread is idle and
-no frame waits for inference, the inference thread postprocesses and publishes its frame
-itself (the post thread would only have to be woken for it); and a capture thread that
-has a frame wakes an idle inference thread before preprocessing it, so that the wake-up
-(tens of microseconds from a long sleep, more on a virtual machine) overlaps the
-preprocessing instead of following it.
-
-Several sources share one accelerator: each source is a *lane* with its own capture
-thread, deadline monitor, counts, topic and sequence numbers, so a slow or dead camera
-only stalls its own lane. The lanes meet in the batch scheduler (``scheduler.py``),
+Several sources share one accelerator: each source is a *lane* (``lane.py``) with its own
+capture thread, deadline monitor, counts, topic and sequence numbers, so a slow or dead
+camera only stalls its own lane. The lanes meet in the batch scheduler (``scheduler.py``),
 which orders frames by priority and deadline and forms batches across sources; one
-inference thread runs them, and one postprocessing thread publishes every lane's frames.
+inference thread runs them, and one postprocessing thread publishes every lane's frames
+(or the inference thread itself, while nothing is queued: ``infer_stage.py``).
 
 Every frame a source produced ends exactly once: published (on time or late) or
 dropped with a reason (see ``deadline.DROP_REASONS``).
 
-Shutdown: ``stop`` ends capture; the scheduler and the post queue are closed behind the
+Shutdown: ``stop`` ends capture; the scheduler and the post inbox are closed behind the
 last frame, so the frames in flight are drained and published before the threads exit.
-An inference that does not return in time (a hung backend) is abandoned: its frames and
-those waiting for it are accounted as dropped (``shutdown``) at once, its buffers are
-never reused, and whatever it returns later is discarded.
+An inference that does not return in time (a hung backend) is abandoned
+(``InferStage.abandon``): every frame is accounted before ``stop`` returns.
 
 Each stage thread stamps its progress on every loop turn (idle ones every poll), so the
 owner can tell a stage that is stuck (inside a backend, a driver) from one that waits.
@@ -38,90 +33,79 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 
 from edge_agent.core.budget_fit import BudgetFit
-from edge_agent.pipelines.frame_steps import POLL_S, FrameSteps
-from edge_agent.pipelines.handoff import Closed, FrameQueue, FrameSlot
+from edge_agent.core.config import BatchingConfig, ResilienceConfig
+from edge_agent.pipelines.capture_stage import CaptureStage
+from edge_agent.pipelines.handoff import FrameSlot
+from edge_agent.pipelines.infer_stage import InferStage
 from edge_agent.pipelines.lane import Lane
-from edge_agent.pipelines.profile import Profile, prepare_buffers
+from edge_agent.pipelines.post_stage import FrameQueue, PostStage, PostStep
+from edge_agent.pipelines.profile import prepare_buffers
 from edge_agent.pipelines.publish import ZmqPublisher
-from edge_agent.pipelines.scheduler import BatchScheduler, LaneSpec
-from edge_agent.pipelines.source_base import EndOfStream, Pacer, SourceError
+from edge_agent.pipelines.scheduler import BatchScheduler
+from edge_agent.pipelines.snapshot import PipelineSnapshot
+from edge_agent.pipelines.stage_control import POLL_S, StageControl
 
 log = logging.getLogger(__name__)
 
 
-class Pipeline(FrameSteps):
+class Pipeline:
     def __init__(
         self,
         lanes: list[Lane],
         publisher: ZmqPublisher,
-        max_frames: int = 0,
-        max_consecutive_errors: int = 10,
-        max_batch: int = 0,
-        max_wait_ms: float = 4.0,
-        margin_ms: float = 2.0,
+        batching: BatchingConfig,
+        resilience: ResilienceConfig,
+        steps: Sequence[PostStep] = (),
     ) -> None:
-        """``max_frames``: stop each source after that many frames (0: run on)."""
-        self.lanes = lanes
-        self.publisher = publisher
-        self.max_frames = max_frames
-        self.error: str | None = None
-        self.finished = threading.Event()  # set once the last frame has been published
-        # Set by the inference thread when that many inferences in a row have failed: the
+        """``batching``: how the scheduler batches; ``resilience``: when the breaker opens;
+        ``steps``: what runs on every decoded frame before it is published."""
+        self._lanes = lanes
+        self._control = StageControl(len(lanes))
+        self.finished = self._control.finished  # set once the last frame has been published
+        # Set by the inference thread when too many inferences in a row have failed: the
         # owner (the agent's supervisor) reloads, falls back, or gives up.
         self.breaker = threading.Event()
-        self.max_consecutive_errors = max_consecutive_errors
-        self._consecutive_errors = 0
-        self._stop = threading.Event()
-        self._abort = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._progress: dict[str, int] = {}  # by stage thread: monotonic ns of its last loop turn
-        # The batch inside the backend now: stop() takes it over if the backend hangs.
-        self._batch_lock = threading.Lock()
-        self._running: list[FrameSlot] = []
-        self._abandoned = False
-        self.scheduler = BatchScheduler(
-            [
-                LaneSpec(
-                    lane.name,
-                    lane.priority,
-                    lane.monitor.budget_ns,
-                    not lane.every_frame,
-                    self._overrun,
-                    lane.around_ns,
-                    lane.current,
-                    lane.monitor.config.mode == "latency" and not lane.every_frame,
-                    self._not_fresh,
-                )
-                for lane in lanes
-            ],
-            max_batch,
-            max_wait_ms,
-            margin_ms,
-            Profile.batch_limit,
+        self._max_batch = batching.max_batch
+        self._scheduler = BatchScheduler(lanes, batching)
+        inbox = FrameQueue("post")
+        self._post = PostStage(lanes, publisher, inbox, self._control, steps)
+        self._infer = InferStage(
+            lanes, self._scheduler, self._post, inbox, self._control, resilience, self.breaker
         )
-        self._max_batch = max_batch
-        self._slowest_ns = 0  # the longest inference run so far (warm-ups included)
-        self._to_post = FrameQueue("post")
+        self._captures = [CaptureStage(lane, self._scheduler, self._control) for lane in lanes]
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def error(self) -> str | None:
+        """Why the run failed: a stage's unexpected error, every source failed, or the
+        owner's verdict (it may set it)."""
+        return self._control.error
+
+    @error.setter
+    def error(self, value: str | None) -> None:
+        self._control.error = value
 
     def warm_up(self) -> None:
         """Allocate every buffer set the lanes need and warm up those not warmed yet, then
         seed the scheduler's estimates with the warm-up times. Runs inferences: call it
         before ``start``, while no other pipeline runs these models (a reload: after the
         drain)."""
-        prepare_buffers([(lane.name, lane.profiles) for lane in self.lanes], self._max_batch)
-        for profile in self.profiles.values():
+        prepare_buffers([(lane.name, lane.profiles) for lane in self._lanes], self._max_batch)
+        profiles = {p.name: p for lane in self._lanes for p in lane.profiles.values()}
+        for profile in profiles.values():
             for size, ns in profile.warm_ns.items():
-                self.scheduler.seed(profile, size, ns)
-                self._slowest_ns = max(self._slowest_ns, ns)
+                self._scheduler.seed(profile, size, ns)
+                self._control.inferred(ns)
 
     def budget_advice(self, settings: dict[str, str]) -> list[str]:
         """Per source whose model's warm-up inference does not fit its budget: one line with
         the figures and the choices (``core.budget_fit``). ``settings``: by source, the key
         that sets its budget (its own ``budget_ms``, or ``deadline.budget_ms``)."""
         lines = []
-        for lane in self.lanes:
+        for lane in self._lanes:
             profile = lane.primary
             if 1 not in profile.warm_ns:
                 continue
@@ -132,38 +116,60 @@ class Pipeline(FrameSteps):
                 lines.append(advice)
         return lines
 
-    @property
-    def profiles(self) -> dict[str, Profile]:
-        """Every profile of every lane, by name."""
-        return {p.name: p for lane in self.lanes for p in lane.profiles.values()}
-
     def published(self) -> int:
-        return sum(lane.stats.published for lane in self.lanes)
+        """Frames published so far, every source's (a cheap count to poll)."""
+        return sum(lane.stats.published for lane in self._lanes)
+
+    def snapshot(self, now_ns: int | None = None, take: bool = False) -> PipelineSnapshot:
+        """Every lane and the batching, frozen (``snapshot.py``), as of ``now_ns`` (None:
+        now). ``take``: with what is handed out once, for the heartbeat: each lane's
+        latencies since the last take and its oldest ladder change not yet reported."""
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        return PipelineSnapshot(
+            tuple(lane.snapshot(now, take) for lane in self._lanes), self._scheduler.snapshot()
+        )
 
     def failure(self) -> str | None:
         """Why the run failed, if it did: the pipeline's error, or the sources that died
         while the others went on."""
         if self.error is not None:
             return self.error
-        dead = [lane.error for lane in self.lanes if lane.error]
+        dead = [lane.error for lane in self._lanes if lane.error]
         return "; ".join(dead) if dead else None
 
     def adopt(self, old: Pipeline) -> None:
         """Continue where ``old`` stopped (a reload): per source, its sequence numbers and
         counts; a source new in this config starts afresh."""
-        previous = {lane.name: lane for lane in old.lanes}
-        for lane in self.lanes:
+        previous = {lane.name: lane for lane in old._lanes}
+        for lane in self._lanes:
             if lane.name in previous:
                 lane.adopt(previous[lane.name])
-        self.scheduler.adopt(old.scheduler)
+        self._scheduler.adopt(old._scheduler)
+
+    # -- one frame on the caller's thread (the bench; the stage threads not running) ----
+
+    def take_one(self, timeout_s: float = POLL_S) -> FrameSlot | None:
+        """The first source's next frame, preprocessed into a frame slot as the capture
+        stage does it (``slot.frame``: the source's frame, until its next read); None if
+        none came within ``timeout_s`` or it was dropped. The slot goes on with
+        ``run_one``, or back with ``slot.pool.release(slot)``."""
+        slot = self._lanes[0].take(timeout_s, self._control.stop)
+        return slot if slot is not None and self._captures[0].prepare(slot) else None
+
+    def run_one(self, slot: FrameSlot) -> bool:
+        """Infer, decode and publish ``slot`` on this thread, as the inference stage does
+        it; False if the frame was dropped (stale, or an error)."""
+        return bool(self._infer.run_batch([slot]))
+
+    # -- the threads --------------------------------------------------------------------
 
     def start(self) -> None:
-        stages = [(f"capture-{lane.name}", self._capture, (lane,)) for lane in self.lanes]
-        stages += [("infer", self._infer, ()), ("post", self._post, ())]
+        stages = [(c.name, c.run) for c in self._captures]
+        stages += [(self._infer.name, self._infer.run), (self._post.name, self._post.run)]
         now = time.monotonic_ns()
-        for name, target, args in stages:
-            self._progress[name] = now
-            t = threading.Thread(target=target, args=args, name=name)
+        for name, target in stages:
+            self._control.progress[name] = now
+            t = threading.Thread(target=target, name=name)
             t.start()
             self._threads.append(t)
 
@@ -173,8 +179,9 @@ class Pipeline(FrameSteps):
         legitimately takes longer (a CPU fallback of a large model) is given three times
         its slowest inference so far before it counts as stuck."""
         now = time.monotonic_ns()
-        limit = max(int(after_s * 1e9), 3 * self._slowest_ns)
-        return [t.name for t in self._threads if t.is_alive() and now - self._progress.get(t.name, 0) > limit]
+        progress = self._control.progress
+        limit = max(int(after_s * 1e9), 3 * self._control.slowest_ns)
+        return [t.name for t in self._threads if t.is_alive() and now - progress.get(t.name, 0) > limit]
 
     def stop(self, timeout_s: float = 1.5) -> bool:
         """Stop capturing, drain the frames in flight, join; True if all threads ended.
@@ -182,16 +189,16 @@ class Pipeline(FrameSteps):
         Takes at most ``timeout_s`` plus 0.6 s when a stage is stuck. An inference that is
         still running then is abandoned: every frame is accounted before this returns.
         """
-        self._stop.set()
+        self._control.stop.set()
         self._join(timeout_s)
         alive = self.alive()
         if alive:
             # A stage is stuck (e.g. inside the backend): give up draining.
             log.warning("pipeline: %s did not drain in %.1f s; aborting", alive, timeout_s)
-            self._abort.set()
+            self._control.abort.set()
             self._join(0.3)
-            if "infer" in self.alive():
-                self._abandon()
+            if self._infer.name in self.alive():
+                self._infer.abandon()
                 self._join(0.3)
             alive = self.alive()
             if alive:
@@ -203,165 +210,6 @@ class Pipeline(FrameSteps):
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
 
-    def _abandon(self) -> None:
-        """The inference thread is stuck in the backend: account its batch and every frame
-        waiting for it as dropped now, and let the post thread finish what it has."""
-        with self._batch_lock:
-            self._abandoned = True
-            stuck, self._running = self._running, []
-        for slot in stuck:
-            # Counted, but the slot stays out of its pool: the backend may still write to
-            # its buffers, and a reload's pipeline may share the pool.
-            self._drop(self.lanes[slot.lane], None, "shutdown")
-        waiting = self.scheduler.drain()
-        for slot in waiting:
-            self._drop(self.lanes[slot.lane], slot, "shutdown")
-        self._to_post.close()
-        if stuck:
-            log.error(
-                "pipeline: an inference did not return; %d frame(s) in it and %d waiting for it "
-                "abandoned (dropped: shutdown)",
-                len(stuck),
-                len(waiting),
-            )
-        else:
-            log.error(
-                "pipeline: the inference thread did not end (waiting on a stuck stage); "
-                "%d waiting frame(s) dropped (shutdown)",
-                len(waiting),
-            )
-
     def alive(self) -> list[str]:
         """The stage threads still running (after a stop: the stuck ones)."""
         return [t.name for t in self._threads if t.is_alive()]
-
-    # -- accounting ---------------------------------------------------------------
-
-    def _drop(self, lane: Lane, slot: FrameSlot | None, reason: str) -> None:
-        lane.stats.drop(reason)
-        lane.monitor.dropped(reason, time.monotonic_ns())
-        if slot is not None:
-            slot.pool.release(slot)  # type: ignore[union-attr]
-
-    def _overrun(self, slot: FrameSlot) -> None:
-        self._drop(self.lanes[slot.lane], slot, "overrun")
-
-    def _not_fresh(self, slot: FrameSlot) -> None:
-        self._drop(self.lanes[slot.lane], slot, "not_fresh")
-
-    # -- stages -------------------------------------------------------------------
-
-    def _capture(self, lane: Lane) -> None:
-        source = lane.source
-        # A file source is read only once the previous frame has been taken by the
-        # scheduler: reading ahead would not raise throughput (one frame already waits)
-        # but would age every frame by a whole inference time.
-        read_ahead = not lane.every_frame
-        # The frame-rate cap: at most one read per period, the source's frames in between
-        # skipped by the source (a camera's, counted as source_gap); a stop cuts a wait short.
-        cap = Pacer(lane.max_fps, self._stop.wait)
-        name = threading.current_thread().name
-        try:
-            while not self._stop.is_set():
-                self._progress[name] = time.monotonic_ns()
-                if self.max_frames and lane.stats.captured >= self.max_frames:
-                    break
-                if not read_ahead and not self.scheduler.wait_room(lane.index, POLL_S):
-                    continue
-                if cap.period_ns and cap.tick(POLL_S) is None:
-                    continue
-                try:
-                    frame = self.read_frame(lane)
-                except EndOfStream:
-                    break
-                except SourceError as e:
-                    self._source_failed(lane, f"source {source.name}: {e}")
-                    break
-                except Exception as e:  # a bug or a driver error: fail loudly, not silently
-                    self._fatal(f"capture ({source.name})", e)
-                    break
-                if frame is None:
-                    continue
-                self.scheduler.expect()  # the inference thread wakes while we preprocess
-                slot = self.prepare(frame, lane)
-                tap = lane.view_tap
-                # Someone watches: this frame's pixels, if one is due and it goes on (not one
-                # the ladder skips); the source's image stays valid until its next read.
-                if slot is not None and tap is not None and tap.active:
-                    tap.offer_pixels(frame)
-                if slot is not None and not self.scheduler.put(lane.index, slot, self._abort):
-                    self._drop(lane, slot, "shutdown")
-        finally:
-            self.scheduler.close(lane.index)
-
-    def _source_failed(self, lane: Lane, error: str) -> None:
-        lane.error = error
-        log.error("%s", error)
-        # One dead source does not stop the others; when none is left, the pipeline fails.
-        if all(other.error for other in self.lanes) and self.error is None:
-            self.error = error if len(self.lanes) == 1 else "every source failed: " + error
-
-    def _infer(self) -> None:
-        try:
-            while True:
-                self._progress["infer"] = time.monotonic_ns()
-                try:
-                    batch = self.scheduler.next_batch(POLL_S)
-                    if batch is None:
-                        continue
-                    self.infer_batch(batch, self._hand_on)
-                except Closed:
-                    break
-                except Exception as e:  # a bug: stop; frames still waiting are accounted
-                    self._fatal("infer", e)
-                    for slot in self.scheduler.drain():
-                        self._drop(self.lanes[slot.lane], slot, "error")
-                    break
-        finally:
-            self._to_post.close()
-
-    def _hand_on(self, batch: list[FrameSlot]) -> None:
-        """Inferred frames on to postprocessing. While the post thread is idle and no frame
-        waits for inference, this thread postprocesses and publishes a frame itself: a
-        hand-off to a sleeping thread costs tens of microseconds (more on a virtual
-        machine) and this thread would only wait meanwhile. Otherwise the post queue
-        takes it, and inference goes on with the next batch."""
-        for slot in batch:
-            if self.scheduler.empty() and self._to_post.claim():
-                try:
-                    self._publish_or_fail(slot)
-                finally:
-                    self._to_post.unclaim()
-            elif not self._to_post.put(slot):  # stop() gave up on this thread meanwhile
-                self._drop(self.lanes[slot.lane], slot, "shutdown")
-
-    def _post(self) -> None:
-        try:
-            while True:
-                self._progress["post"] = time.monotonic_ns()
-                try:
-                    slot = self._to_post.get(POLL_S)
-                except Closed:
-                    break
-                if slot is None:
-                    continue
-                self._publish_or_fail(slot)
-        finally:
-            self.finished.set()
-
-    def _publish_or_fail(self, slot: FrameSlot) -> None:
-        """``publish_one``, on the post thread or inline on the inference thread."""
-        try:
-            self.publish_one(slot)
-        except Exception as e:  # publish_one accounts frame errors; this is a bug
-            self._fatal("post", e)
-
-    def _fatal(self, stage: str, exc: BaseException) -> None:
-        """An unexpected error in a stage thread: record it and stop the pipeline."""
-        log.error("pipeline: unexpected error in the %s stage", stage, exc_info=exc)
-        if self.error is None:
-            self.error = f"{stage} stage: {type(exc).__name__}: {exc}"
-        self._stop.set()
-
-    # -- one frame, one stage (the threads above, and the sequential benchmark) ----
-

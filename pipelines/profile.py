@@ -16,10 +16,6 @@ log = logging.getLogger(__name__)
 
 #: Per source and model: capture+preprocess, the scheduler's cell, inference, the post
 #: queue, postprocess: one slot each.
-
-
-#: Per source and model: capture+preprocess, the scheduler's cell, inference, the post
-#: queue, postprocess: one slot each.
 SLOTS = 5
 
 
@@ -75,6 +71,14 @@ class Profile:
                 io = self.batches[size]
                 same = [ns for s, ns in self.warm_ns.items() if s > 1 and self.batches[s] is io]
                 self.warm_ns[size] = same[0] if same else _warm(backend, io)
+
+    def preprocess(self, slot: FrameSlot) -> None:
+        """Preprocess the slot's source frame into its input and start moving that to the
+        device: on the capture thread, so the copy of frame N+1 overlaps the inference of
+        frame N. Raises what the preprocessor or the backend raises."""
+        m = self.model
+        m.preprocessor(slot.frame.image, slot.tensor, slot.geo)  # type: ignore[union-attr]
+        m.backend.upload(slot.io)
 
     def infer(self, slots: list[FrameSlot]) -> None:
         """Run one batch: a single frame on its own buffers, several through the batch set

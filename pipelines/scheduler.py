@@ -40,7 +40,12 @@ source waits for the cell to empty. The inference thread asks for the next batch
 
 Inference time per batch size comes from an estimate per model profile, seeded at
 warm-up and moved by every batch that runs; unmeasured sizes are extrapolated linearly
-from a measured one (conservative: batching rarely costs more than linear).
+from a measured one (conservative: batching rarely costs more than linear). Each frame of
+a batch carries the estimate for it (``FrameSlot.expected_ns``) to its admission.
+
+The scheduler knows each source through its lane (``SchedulerLane``: priority, budget,
+buffer policy, the estimated time around inference, the profile of its next frame), and
+accounts a waiting frame that a newer one replaced as a drop of that lane.
 """
 
 from __future__ import annotations
@@ -48,13 +53,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from edge_agent.core.config import BatchingConfig
 from edge_agent.core.stages import CAPTURED
 from edge_agent.pipelines.handoff import Closed, FrameSlot
+from edge_agent.pipelines.profile import Profile
+from edge_agent.pipelines.snapshot import BatchingSnapshot, read_only
 
 _EWMA_ALPHA = 0.2
 _INF = 1 << 62
@@ -66,25 +73,29 @@ _INF = 1 << 62
 FRESH_SHARE = 0.25
 
 
-@dataclass
-class LaneSpec:
-    """What the scheduler needs to know of one source."""
+class SchedulerLane(Protocol):
+    """What the scheduler reads of one source's lane (``lane.Lane``)."""
 
-    name: str
     priority: int
     budget_ns: int
     newest_wins: bool  # live source: a newer frame replaces the waiting one
-    on_replace: Callable[[FrameSlot], None]  # accounts a replaced frame (an overrun drop)
-    # (before, after) inference: estimated ns of this source's stages up to the inference
-    # stage (capture, preprocess) and after it (to the publish stamp).
-    around_ns: Callable[[], tuple[float, float]]
-    # The model profile its next frame will use (None: none, an alert-only ladder step).
-    profile: Callable[[], Any] = lambda: None
     # Latency mode (live sources only): inference takes its frame only while it is fresh,
     # else waits for the source's next one (see "Freshness" above).
-    fresh_only: bool = False
-    # Accounts a frame that was passed over as not fresh and then replaced (a drop).
-    on_pass: Callable[[FrameSlot], None] | None = None
+    fresh_only: bool
+
+    def around_ns(self) -> tuple[float, float]:
+        """(before, after) inference: estimated ns of this source's stages up to the
+        inference stage (capture, preprocess) and after it (to the publish stamp)."""
+        ...
+
+    def current(self) -> Any:
+        """The model profile its next frame will use (None: none, an alert-only ladder step)."""
+        ...
+
+    def drop(self, slot: FrameSlot | None, reason: str) -> None:
+        """Account a frame of it that will never be published (a replaced one: ``overrun``,
+        or ``not_fresh`` when it had been passed over as not fresh)."""
+        ...
 
 
 class _Cell:
@@ -115,22 +126,23 @@ class _Cell:
 class BatchScheduler:
     def __init__(
         self,
-        lanes: list[LaneSpec],
-        max_batch: int,
-        max_wait_ms: float,
-        margin_ms: float,
-        batch_limit: Callable[[Any], int],
+        lanes: Sequence[SchedulerLane],
+        batching: BatchingConfig,
+        batch_limit: Callable[[Any], int] = Profile.batch_limit,
     ) -> None:
-        """``max_batch``: the largest batch (0: one frame per source); ``batch_limit``:
-        the largest batch a profile's model runs."""
+        """``batching``: the largest batch (``max_batch``, 0: one frame per source), the
+        longest wait for more frames and the margin kept free of each budget;
+        ``batch_limit``: the largest batch a profile's model runs."""
         self.lanes = lanes
         self._cells = [_Cell() for _ in lanes]
-        self.max_batch = min(max_batch or len(lanes), len(lanes))
-        self.max_wait_ns = int(max_wait_ms * 1e6)
-        self.margin_ns = int(margin_ms * 1e6)
+        self.max_batch = min(batching.max_batch or len(lanes), len(lanes))
+        self.max_wait_ns = int(batching.max_wait_ms * 1e6)
+        self.margin_ns = int(batching.margin_ms * 1e6)
         self._limit = batch_limit
         self._cond = threading.Condition()
-        self._waiting = 0  # frames in the cells
+        # Frames in the cells. Read without the lock, it is a glance that may change at
+        # once: the inference thread reads it to decide where a frame is postprocessed.
+        self.waiting = 0
         self._idle = False  # the inference thread sleeps: no frame waits (or only stale ones)
         # Latency mode, by lane: a file (every frame processed) is never passed over.
         self._judge_fresh = [lane.fresh_only and lane.newest_wins for lane in lanes]
@@ -166,7 +178,7 @@ class BatchScheduler:
             now = time.monotonic_ns()
             if replaced is None:
                 cell.since_ns = int(slot.stamps[CAPTURED])
-                self._waiting += 1
+                self.waiting += 1
             cell.slot, cell.put_ns, cell.passed = slot, now, False
             # The wake-up first: the inference thread takes a while to get going (it
             # needs this lock, and this thread's GIL, only once this returns anyway).
@@ -176,7 +188,7 @@ class BatchScheduler:
                 cell.interval_ns += (gap - cell.interval_ns) * (_EWMA_ALPHA if cell.interval_ns else 1.0)
             cell.last_put_ns = now
         if replaced is not None:
-            (spec.on_pass if passed and spec.on_pass else spec.on_replace)(replaced)
+            spec.drop(replaced, "not_fresh" if passed else "overrun")
         return True
 
     def expect(self) -> None:
@@ -252,8 +264,14 @@ class BatchScheduler:
                 if c.fallback:
                     self.fresh_fallbacks += 1
                 c.slot, c.passed, c.fallback = None, False, False
-            self._waiting -= len(batch)
+            self.waiting -= len(batch)
             self._cond.notify_all()
+        # What this batch is expected to take, for its frames' admission: an estimate only
+        # once a batch of this model has run (until then each source's own times judge).
+        # Only this thread moves the estimates, so the figure is the one it will run with.
+        expected = self.estimate_ns(slots[0].profile, len(slots), measured_only=True)  # type: ignore[union-attr]
+        for slot in slots:
+            slot.expected_ns = expected  # type: ignore[union-attr]
         return slots  # type: ignore[return-value]
 
     def _fresh(self, ready: list[int], now: int, entered: int) -> tuple[list[int], list[int], int]:
@@ -297,10 +315,6 @@ class BatchScheduler:
                 until = min(until, give_up)
         return fresh, passed, until
 
-    def empty(self) -> bool:
-        """No frame waits (a glance without the lock: it may change at once)."""
-        return not self._waiting
-
     def drain(self) -> list[FrameSlot]:
         """Take every waiting frame (the inference thread is stopping on an error); later
         puts are refused, so no frame lands where nobody reads."""
@@ -309,7 +323,7 @@ class BatchScheduler:
             slots = [c.slot for c in self._cells if c.slot is not None]
             for c in self._cells:
                 c.slot = None
-            self._waiting = 0
+            self.waiting = 0
             self._cond.notify_all()
         return slots  # type: ignore[return-value]
 
@@ -350,14 +364,17 @@ class BatchScheduler:
                 return float(est[k]) * size / k
         return 0.0
 
-    def summary(self) -> dict[str, Any]:
-        batches = int(self.sizes.sum())
-        return {
-            "max_batch": self.max_batch,
-            "batches": batches,
-            "mean_size": round(self.frames / batches, 3) if batches else 0.0,
-            "sizes": {str(b): int(n) for b, n in enumerate(self.sizes) if n},
-        }
+    def snapshot(self) -> BatchingSnapshot:
+        """The batches run so far, by size."""
+        sizes = self.sizes.copy()
+        batches = int(sizes.sum())
+        return BatchingSnapshot(
+            max_batch=self.max_batch,
+            batches=batches,
+            mean_size=round(self.frames / batches, 3) if batches else 0.0,
+            sizes=read_only({str(b): int(n) for b, n in enumerate(sizes) if n}),
+            fresh_fallbacks=self.fresh_fallbacks,
+        )
 
     # -- planning -----------------------------------------------------------------
 
@@ -429,7 +446,7 @@ class BatchScheduler:
             if (c.slot is None or i in passed)
             and not c.closed
             and c.interval_ns
-            and lanes[i].profile() is profile
+            and lanes[i].current() is profile
             and bigger <= self._guard_ns(lanes[i].priority, batch, profile, around)
         ]
         if not idle:

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+
+import numpy as np
 
 from edge_agent.core.latency import LatencyHistogram
-from edge_agent.core.stages import (
-    STAGES,
-)
+from edge_agent.core.stages import CAPTURED, INFER_END, INFER_START, PRE_START, PUBLISH, STAGES
 from edge_agent.pipelines.deadline import DROP_REASONS
+from edge_agent.pipelines.snapshot import Counts, read_only
 
 log = logging.getLogger(__name__)
-
-#: Per source and model: capture+preprocess, the scheduler's cell, inference, the post
-#: queue, postprocess: one slot each.
 
 
 class PipelineStats:
@@ -58,6 +55,21 @@ class PipelineStats:
             self.dropped["source_gap"] += gap
             self.dropped["stale"] += stale
 
+    def record(self, stamps: np.ndarray, end_ns: int, profile: str, backend_ms: dict[str, float]) -> None:
+        """A published frame's latencies: its stages, end to end (``profile``: its model's),
+        the send (publish stamp to ``end_ns``), the agent's overhead, and the parts the
+        backend timed (``backend_ms``)."""
+        st = stamps
+        total = int(st[PUBLISH] - st[CAPTURED])
+        self.send.record(end_ns - int(st[PUBLISH]))
+        for i, hist in enumerate(self.stages.values()):
+            hist.record(int(st[i + 1] - st[i]))
+        self.total.record(total)
+        self.by_profile[profile].record(total)
+        self.overhead.record(end_ns - int(st[PRE_START]) - int(st[INFER_END] - st[INFER_START]))
+        for part, ms in backend_ms.items():
+            self.backend_part(part).record(int(ms * 1e6))
+
     def add_published(self, total_ns: int, late: bool) -> None:
         with self._lock:
             self.published += 1
@@ -68,19 +80,19 @@ class PipelineStats:
         with self._lock:
             return sum(self.dropped.values())
 
-    def counts(self) -> dict[str, Any]:
+    def counts(self) -> Counts:
         with self._lock:
             dropped = dict(self.dropped)
             captured, published, late = self.captured, self.published, self.late
         n_dropped = sum(dropped.values())
-        return {
-            "captured": captured,
-            "on_time": published - late,
-            "late": late,
-            "dropped": n_dropped,
-            "in_flight": captured - published - n_dropped,  # 0 once the pipeline has drained
-            "dropped_by_reason": dropped,
-        }
+        return Counts(
+            captured=captured,
+            on_time=published - late,
+            late=late,
+            dropped=n_dropped,
+            in_flight=captured - published - n_dropped,
+            dropped_by_reason=read_only(dropped),
+        )
 
     def backend_part(self, name: str) -> LatencyHistogram:
         hist = self.backend_parts.get(name)

@@ -1,9 +1,13 @@
-"""The import layers stay true: no module imports a layer above its own, and no import cycle.
+"""The import layers stay true: no module imports a layer above its own, and no import cycle;
+and nothing outside the frame path reads the pipeline's insides.
 
 Layers, bottom up (docs/architecture.md): the foundation (``edge_agent.core``), model files
 and the device's power (``models``, ``power``), the frame path (``pipelines``), the service
 (runner, service, metrics, ...), the tools (bench, tune, selftest, ...), the command line.
 Every import counts, also one inside a function: a lazy import still ties the layers.
+
+Above the frame path, the pipeline is read through its snapshot (``Pipeline.snapshot``):
+its lanes, scheduler and stages, and a lane's source, are its own.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "service",
         (
             "edge_agent.runner",
+            "edge_agent.assembly",
             "edge_agent.reloading",
             "edge_agent.service",
             "edge_agent.metrics",
@@ -141,6 +146,57 @@ def cycles(g: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+#: The pipeline's insides: its lanes, scheduler and stages (``pipelines/pipeline.py``).
+PIPELINE_INSIDES = {"lanes", "_lanes", "scheduler", "_scheduler", "_captures", "_infer", "_post", "_control"}
+
+
+def insides_read(path: Path) -> list[str]:
+    """Where ``path`` reads the pipeline's insides, or a lane's source: 'path:line: code'.
+
+    ``.lanes`` is the snapshot's own field, so it is allowed on a snapshot (a ``snapshot()``
+    call, or a name with ``snap`` in it); a lane's ``.source`` is refused on anything
+    named lane (the snapshot's is ``source_state``)."""
+    bad = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Attribute):
+            continue
+        owner = ast.unparse(node.value)
+        on_snapshot = "snap" in owner or (
+            isinstance(node.value, ast.Call)
+            and isinstance(node.value.func, ast.Attribute)
+            and node.value.func.attr == "snapshot"
+        )
+        lane_source = node.attr == "source" and "lane" in owner.rsplit(".", 1)[-1].lower()
+        if (node.attr in PIPELINE_INSIDES and not on_snapshot) or lane_source:
+            where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+            bad.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+    return bad
+
+
+def outside_the_frame_path() -> list[Path]:
+    """Every module above the frame path (and below it), and the tools."""
+    found = [f for name, f in modules().items() if not name.startswith("edge_agent.pipelines.")]
+    return found + sorted((ROOT / "tools").rglob("*.py"))
+
+
+def test_nothing_outside_the_frame_path_reads_the_pipelines_insides():
+    bad = [line for path in outside_the_frame_path() for line in insides_read(path)]
+    assert not bad, "read Pipeline.snapshot() instead:\n" + "\n".join(bad)
+
+
+def test_the_insides_check_catches_a_lane_read(tmp_path):
+    f = tmp_path / "reader.py"
+    f.write_text(
+        "a = agent.pipeline.lanes[0].stats\n"
+        "b = pipeline.scheduler.summary()\n"
+        "c = lane.source.damage\n"
+        "d = agent.pipeline.snapshot().lanes[0].counts\n"
+        "e = [x.source_state for x in snap.lanes]\n"
+    )
+    found = [line.split(": ", 1)[1] for line in insides_read(f)]
+    assert sorted(found) == ["agent.pipeline.lanes", "lane.source", "pipeline.scheduler"], found
+
+
 def test_every_module_has_a_layer():
     unplaced = []
     for name in modules():
@@ -168,7 +224,8 @@ def test_the_checks_catch_an_upward_import_and_a_cycle():
     assert upward(g) == ["edge_agent.core.config (core) imports edge_agent.pipelines.handoff (frame path)"]
     g = {k: set(v) for k, v in graph().items()}
     g["edge_agent.pipelines.handoff"].add("edge_agent.pipelines.scheduler")
-    assert ["edge_agent.pipelines.handoff", "edge_agent.pipelines.scheduler"] in cycles(g)
+    pair = {"edge_agent.pipelines.handoff", "edge_agent.pipelines.scheduler"}
+    assert any(pair <= set(c) for c in cycles(g)), cycles(g)
 
 
 def test_the_graph_sees_lazy_imports():

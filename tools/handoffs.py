@@ -43,14 +43,12 @@ def run_once(fps: float, seconds: float, model: str | None) -> dict[str, tuple[f
         time.sleep(seconds)
     finally:
         agent.stop()
-    stats = agent.pipeline.lanes[0].stats
+    stats = agent.pipeline.snapshot().lanes[0]
     rows = {name: stats.stages[name] for name in STAGES}
     rows["end_to_end"] = stats.total
     out = {k: (h.percentile_ms(50), h.percentile_ms(90), h.percentile_ms(99)) for k, h in rows.items()}
-    c = stats.counts()
-    print(
-        f"  frames: published {c['on_time'] + c['late']} of {c['captured']}, dropped {c['dropped_by_reason']}"
-    )
+    c = stats.counts
+    print(f"  frames: published {c.published} of {c.captured}, dropped {dict(c.dropped_by_reason)}")
     return out
 
 

@@ -47,7 +47,8 @@ def run_mode(mode: str, fps: float, delay_ms: float, seconds: float, budget_ms: 
     finally:
         agent.stop()
     elapsed = time.monotonic() - t0
-    stats = agent.pipeline.lanes[0].stats
+    snap = agent.pipeline.snapshot()
+    stats = snap.lanes[0]
     st = stats.stages
     parts = {k: st[k].percentile_ms(50) for k in ("preprocess", "infer", "postprocess")}
     work = sum(parts.values())
@@ -62,8 +63,8 @@ def run_mode(mode: str, fps: float, delay_ms: float, seconds: float, budget_ms: 
         "fps": stats.published / elapsed,
         "wait_infer_p99": st["wait_infer"].percentile_ms(99),
         "stages": {k: (h.percentile_ms(50), h.percentile_ms(99)) for k, h in st.items()},
-        "counts": stats.counts(),
-        "fallbacks": agent.pipeline.scheduler.fresh_fallbacks,
+        "counts": stats.counts.as_dict(),
+        "fallbacks": snap.batching.fresh_fallbacks,
     }
 
 

@@ -443,16 +443,18 @@ def evaluate(onnx_path: Path, imgsz: int, threads: int) -> tuple[float, list[flo
     the package's held-out frames (seeds 1e6..1e6+9, frames 0, 7, ..., 343), its decoder
     and class-aware NMS, its box mapping and its mAP (``edge_agent.evaluation``)."""
     from edge_agent.evaluation import FrameResult, heldout_images, mean_average_precision
-    from edge_agent.pipelines.decode import DecodeParams, decode_yolov8
+    from edge_agent.models.decoders.base import DecodeParams
+    from edge_agent.models.decoders.yolov8 import YoloV8
 
     sess = ort_session(onnx_path, threads)
     inp = np.empty((1, imgsz, imgsz, 3), np.uint8)
     geo = Letterbox()
     params = DecodeParams(score_threshold=0.001, iou_threshold=0.45, max_detections=300)
+    decoder = YoloV8()
     results = []
     for image, gt in heldout_images(500):
         letterbox_into(image, inp[0], PAD_VALUE, geo, area=True)
-        xyxy, scores, classes = decode_yolov8(sess.run(None, {"images": inp})[0], params)
+        xyxy, scores, classes = decoder.decode(tuple(sess.run(None, {"images": inp})), params)
         results.append(FrameResult(boxes_to_source(xyxy.copy(), geo), scores, classes, gt.copy()))
     return mean_average_precision(results, NUM_CLASSES)
 

@@ -20,8 +20,8 @@ from edge_agent.pipelines.source_base import Source
 from edge_agent.pipelines.sources import MemorySource, create_source
 
 if TYPE_CHECKING:
+    from edge_agent.models.decoders.base import BoundDecoder
     from edge_agent.models.manifest import InputFormat, ModelManifest
-    from edge_agent.pipelines.decode import Decoder
 
 
 def onnxruntime_settings(config: AgentConfig, running: str = "") -> OnnxRuntimeConfig:
@@ -59,7 +59,7 @@ class _Loop:
     fmt: InputFormat
     preprocess: Preprocessor
     geo: Letterbox
-    decode: Decoder
+    decode: BoundDecoder
 
 
 def bare_loop(
@@ -104,7 +104,7 @@ def bare_loop(
 
 def _prepare_loop(backend: Any, m: ModelManifest, path: str) -> _Loop:
     """The loaded session's input and outputs checked against the manifest, and its input preallocated."""
-    input_name, decode, _ = check_io(m, path, backend.inputs, backend.outputs)
+    input_name, decode = check_io(m, path, backend.inputs, backend.outputs)
     session = backend.session
     assert session is not None
     spec = next(t for t in backend.inputs if t.name == input_name)

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from edge_agent.assembly import Assembly
 from edge_agent.core.config import AgentConfig, LadderStep
 from edge_agent.core.source_config import (
     SCHEDULING_FIELDS,
@@ -20,9 +21,9 @@ from edge_agent.core.source_config import (
     SyntheticSourceConfig,
     VideoSourceConfig,
 )
-from edge_agent.pipelines.decode import Decoder
+from edge_agent.models.decoders.base import BoundDecoder
 from edge_agent.pipelines.file_sources import FileSourceConfig
-from edge_agent.pipelines.source_base import SourceError
+from edge_agent.pipelines.source_base import Source, SourceError
 from edge_agent.pipelines.sources import MemorySource
 from edge_agent.runner import Agent
 
@@ -129,12 +130,27 @@ def raw_config(
 Played = dict[str, list[np.ndarray]]
 
 
-class BenchAgent(Agent):
-    """An agent that counts the detections of every frame it decodes (each one is then
-    published), and plays the frames in ``played`` (a file's, preloaded) in place of the
-    file source of that name, as a camera at ``pace_fps`` or unpaced (0)."""
+class BenchAssembly(Assembly):
+    """Plays the frames in ``played`` (a file's, preloaded) in place of the file source of
+    that name, as a camera at ``pace_fps`` or unpaced (0)."""
 
     says_budget_advice = False  # the bench's "budget:" line says it, from its own figures
+
+    def __init__(self, max_frames: int = 0, played: Played | None = None, pace_fps: float = 0.0) -> None:
+        super().__init__(max_frames)
+        self.played = played or {}
+        self.pace_fps = pace_fps
+
+    def source(self, cfg: AgentConfig, src: SourceConfig) -> Source:
+        images = self.played.get(src.name)
+        if images and isinstance(src, (VideoSourceConfig, ImageFolderSourceConfig)):
+            return MemorySource(src.name, images, self.pace_fps)
+        return super().source(cfg, src)
+
+
+class BenchAgent(Agent):
+    """An agent that counts the detections of every frame it decodes (each one is then
+    published), on the frames its ``BenchAssembly`` plays."""
 
     def __init__(
         self,
@@ -143,32 +159,24 @@ class BenchAgent(Agent):
         played: Played | None = None,
         pace_fps: float = 0.0,
     ) -> None:
-        super().__init__(config, max_frames)
-        self.played = played or {}
-        self.pace_fps = pace_fps
+        super().__init__(config, assembly=BenchAssembly(max_frames, played, pace_fps))
         self.detections: list[int] = []  # per decoded frame, in order (one writer: post)
-
-    def _source(self, cfg: AgentConfig, src: SourceConfig) -> Any:  # type: ignore[override]
-        images = self.played.get(src.name)
-        if images and isinstance(src, (VideoSourceConfig, ImageFolderSourceConfig)):
-            return MemorySource(src.name, images, self.pace_fps)
-        return super()._source(cfg, src)
 
     def build(self) -> None:
         super().build()
         for m in self.models.values():
             m.decode = self._counting(m.decode)
 
-    def _counting(self, decode: Decoder) -> Decoder:
+    def _counting(self, decode: BoundDecoder) -> BoundDecoder:
         record = self.detections.append
 
-        class Counted(Decoder):
+        class Counted(BoundDecoder):
             def __call__(self, outputs: Any, params: Any) -> Any:
                 result = super().__call__(outputs, params)
                 record(len(result[1]))
                 return result
 
-        return Counted(decode.name, decode.outputs)
+        return Counted(decode.decoder, decode.outputs)
 
 
 @contextlib.contextmanager

@@ -92,7 +92,7 @@ def _run_multi_bench(
             "source_fps": source_fps,
             "seconds": round(live_elapsed, 2),
             "throughput_fps": round(published_fps(live, live_elapsed), 2),
-            "batches": live.pipeline.scheduler.summary(),
+            "batches": live.pipeline.snapshot().batching.summary(),
             "per_source": per_source,
         },
     }
@@ -136,7 +136,7 @@ def _saturated_section(sat: _Saturated) -> dict[str, Any]:
         "batched_fps": round(batched_fps, 2),
         "gain_from_batching": round(batched_fps / unbatched_fps, 3) if unbatched_fps else None,
         "gain_over_single_source": round(batched_fps / single_fps, 3) if single_fps else None,
-        "batches": sat.batched.pipeline.scheduler.summary(),
+        "batches": sat.batched.pipeline.snapshot().batching.summary(),
     }
 
 
@@ -148,20 +148,19 @@ def _per_source(
     counts."""
     assert live.pipeline is not None
     per_source = {}
-    for lane in live.pipeline.lanes:
-        st = lane.stats
-        budget_ms = lane.monitor.config.budget_ms
+    for lane in live.pipeline.snapshot().lanes:
+        budget_ms = lane.deadline.budget_ms
         per_source[lane.name] = {
             "source_fps": fps.get(lane.name),
             "priority": lane.priority,
             "budget_ms": budget_ms,
-            "budget_advice": BudgetFit(infer_ms, budget_ms, lane.frame_period_ms()).advice(
+            "budget_advice": BudgetFit(infer_ms, budget_ms, lane.frame_period_ms).advice(
                 f"source {lane.name}, model {model}"
             ),
-            "throughput_fps": round(st.published / live_elapsed, 2) if live_elapsed else 0.0,
-            "end_to_end_ms": hist_ms(st.total),
-            "stages_p99_ms": {name: round(st.stages[name].percentile_ms(99), 3) for name in STAGES},
-            "counts": st.counts(),
+            "throughput_fps": round(lane.published / live_elapsed, 2) if live_elapsed else 0.0,
+            "end_to_end_ms": hist_ms(lane.total),
+            "stages_p99_ms": {name: round(lane.stages[name].percentile_ms(99), 3) for name in STAGES},
+            "counts": lane.counts.as_dict(),
         }
     return per_source
 
@@ -171,8 +170,7 @@ def _inference_per_frame(config: AgentConfig, runs: int, n: int, progress: Progr
     (what batching saves on this accelerator, before the rest of the pipeline shares it);
     each size timed as ``phases.timed_runs`` does."""
     with BenchAgent(config) as agent:
-        assert agent.pipeline is not None
-        profile = agent.pipeline.lanes[0].primary
+        profile = agent.primary_profile(0)
         sets = {1: next(iter(profile.pools.values())).slots[0].io, **profile.batches}
         guess_s = sum(profile.warm_ns.get(size, profile.warm_ns.get(1, 0)) for size in sets) * runs / 1e9
         progress(f"1/5 inference alone, batches of 1..{n}, {runs} runs each ({eta(guess_s)})")

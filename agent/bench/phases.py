@@ -27,7 +27,7 @@ from edge_agent.models.manifest import InputSpec
 from edge_agent.pipelines.file_sources import FileSourceConfig
 from edge_agent.pipelines.model import LoadedModel
 from edge_agent.pipelines.preprocess import Letterbox
-from edge_agent.pipelines.stats import PipelineStats
+from edge_agent.pipelines.snapshot import LaneSnapshot
 from edge_agent.runner import Agent
 
 
@@ -88,7 +88,7 @@ def detections_summary(counts: list[int]) -> dict[str, Any]:
     }
 
 
-def stage_table(stats: PipelineStats) -> dict[str, Any]:
+def stage_table(stats: LaneSnapshot) -> dict[str, Any]:
     means = {name: stats.stages[name].mean_ms() for name in STAGES}
     total = sum(means.values()) or 1.0
     return {
@@ -102,7 +102,7 @@ def stage_table(stats: PipelineStats) -> dict[str, Any]:
     }
 
 
-def slowest_thread_ms(stats: PipelineStats) -> float:
+def slowest_thread_ms(stats: LaneSnapshot) -> float:
     """Mean busy time per frame of the busiest stage thread: the pipeline's throughput bound."""
     st = stats.stages
     threads = (
@@ -218,16 +218,15 @@ def prepared(agent: Agent) -> Iterator[tuple[Any, Any]]:
     """A frame slot of the agent's first source whose input holds a preprocessed frame
     (how the pipeline fills it), and the frame; the slot goes back after the block."""
     assert agent.pipeline is not None
-    p = agent.pipeline
-    p.lanes[0].source.open()
+    source = next(iter(agent.sources.values()))
+    source.open()
     try:
-        frame = p.lanes[0].source.read(1.0)
-        if frame is None:
-            raise BenchError(f"source {p.lanes[0].source.name!r} gave no frame within 1 s")
-        slot = p.prepare(frame)
+        slot = agent.pipeline.take_one(1.0)
+        if slot is None:
+            raise BenchError(f"source {source.name!r} gave no frame within 1 s")
+        frame = slot.frame
     finally:
-        p.lanes[0].source.close()
-    assert slot is not None
+        source.close()
     try:
         yield slot, frame
     finally:
@@ -307,7 +306,7 @@ class SequentialRun:
 
     per_frame: Samples
     seconds: float
-    stats: PipelineStats
+    stats: LaneSnapshot
     detections: list[int]
 
 
@@ -346,8 +345,9 @@ def alone_and_sequential(agent: BenchAgent, frames: int, runs: int) -> tuple[Sam
         slot = stack.enter_context(prepared(agent))[0] if runs else None
         agent.publisher.open()
         stack.callback(agent.publisher.close)
-        p.lanes[0].source.open()
-        stack.callback(p.lanes[0].source.close)
+        source = next(iter(agent.sources.values()))
+        source.open()
+        stack.callback(source.close)
         settle()  # this session's warm-up, and anything loaded before, quiet
         for k in range(blocks):
             if slot is not None:  # this block's share of the runs
@@ -356,10 +356,9 @@ def alone_and_sequential(agent: BenchAgent, frames: int, runs: int) -> tuple[Sam
             t0 = time.monotonic()
             for _ in range(frames * (k + 1) // blocks - frames * k // blocks):
                 t = time.perf_counter_ns()
-                frame = p.read_frame()
-                one = p.prepare(frame)
-                if one is not None and p.infer_one(one):
-                    p.publish_one(one)
+                one = p.take_one()
+                if one is not None:
+                    p.run_one(one)
                 per_frame.record(time.perf_counter_ns() - t)
             seconds += time.monotonic() - t0
-    return alone, SequentialRun(per_frame, seconds, p.lanes[0].stats, agent.detections)
+    return alone, SequentialRun(per_frame, seconds, p.snapshot().lanes[0], agent.detections)

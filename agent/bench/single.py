@@ -41,8 +41,8 @@ from edge_agent.core.latency import LatencyHistogram
 from edge_agent.core.plan import model_at, onnxruntime_of
 from edge_agent.pipelines.file_sources import FileSourceConfig, preload
 from edge_agent.pipelines.model import LoadedModel, load_model, model_notes_once
+from edge_agent.pipelines.snapshot import LaneSnapshot
 from edge_agent.pipelines.sources import source_rate
-from edge_agent.pipelines.stats import PipelineStats
 
 Progress = Callable[[str], None]
 
@@ -160,14 +160,16 @@ class _Runs:
     host_load: dict[str, float | None]  # other processes' cores, by phase (``phases.host_load``)
 
     @property
-    def sat_stats(self) -> PipelineStats:
-        """The saturated run's accounting."""
-        return self.sat.pipeline.lanes[0].stats  # type: ignore[union-attr]
+    def sat_stats(self) -> LaneSnapshot:
+        """The saturated run's accounting (its source's snapshot)."""
+        assert self.sat.pipeline is not None
+        return self.sat.pipeline.snapshot().lanes[0]
 
     @property
-    def live_stats(self) -> PipelineStats:
-        """The live run's accounting."""
-        return self.live.pipeline.lanes[0].stats  # type: ignore[union-attr]
+    def live_stats(self) -> LaneSnapshot:
+        """The live run's accounting (its source's snapshot)."""
+        assert self.live.pipeline is not None
+        return self.live.pipeline.snapshot().lanes[0]
 
 
 def _run_bench(
@@ -248,8 +250,7 @@ def _first_phases(
     (for information)."""
     runs = max(frames // 2, 100)
     with BenchAgent(saturated_cfg, played=played) as agent, contextlib.ExitStack() as models:
-        assert agent.pipeline is not None
-        primary = agent.pipeline.lanes[0].primary
+        primary = agent.primary_profile(0)
         model = primary.model  # the source's own model, else the main one
         settings = onnxruntime_settings(config, model.backend.name) if compare_bare else None
         adapted_from = model.adapted_from
@@ -386,11 +387,11 @@ def _budget_section(config: AgentConfig, runs: _Runs, inf: _Inference) -> dict[s
     the larger p50 of inference alone and of inference in the live phase (a camera's frames
     come apart: the pool sleeps between them, and a host's clocks may drop under load),
     with ``core.budget_fit``'s advice when it does not (None when it does)."""
-    lane = runs.live.pipeline.lanes[0]  # type: ignore[union-attr]
-    budget_ms = lane.monitor.config.budget_ms
+    lane = runs.live_stats
+    budget_ms = lane.deadline.budget_ms
     alone = round(inf.pure.percentile_ms(50), 3)
-    live = round(lane.stats.stages["infer"].percentile_ms(50), 3)  # 0: none published
-    fit = BudgetFit(max(alone, live), budget_ms, lane.frame_period_ms())
+    live = round(lane.stages["infer"].percentile_ms(50), 3)  # 0: none published
+    fit = BudgetFit(max(alone, live), budget_ms, lane.frame_period_ms)
     name = os.path.basename(inf.adapted_from or inf.model.resolved.path)
     return {
         "budget_ms": budget_ms,
@@ -444,7 +445,7 @@ def _live_section(
 ) -> dict[str, Any]:
     """The result's ``live`` section."""
     live, live_elapsed, live_stats = runs.live, runs.live_elapsed, runs.live_stats
-    monitor = live.pipeline.lanes[0].monitor  # type: ignore[union-attr]
+    ladder = live_stats.deadline
     pure_p50 = pure.percentile_ms(50)
     pre_inf_post = sum(live_stats.stages[s].percentile_ms(50) for s in ("preprocess", "infer", "postprocess"))
     return {
@@ -462,10 +463,10 @@ def _live_section(
         "detections_per_frame": detections_summary(live.detections),
         "stages": stage_table(live_stats),
         "backend_parts_ms": {k: hist_ms(h) for k, h in live_stats.backend_parts.items()},
-        "counts": live_stats.counts(),
+        "counts": live_stats.counts.as_dict(),
         "ladder": {
-            "final_step": monitor.current.name,
-            "changes": monitor.changes,
-            "history": list(monitor.history),
+            "final_step": ladder.step_name,
+            "changes": ladder.changes,
+            "history": [dict(h) for h in ladder.history],
         },
     }

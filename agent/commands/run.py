@@ -10,7 +10,7 @@ import logging
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edge_agent.commands.common import (
     EXIT_FAILED,
@@ -20,6 +20,9 @@ from edge_agent.commands.common import (
     latency_first_interpreter,
     setup_logging,
 )
+
+if TYPE_CHECKING:
+    from edge_agent.pipelines.snapshot import LaneSnapshot
 
 log = logging.getLogger("edge_agent")
 
@@ -37,17 +40,17 @@ def _status_line(beat: dict[str, Any]) -> str:
     )
 
 
-def _summary(stats: Any, elapsed_s: float) -> str:
-    c = stats.counts()
-    reasons = ", ".join(f"{k} {v}" for k, v in c["dropped_by_reason"].items() if v) or "none"
+def _summary(lane: LaneSnapshot, elapsed_s: float) -> str:
+    c = lane.counts
+    reasons = ", ".join(f"{k} {v}" for k, v in c.dropped_by_reason.items() if v) or "none"
     lines = [
-        f"frames: captured {c['captured']} = {c['on_time']} on time + {c['late']} late"
-        f" + {c['dropped']} dropped ({reasons})",
-        f"throughput: {stats.published / elapsed_s if elapsed_s > 0 else 0.0:.1f} fps over {elapsed_s:.1f} s",
+        f"frames: captured {c.captured} = {c.on_time} on time + {c.late} late"
+        f" + {c.dropped} dropped ({reasons})",
+        f"throughput: {lane.published / elapsed_s if elapsed_s > 0 else 0.0:.1f} fps over {elapsed_s:.1f} s",
         f"{'stage':<12}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}",
     ]
-    parts = [(f"  {k}", h) for k, h in stats.backend_parts.items()]  # timed by the backend
-    for name, hist in [*stats.stages.items(), *parts, ("end-to-end", stats.total)]:
+    parts = [(f"  {k}", h) for k, h in lane.backend_parts.items()]  # timed by the backend
+    for name, hist in [*lane.stages.items(), *parts, ("end-to-end", lane.total)]:
         p50, p90, p99 = (hist.percentile_ms(q) for q in (50, 90, 99))
         lines.append(f"{name:<12}{p50:9.3f}{p90:9.3f}{p99:9.3f}{hist.max_ns / 1e6:9.3f}")
     return "\n".join(lines)
@@ -153,11 +156,12 @@ def _heartbeat_handler(args: argparse.Namespace, agent: Any, footprints: dict[st
 
 def _print_summaries(agent: Any, elapsed: float, footprints: dict[str, Any]) -> None:
     """The exit summary on stderr: per-source stages, batches and process footprints."""
-    for lane in agent.pipeline.lanes:
-        title = f"source {lane.name}:\n" if len(agent.pipeline.lanes) > 1 else ""
-        print(title + _summary(lane.stats, elapsed), file=sys.stderr, flush=True)
-    if len(agent.pipeline.lanes) > 1:
-        print(f"batches: {agent.pipeline.scheduler.summary()}", file=sys.stderr, flush=True)
+    snap = agent.pipeline.snapshot()
+    for lane in snap.lanes:
+        title = f"source {lane.name}:\n" if len(snap.lanes) > 1 else ""
+        print(title + _summary(lane, elapsed), file=sys.stderr, flush=True)
+    if len(snap.lanes) > 1:
+        print(f"batches: {snap.batching.summary()}", file=sys.stderr, flush=True)
     for when, (at, proc) in sorted(footprints.items(), key=lambda item: item[1][0]):
         rss_mib = proc["rss_bytes"] / 2**20 if proc.get("rss_bytes") else float("nan")
         print(
@@ -170,8 +174,8 @@ def _print_summaries(agent: Any, elapsed: float, footprints: dict[str, Any]) -> 
 
 def _exit_code(agent: Any) -> int:
     """Prints the damaged sources and returns the run's exit code (a failure or lost frames)."""
-    lanes = agent.pipeline.lanes
-    damaged = [f"source {lane.name}: {lane.source.damage}" for lane in lanes if lane.source.lost]
+    lanes = agent.pipeline.snapshot().lanes
+    damaged = [f"source {lane.name}: {lane.damage}" for lane in lanes if lane.lost]
     for line in damaged:
         print(line, file=sys.stderr, flush=True)
     failure = agent.pipeline.failure()

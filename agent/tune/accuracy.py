@@ -11,7 +11,7 @@ import numpy as np
 
 from edge_agent.core.config import AgentConfig
 from edge_agent.core.plan import onnxruntime_of
-from edge_agent.pipelines.decode import Decoded
+from edge_agent.models.decoders.base import Decoded
 from edge_agent.tune.candidates import Candidate, TuneSettings, with_ort
 from edge_agent.tune.workload import FramesError, FrameSet, judged_frames
 

@@ -46,16 +46,19 @@ def measure(c: Candidate, s: TuneSettings, work: Workload, best_p99: float | Non
         time.sleep(s.warmup_s)
         pipeline = agent.pipeline
         assert pipeline is not None
-        lanes = pipeline.lanes
-        c.sources = [lane.source.describe() for lane in lanes]
+
+        def totals() -> LatencyHistogram:
+            return _combined([x.total for x in pipeline.snapshot().lanes])
+
+        c.sources = [dict(lane.source_state) for lane in pipeline.snapshot().lanes]
         t0, start_published = time.monotonic(), pipeline.published()
         window = LatencyHistogram()
-        stats_total_before = _combined([x.stats.total for x in lanes]).counts
+        stats_total_before = totals().counts
         # Where the current round began: (time, histogram counts, frames published).
         mark = (t0, stats_total_before, start_published)
         while time.monotonic() - t0 < s.window_s:
             time.sleep(0.1)
-            total = _combined([x.stats.total for x in lanes])
+            total = totals()
             window.counts[:] = total.counts - stats_total_before
             window.count = int(window.counts.sum())
             now = time.monotonic()
@@ -76,9 +79,10 @@ def measure(c: Candidate, s: TuneSettings, work: Workload, best_p99: float | Non
         elapsed = time.monotonic() - t0
         c.fps = (pipeline.published() - start_published) / elapsed if elapsed > 0 else 0.0
         if c.status == "pending":  # the last round ends with the window (not at an early stop)
-            total = _combined([x.stats.total for x in lanes])
+            total = totals()
             c.rounds.append(_round(total, mark, time.monotonic(), pipeline.published()))
-        window.max_ns = max(x.stats.total.max_ns for x in lanes)
+        lanes = pipeline.snapshot().lanes
+        window.max_ns = max(x.total.max_ns for x in lanes)
         c.e2e = {
             "p50": round(window.percentile_ms(50), 3),
             "p99": round(window.percentile_ms(99), 3),
@@ -86,7 +90,7 @@ def measure(c: Candidate, s: TuneSettings, work: Workload, best_p99: float | Non
             "spread": round(window.percentile_ms(99) - window.percentile_ms(50), 3),
         }
         c.stages_p50_ms = {
-            k: round(_combined([x.stats.stages[k] for x in lanes]).percentile_ms(50), 3) for k in STAGES
+            k: round(_combined([x.stages[k] for x in lanes]).percentile_ms(50), 3) for k in STAGES
         }
         c.samples_ms = _quantiles(window)
         if agent.power is not None and agent.power.latest is not None and agent.power.latest.total_mw:

@@ -2,11 +2,18 @@
 
 Outputs are bound to preallocated numpy arrays with an IOBinding per buffer set, so a
 frame's inference writes straight into its slot and allocates nothing on our side.
+
+One exception: an output whose row count depends on the frame (an export with NMS inside
+that gives one row per kept box, e.g. YOLOv7's ``--max-wh``: ``[N, 7]``, N not the batch)
+has no size to bind. ONNX Runtime allocates it on each run; its rows are copied into a
+slot of ``MAX_ROWS`` rows and the slot's output is the view of the rows given. Such a model
+runs one frame at a time: its rows carry a batch id instead of a batch axis.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,6 +38,29 @@ _OPT_LEVELS = {
 }
 
 
+MAX_ROWS = 1024  # rows kept of an output whose row count depends on the frame
+
+
+@dataclass
+class _Rows:
+    """An output with a row count per frame: its slot and the rows last given."""
+
+    index: int  # in the backend's outputs
+    name: str
+    slot: np.ndarray  # (MAX_ROWS, ...)
+
+
+def _leading_name(arg: Any) -> str | None:
+    """The symbolic name of a tensor's first axis (None: a fixed size, or no name)."""
+    first = arg.shape[0] if arg.shape else None
+    return first if isinstance(first, str) else None
+
+
+def _row_shape(spec: TensorSpec) -> tuple[int, ...]:
+    """One row of an output with a row count per frame (BackendError: a row's size is dynamic)."""
+    return TensorSpec(spec.name, (1, *spec.shape[1:]), spec.dtype).concrete()
+
+
 def _spec(arg: Any) -> TensorSpec:
     if arg.type not in _DTYPES:
         raise BackendError(f"tensor {arg.name!r} has unsupported type {arg.type}")
@@ -46,6 +76,7 @@ class OnnxRuntimeBackend(InferenceBackend):
         self.session: ort.InferenceSession | None = None
         self._inputs: list[TensorSpec] = []
         self._outputs: list[TensorSpec] = []
+        self._rows: list[int] = []  # outputs whose first axis is a row count, not the batch
 
     def load(self, model_path: str, input_format: Any = None) -> None:
         c = self.config
@@ -79,8 +110,22 @@ class OnnxRuntimeBackend(InferenceBackend):
                     "backend runs: for ONNX Runtime, export the model without it)"
                 )
             raise BackendError(f"cannot load model {model_path}: {e}{hint}") from None
-        self._inputs = [_spec(a) for a in self.session.get_inputs()]
-        self._outputs = [_spec(a) for a in self.session.get_outputs()]
+        inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
+        self._inputs = [_spec(a) for a in inputs]
+        self._outputs = [_spec(a) for a in outputs]
+        # A dynamic first axis is the batch when the input's batch axis is dynamic under the
+        # same name; otherwise (a fixed input batch, or another name) it counts rows.
+        batch = _leading_name(inputs[0]) if inputs else None
+        self._rows = [
+            i
+            for i, (a, spec) in enumerate(zip(outputs, self._outputs))
+            if spec.shape and spec.shape[0] is None and (batch is None or _leading_name(a) != batch)
+        ]
+
+    def batch_axis(self) -> tuple[int, bool]:
+        if self._rows:
+            return (1, True)  # rows of every frame in one tensor: one frame at a time
+        return super().batch_axis()
 
     def allocate(self, batch: int = 1) -> IOSet:
         if self.session is None:
@@ -91,16 +136,25 @@ class OnnxRuntimeBackend(InferenceBackend):
             arr = np.zeros(spec.concrete(batch), spec.dtype)
             binding.bind_input(spec.name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
             inputs[spec.name] = arr
-        outputs = []
-        for spec, shape in zip(self._outputs, self._output_shapes(inputs, batch)):
+        outputs, rows = [], []
+        for i, (spec, shape) in enumerate(zip(self._outputs, self._output_shapes(inputs, batch))):
+            if i in self._rows:
+                slot = np.zeros((MAX_ROWS, *shape[1:]), spec.dtype)
+                binding.bind_output(spec.name, "cpu")  # ORT allocates it on each run
+                rows.append(_Rows(i, spec.name, slot))
+                outputs.append(slot[:0])
+                continue
             arr = np.zeros(shape, spec.dtype)
             binding.bind_output(spec.name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
             outputs.append(arr)
-        return IOSet(inputs, outputs, binding)
+        return IOSet(inputs, outputs, binding, extra={"rows": rows} if rows else {})
 
     def _output_shapes(self, inputs: dict[str, np.ndarray], batch: int) -> list[tuple[int, ...]]:
         try:
-            return [spec.concrete(batch) for spec in self._outputs]
+            return [
+                _row_shape(spec) if i in self._rows else spec.concrete(batch)
+                for i, spec in enumerate(self._outputs)
+            ]
         except BackendError:
             # Exports with symbolic output axes: one probe run tells the real sizes.
             assert self.session is not None
@@ -109,6 +163,14 @@ class OnnxRuntimeBackend(InferenceBackend):
     def infer(self, io: IOSet) -> None:
         assert self.session is not None
         self.session.run_with_iobinding(io.handle)
+        rows: list[_Rows] = io.extra.get("rows", ())
+        if rows:
+            given = io.handle.get_outputs()
+            for r in rows:
+                out = given[r.index].numpy()
+                n = min(len(out), MAX_ROWS)
+                r.slot[:n] = out[:n]
+                io.outputs[r.index] = r.slot[:n]
 
     def describe(self) -> dict[str, Any]:
         providers = self.session.get_providers() if self.session else list(self.config.providers)

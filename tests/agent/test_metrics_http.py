@@ -105,9 +105,7 @@ def test_a_running_agent_is_scraped_while_idle_connections_flood_its_port(const_
 
     port = free_port()
     with running_agent(const_model, endpoint, port) as agent:
-        wait_until(
-            lambda: agent.pipeline.lanes[0].stats.published >= 1, 30, message="a result before the scrape"
-        )
+        wait_until(lambda: agent.pipeline.published() >= 1, 30, message="a result before the scrape")
         clients = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(100)]
         try:
             status, text = scrape(port)

@@ -123,9 +123,9 @@ def test_curve_lets_only_allowed_clients_read(tmp_path, const_model, endpoint):
     try:
         # All three are connected for as long as the allowed one takes to get 21 results.
         wait_until(received_enough, 30, message="results for the allowed client")
-        running = agent.pipeline.lanes[0].stats.published
+        running = agent.pipeline.published()
         wait_until(
-            lambda: agent.pipeline.lanes[0].stats.published > running,
+            lambda: agent.pipeline.published() > running,
             10,
             message="the agent keeps publishing",
         )
@@ -290,9 +290,7 @@ def test_grafana_dashboard_uses_only_metrics_the_agent_exports(tmp_path, const_m
     }
     port = free_port()
     with running_agent(const_model, endpoint, port) as agent:
-        wait_until(
-            lambda: agent.pipeline.lanes[0].stats.published >= 5, 30, message="results before the scrape"
-        )
+        wait_until(lambda: agent.pipeline.published() >= 5, 30, message="results before the scrape")
         exported = set(scrape(port))
     # Counters are exported as <name>_total; power gauges exist only on a Jetson.
     exported |= {f"{n}_total" for n in exported}

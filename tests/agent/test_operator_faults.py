@@ -317,12 +317,12 @@ def test_a_pipeline_a_reload_left_stuck_keeps_the_stop_unclean(const_model, endp
 
 
 def test_frames_that_reach_an_abandoned_inference_thread_are_counted_once(const_model, endpoint):
-    """stop() gave up on the inference thread (``_abandon``) just as it took a batch from
-    the scheduler, or just as its backend returned: those frames are counted (shutdown),
-    once, and never handed on."""
+    """stop() gave up on the inference thread (``InferStage.abandon``) just as it took a
+    batch from the scheduler, or just as its backend returned: those frames are counted
+    (shutdown), once, and never handed on."""
     from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig
     from edge_agent.core.source_config import SyntheticSourceConfig
-    from edge_agent.pipelines.handoff import FrameQueue
+    from edge_agent.pipelines.post_stage import FrameQueue
     from edge_agent.runner import Agent
 
     cfg = AgentConfig(
@@ -336,11 +336,13 @@ def test_frames_that_reach_an_abandoned_inference_thread_are_counted_once(const_
     pipeline = agent.pipeline
     agent.sources["cam0"].open()
     try:
-        slots = [pipeline.prepare(pipeline.read_frame()) for _ in range(2)]
-        pipeline._abandon()  # the thread was not inside the backend: nothing in flight yet
-        assert pipeline.infer_batch(slots[:1]) == [], "a batch taken after the abandon never runs"
-        c = pipeline.lanes[0].stats.counts()
-        assert c["dropped_by_reason"]["shutdown"] == 1 and c["in_flight"] == 1, c
+        slots = [pipeline.take_one() for _ in range(2)]
+        # White-box: the stage that stop() abandons (the thread was not inside the backend:
+        # nothing in flight yet).
+        pipeline._infer.abandon()
+        assert not pipeline.run_one(slots[0]), "a batch taken after the abandon never runs"
+        c = pipeline.snapshot().lanes[0].counts
+        assert c.dropped_by_reason["shutdown"] == 1 and c.in_flight == 1, c
     finally:
         agent.sources["cam0"].close()
     queue = FrameQueue("post")

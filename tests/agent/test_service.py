@@ -139,11 +139,11 @@ def test_watchdog_pings_through_a_camera_outage_and_stops_for_a_stuck_stage(tmp_
     unblock = threading.Event()
     try:
         wait_until(lambda: sock.names().count("WATCHDOG") >= 3, 30, message="three watchdog pings")
-        source = agent.pipeline.lanes[0].source
+        source = agent.sources["cam0"]
         read = source.read
         source.read = lambda timeout_s: (time.sleep(timeout_s), None)[1]  # the camera is gone
         wait_until(
-            lambda: agent.pipeline.lanes[0].stats.counts()["in_flight"] == 0, 10, message="frames drain"
+            lambda: agent.pipeline.snapshot().lanes[0].counts.in_flight == 0, 10, message="frames drain"
         )
         outage_at = sock.names().count("WATCHDOG")
         # Nothing is published, yet the agent does its job (the camera is the one at fault).
@@ -163,7 +163,7 @@ def test_watchdog_pings_through_a_camera_outage_and_stops_for_a_stuck_stage(tmp_
         t.join(5)
         wait_until(lambda: "STOPPING" in sock.names(), 10, message="STOPPING=1")
         assert not agent.stop(), "a stuck inference is abandoned, not joined"
-        c = agent.pipeline.lanes[0].stats.counts()
+        c = agent.pipeline.snapshot().lanes[0].counts.as_dict()
     finally:
         unblock.set()
         signals.stop.set()

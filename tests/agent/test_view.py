@@ -274,7 +274,11 @@ def test_a_reload_keeps_the_running_view_and_swaps_nothing_for_a_view_change(con
         assert "view take effect at the next start" in caplog.text
         # A real reload rebuilds the lanes: the new lane gets the same tap (a viewer keeps watching).
         assert agent.reload(replace(cfg, deadline=replace(cfg.deadline, budget_ms=40))) == ["deadline"]
-        assert agent.pipeline.lanes[0].view_tap is tap
+        assert agent.view.taps["cam0"] is tap
+        tap.active = True  # someone watches: the new lane's capture stage fills this same tap
+        captures = tap.captures
+        wait_until(lambda: tap.captures > captures, 10, message="the new lane offers its frames to the tap")
+        tap.active = False
         # A source renamed away: its tap goes (the page no longer lists it), the new one comes.
         agent.reload(replace(cfg, source=replace(cfg.source, name="gate")))
         assert set(agent.view.taps) == {"gate"} and not tap.active

@@ -49,6 +49,18 @@ def test_bad_manifest_names_file_line_and_key(tmp_path, const_model):
     assert p.file.endswith("manifest.yaml")
 
 
+def test_an_unknown_decoder_is_named_with_the_registered_ones(tmp_path, const_model):
+    (const_model.parent / "manifest.yaml").write_text(
+        "name: x\ninput: {height: 320, width: 320}\n"
+        "output:\n  name: output0\n  decoder: yolov9\nlabels: [a]\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        resolve_model(str(const_model))
+    (p,) = e.value.problems
+    assert (p.line, p.path) == (5, "output.decoder"), str(e.value)
+    assert "unknown decoder 'yolov9' (one of " in str(e.value) and "'yolov8'" in str(e.value)
+
+
 def test_model_without_manifest_reads_ultralytics_metadata(tmp_path):
     out = yolov8_output([(320, 320, 64, 64)], [1], [0.9], 3, 8400)
     path = constant_detector(

@@ -244,8 +244,14 @@ def test_an_extra_image_shaped_output_of_a_detection_model_is_left_unread(tmp_pa
         pytest.param(
             {"output0": still(np.zeros((1, 7, 13), np.float32))},
             {},
-            "fits no decoder at 320x320 (outputs: output0 [?, 7, 13] float32); the decoders known: yolov8",
+            "fits no decoder at 320x320 (outputs: output0 [?, 7, 13] float32); the decoders known: ",
             id="unknown-shape",
+        ),
+        pytest.param(
+            {"output0": still(np.zeros((1, 7, 13), np.float32))},
+            {},
+            "yolov8 [B, 4+C, N]",
+            id="unknown-shape-lists-each-decoders-layout",
         ),
         pytest.param(
             {"output0": still(np.zeros((1, 84, 2100), np.float32))},

@@ -55,9 +55,18 @@ def build(model: Path, endpoint: str, deadline: DeadlineConfig, fps: float, dela
     )
     agent = Agent(cfg)
     agent.build()
-    primary = agent.pipeline.lanes[0].primary.model
+    primary = agent.primary_profile().model
     primary.backend = DelayedBackend(primary.backend, delay_s)
     return agent
+
+
+def counts(agent: Agent) -> dict:
+    return agent.pipeline.snapshot().lanes[0].counts.as_dict()
+
+
+def ladder(agent: Agent):
+    """The source's deadline and ladder, now."""
+    return agent.pipeline.snapshot().lanes[0].deadline
 
 
 def light_model(tmp_path: Path) -> Path:
@@ -75,7 +84,7 @@ def run_until(agent: Agent, condition, message: str, timeout_s: float = 60.0) ->
     agent.start()
     try:
         wait_until(
-            lambda: condition(agent.pipeline.lanes[0].stats.counts()),
+            lambda: condition(counts(agent)),
             timeout_s,
             interval_s=0.05,
             message=message,
@@ -86,7 +95,7 @@ def run_until(agent: Agent, condition, message: str, timeout_s: float = 60.0) ->
 
 
 def assert_accounted(agent: Agent) -> dict:
-    c = agent.pipeline.lanes[0].stats.counts()
+    c = counts(agent)
     assert c["in_flight"] == 0, c
     assert c["captured"] == c["on_time"] + c["late"] + c["dropped"], c
     return c
@@ -110,7 +119,7 @@ def test_late_frames_are_published_as_misses_never_as_on_time(const_model, endpo
 def test_stale_frames_are_dropped_before_inference(const_model, endpoint):
     deadline = DeadlineConfig(budget_ms=20, miss_window_s=1.0)
     agent = build(const_model, endpoint, deadline, fps=20, delay_s=0.04)
-    backend = agent.pipeline.lanes[0].primary.model.backend
+    backend = agent.primary_profile().model.backend
     elapsed = run_until(agent, lambda c: c["dropped_by_reason"]["stale"] >= 10, "10 stale frames")
     c = assert_accounted(agent)
     assert c["dropped_by_reason"]["stale"] >= 10, c
@@ -138,11 +147,10 @@ def test_ladder_switches_to_the_light_model_under_overload_and_back_after_recove
     health = Subscriber(endpoint, "health")
     results = Subscriber(endpoint, "det")
     agent = build(const_model, endpoint, deadline, fps=20, delay_s=0.08)
-    monitor = agent.pipeline.lanes[0].monitor
     agent.start()
     try:
         wait_until(
-            lambda: monitor.current.name == "light", 30, message="sustained misses step the ladder down"
+            lambda: ladder(agent).step_name == "light", 30, message="sustained misses step the ladder down"
         )
 
         def light_results() -> list[dict]:
@@ -157,8 +165,10 @@ def test_ladder_switches_to_the_light_model_under_overload_and_back_after_recove
             [m["latency_ms"]["total"] for m in on_light],
             on_full,
         )
-        agent.pipeline.lanes[0].primary.model.backend.delay_s = 0.0  # the main model recovers
-        wait_until(lambda: monitor.current.name == "full", 30, message="a healthy period steps the ladder up")
+        agent.primary_profile().model.backend.delay_s = 0.0  # the main model recovers
+        wait_until(
+            lambda: ladder(agent).step_name == "full", 30, message="a healthy period steps the ladder up"
+        )
         time.sleep(1.5)  # the test's input: 1.5 s healthy on full, in which nothing may change
     finally:
         try:
@@ -166,11 +176,9 @@ def test_ladder_switches_to_the_light_model_under_overload_and_back_after_recove
         finally:
             health.close()
             results.close()
-    moves = [(h["from"], h["to"]) for h in monitor.history]
-    assert moves == [("full", "light"), ("light", "full")], (
-        list(monitor.history),
-        agent.pipeline.lanes[0].stats.counts(),
-    )
+    history = ladder(agent).history
+    moves = [(h["from"], h["to"]) for h in history]
+    assert moves == [("full", "light"), ("light", "full")], (history, counts(agent))
     events = [m["event"] for m in health.messages if "event" in m]
     assert [(e["from"], e["to"]) for e in events] == [("full", "light"), ("light", "full")]
     assert health.messages[-1]["ladder"]["name"] == "full"

@@ -35,7 +35,7 @@ def faults_allowed(monkeypatch):
     monkeypatch.setenv("EDGE_AGENT_FAULTS", "1")
 
 
-def agent_with(const_model, endpoint, fps: float, faults: FaultsConfig, **kw) -> Agent:
+def agent_with(const_model, endpoint, fps: float, faults: FaultsConfig, frames: int = 0, **kw) -> Agent:
     cfg = AgentConfig(
         source=SyntheticSourceConfig(fps=fps),
         model=ModelConfig(path=str(const_model)),
@@ -43,9 +43,13 @@ def agent_with(const_model, endpoint, fps: float, faults: FaultsConfig, **kw) ->
         metrics=MetricsConfig(enabled=False),
         faults=faults,
     )
-    agent = Agent(cfg)
+    agent = Agent(cfg, max_frames=frames)
     agent.build()
     return agent
+
+
+def counts(agent: Agent) -> dict:
+    return agent.pipeline.snapshot().lanes[0].counts.as_dict()
 
 
 def test_fault_injection_is_refused_outside_tests(monkeypatch):
@@ -60,14 +64,14 @@ def test_camera_loss_and_return_is_recovered_without_restart(faults_allowed, con
     sub = Subscriber(endpoint)
     agent = agent_with(const_model, endpoint, 50, faults)
     pipeline = agent.pipeline
-    source = pipeline.lanes[0].source  # the FaultySource around the camera
+    source = agent.sources["cam0"]  # the FaultySource around the camera
     agent.start()
     try:
         wait_until(
             lambda: source.failures == 1 and source.connected, 30, message="the camera goes and returns"
         )
-        back_at = pipeline.lanes[0].stats.published
-        wait_until(lambda: pipeline.lanes[0].stats.published >= back_at + 30, 30, message="frames flow again")
+        back_at = pipeline.published()
+        wait_until(lambda: pipeline.published() >= back_at + 30, 30, message="frames flow again")
     finally:
         agent.stop()
         sub.close()
@@ -79,21 +83,20 @@ def test_camera_loss_and_return_is_recovered_without_restart(faults_allowed, con
     assert len([t for t in times if t > times[0] + 0.6]) > 25, "frames flow again after the camera returns"
     states = [m["source_state"] for m in sub.messages if m.get("type") == "health"]
     assert any(not s["connected"] for s in states) and states[-1]["connected"] and states[-1]["failures"] == 1
-    c = agent.pipeline.lanes[0].stats.counts()
+    c = counts(agent)
     assert c["in_flight"] == 0 and c["captured"] == c["on_time"] + c["late"] + c["dropped"]
 
 
 def test_backend_errors_on_one_percent_drop_only_those_frames(faults_allowed, const_model, endpoint):
     faults = FaultsConfig(backend_error_rate=0.01, seed=3)
-    agent = agent_with(const_model, endpoint, 0, faults)
-    agent.max_frames = agent.pipeline.max_frames = 1500
+    agent = agent_with(const_model, endpoint, 0, faults, frames=1500)
     agent.start()
     try:
         assert agent.pipeline.finished.wait(60)
     finally:
         agent.stop()
-    backend = agent.pipeline.lanes[0].primary.model.backend
-    c = agent.pipeline.lanes[0].stats.counts()
+    backend = agent.primary_profile().model.backend
+    c = counts(agent)
     reasons = c["dropped_by_reason"]
     injected, stale = reasons["error"], reasons["stale"]
     assert 3 <= injected <= 40, f"~1 % of 1500: {injected}"
@@ -144,10 +147,10 @@ def test_a_backend_that_no_longer_loads_escalates_straight_to_the_fallback(tmp_p
         assert agent.recover() == "fell back to ONNX Runtime on the CPU"
         assert agent.config.model.path == str(fb / "model.onnx") and agent.config.model.manifest == ""
         assert isinstance(agent.config.backend, OnnxRuntimeConfig)
-        assert agent.pipeline.lanes[0].primary.name == "fallback"
-        before = agent.pipeline.lanes[0].stats.published
+        assert agent.primary_profile().name == "fallback"
+        before = agent.pipeline.published()
         wait_until(
-            lambda: agent.pipeline.lanes[0].stats.published > before,
+            lambda: agent.pipeline.published() > before,
             30,
             message="frames flow on the fallback",
         )
@@ -173,18 +176,19 @@ def test_a_slow_subscriber_never_slows_the_agent(const_model, endpoint):
             time.sleep(0.1)  # the test's input: the reader takes 10 messages a second at most
 
     reader = threading.Thread(target=read_slowly)
-    stats = agent.pipeline.lanes[0].stats
     agent.start()
     reader.start()
     try:
         wait_until(lambda: received >= 1, 30, message="the slow reader is connected")
         rss_before = resources.rss_bytes()
-        received_before, published_before = received, stats.published
+        received_before, published_before = received, agent.pipeline.published()
         # Far more than the reader takes, and than both queues (10 + 10) hold.
-        wait_until(lambda: stats.published - published_before >= 200, 60, message="200 results published")
+        wait_until(
+            lambda: agent.pipeline.published() - published_before >= 200, 60, message="200 results published"
+        )
         rss_after = resources.rss_bytes()
         read = received - received_before
-        published = stats.published - published_before
+        published = agent.pipeline.published() - published_before
     finally:
         stop.set()
         reader.join()
@@ -198,9 +202,10 @@ def test_a_slow_subscriber_never_slows_the_agent(const_model, endpoint):
     # A send never waits for a subscriber: it takes the time of encoding and a queue push
     # (the median: a loaded machine may preempt a few sends; waiting would make them all
     # as slow as the reader, 100 ms).
-    assert stats.send.percentile_ms(50) < 20, stats.send.percentile_ms(50)
+    send = agent.pipeline.snapshot().lanes[0].send
+    assert send.percentile_ms(50) < 20, send.percentile_ms(50)
     # Drops, if any, come from the CPU (stale/overrun/source gap under load), never from
     # the subscriber: there is no drop reason for a subscriber, and sending fails nothing.
-    assert agent.pipeline.lanes[0].stats.counts()["dropped_by_reason"]["error"] == 0
+    assert counts(agent)["dropped_by_reason"]["error"] == 0
     if rss_before and rss_after:
         assert rss_after - rss_before < 20 * 2**20, "memory stays flat: the queue per subscriber is bounded"

@@ -77,8 +77,8 @@ def camera(name: str = "cam0", fps: float = FPS, seed: int = 3) -> SyntheticSour
 def counts(agent: Agent) -> dict[str, dict]:
     """Per source, after the drain; asserts that each source's frames all ended once."""
     out = {}
-    for lane in agent.pipeline.lanes:
-        c = lane.stats.counts()
+    for lane in agent.pipeline.snapshot().lanes:
+        c = lane.counts.as_dict()
         assert c["in_flight"] == 0, (lane.name, c)
         assert c["captured"] == c["on_time"] + c["late"] + sum(c["dropped_by_reason"].values()), c
         out[lane.name] = c
@@ -133,7 +133,7 @@ def test_latency_mode_runs_only_fresh_frames_under_overload_and_throughput_mode_
         # 300 frames of camera time (5 s), and enough inferences either way.
         run_side_by_side(
             [latency, throughput],
-            lambda a: a.pipeline.lanes[0].stats.captured >= 300 and a.pipeline.lanes[0].stats.published >= 20,
+            lambda a: a.pipeline.snapshot().captured >= 300 and a.pipeline.published() >= 20,
         )
     finally:
         results.close()
@@ -160,8 +160,9 @@ def test_latency_mode_runs_only_fresh_frames_under_overload_and_throughput_mode_
     assert len(results.messages) >= 10, len(results.messages)
     lat_waits = waits_when_inference_freed(results.messages)
     too_long = [w for w in lat_waits if w > INTERVAL_MS / 2 + SLACK_MS]
-    assert len(too_long) <= latency.pipeline.scheduler.fresh_fallbacks, (too_long, lat_waits)
-    est = latency.pipeline.lanes[0].monitor.estimates_ms()
+    snap = latency.pipeline.snapshot()
+    assert len(too_long) <= snap.batching.fresh_fallbacks, (too_long, lat_waits)
+    est = snap.lanes[0].deadline.estimate_ms
     work_ms = sum(v for k, v in next(iter(est.values())).items() if not k.startswith("wait"))
     assert FRESH_SHARE * work_ms < INTERVAL_MS / 2, est
     # The same measure in throughput mode: it runs frames the rule would have passed over.
@@ -180,7 +181,7 @@ def test_latency_mode_at_light_load_infers_every_frame(const_model, endpoint):
     # 20 fps and a 10 ms model: inference is idle whenever a frame comes, so no frame
     # ever waits for it, and none is passed over: exactly throughput mode's behaviour.
     agent = build(const_model, endpoint, "latency", [camera(fps=20)], delay_ms=10.0)
-    run_side_by_side([agent], lambda a: a.pipeline.lanes[0].stats.published >= 40)
+    run_side_by_side([agent], lambda a: a.pipeline.published() >= 40)
     c = counts(agent)["cam0"]
     # Passed over by latency mode's rule: none. (A loaded test machine may still hold a
     # thread back past a frame interval or the budget: an overrun or a stale frame is the
@@ -207,10 +208,9 @@ def test_latency_mode_keeps_batching_cameras_in_step(const_model, endpoint):
     # Two cameras at 60 fps that start together, overloaded: their fresh frames still
     # meet in batches of two, and each camera's frames are accounted on its own.
     agent = build(const_model, endpoint, "latency", [camera("a", seed=1), camera("b", seed=2)])
-    scheduler = agent.pipeline.scheduler
-    run_side_by_side([agent], lambda a: scheduler.summary()["batches"] >= 30)
+    run_side_by_side([agent], lambda a: a.pipeline.snapshot().batching.batches >= 30)
     c = counts(agent)
-    summary = scheduler.summary()
+    summary = agent.pipeline.snapshot().batching.summary()
     assert summary["sizes"].get("2", 0) > 0, summary
     assert all(x["on_time"] + x["late"] > 0 for x in c.values()), c
     assert sum(x["dropped_by_reason"]["not_fresh"] for x in c.values()) > 0, c
@@ -221,7 +221,7 @@ def test_latency_mode_keeps_batching_cameras_in_step(const_model, endpoint):
 def test_latency_mode_stops_cleanly_while_waiting_for_a_fresh_frame(const_model, endpoint):
     agent = build(const_model, endpoint, "latency", [camera()])
     run_side_by_side(
-        [agent], lambda a: a.pipeline.lanes[0].stats.counts()["dropped_by_reason"]["not_fresh"] >= 3
+        [agent], lambda a: a.pipeline.snapshot().lanes[0].counts.dropped_by_reason["not_fresh"] >= 3
     )
     counts(agent)
     assert not [t for t in threading.enumerate() if t.name in ("infer", "post", "capture-cam0")]

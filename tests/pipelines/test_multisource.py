@@ -68,11 +68,11 @@ class CostedBackend:
 def with_cost(agent: Agent, base_ms: float, per_frame_ms: float) -> Agent:
     """``agent`` (built) with its model's cost fixed; the scheduler's warm-up estimates
     (taken at build, on the bare model) are replaced by the costs it will see."""
-    profile = agent.pipeline.lanes[0].primary
+    profile = agent.primary_profile()
     backend = profile.model.backend = CostedBackend(profile.model.backend, base_ms, per_frame_ms)
-    scheduler = agent.pipeline.scheduler
-    for size in range(1, scheduler.max_batch + 1):
-        scheduler.seed(profile, size, backend.cost_ns(size))
+    for size in profile.warm_ns:
+        profile.warm_ns[size] = backend.cost_ns(size)
+    agent.pipeline.warm_up()  # every size is warm: this seeds the scheduler with the costs
     return agent
 
 
@@ -100,14 +100,14 @@ def running(agent: Agent, until, *subscribers: Subscriber, timeout_s: float = 60
 
 
 def published(agent: Agent, name: str) -> int:
-    return lane(agent, name).stats.published
+    return lane(agent, name).published
 
 
 def counts(agent: Agent) -> dict[str, dict]:
     """Per source, after the drain; asserts that each source's frames all ended once."""
     out = {}
-    for lane in agent.pipeline.lanes:
-        c = lane.stats.counts()
+    for lane in agent.pipeline.snapshot().lanes:
+        c = lane.counts.as_dict()
         assert c["in_flight"] == 0, (lane.name, c)
         assert c["captured"] == c["on_time"] + c["late"] + c["dropped"], (lane.name, c)
         out[lane.name] = c
@@ -115,7 +115,8 @@ def counts(agent: Agent) -> dict[str, dict]:
 
 
 def lane(agent: Agent, name: str):
-    return next(x for x in agent.pipeline.lanes if x.name == name)
+    """The source ``name``'s snapshot, now."""
+    return agent.pipeline.snapshot().lane(name)
 
 
 def test_high_priority_source_keeps_its_budget_while_the_others_overload(const_model, endpoint):
@@ -147,7 +148,7 @@ def test_high_priority_source_keeps_its_budget_while_the_others_overload(const_m
     # alone would hold them back until the sides' tighter deadlines had passed theirs).
     # The 90th percentile, where that shows: a side's frame that waited long is replaced
     # by its newer one, so the low waits of all sources are alike.
-    waits = {x.name: x.stats.stages["wait_infer"].percentile_ms(90) for x in agent.pipeline.lanes}
+    waits = {x.name: x.stages["wait_infer"].percentile_ms(90) for x in agent.pipeline.snapshot().lanes}
     assert waits["front"] < min(waits[f"side{i}"] for i in range(3)), waits
 
 
@@ -155,11 +156,14 @@ def test_batches_grow_with_load_and_shrink_when_slack_is_tight(const_model):
     # A batch costs 1 ms + 5 ms a frame (6, 11, 16, 21 ms for 1..4 frames) on any machine.
     def batches(sources, **kw) -> dict:
         agent = with_cost(make_agent(const_model, free_endpoint(), sources, **kw), 1.0, 5.0)
-        scheduler = agent.pipeline.scheduler
-        with running(agent, lambda: scheduler.summary()["batches"] >= 40, message="40 batches"):
+
+        def batching() -> dict:
+            return agent.pipeline.snapshot().batching.summary()
+
+        with running(agent, lambda: batching()["batches"] >= 40, message="40 batches"):
             pass
         c = counts(agent)
-        summary = scheduler.summary()
+        summary = batching()
         # Every published frame ran in exactly one batch of at most one frame per source.
         assert set(summary["sizes"]) <= {"1", "2", "3", "4"}, summary
         frames = sum(int(k) * n for k, n in summary["sizes"].items())
@@ -210,7 +214,7 @@ def test_a_dead_or_ended_source_does_not_stall_the_others(const_model, endpoint,
     def progressed() -> bool:
         # The folder has ended and the live cameras go on: 30 results each (a second at
         # 30 fps), with every source's heartbeat seen.
-        ends = lane(agent, "ends").stats.counts()
+        ends = lane(agent, "ends").counts.as_dict()
         return (
             ends["captured"] == 3
             and ends["in_flight"] == 0
@@ -305,8 +309,8 @@ def test_a_fixed_batch_model_is_padded(tmp_path, endpoint):
     sources = [SyntheticSourceConfig(name=f"c{i}", fps=30, seed=i) for i in range(2)]
     sub = Subscriber(endpoint, "det")
     agent = make_agent(Path(model), endpoint, sources)
-    assert agent.pipeline.scheduler.max_batch == 2
-    assert agent.pipeline.lanes[0].primary.batches[2].inputs["images"].shape[0] == 4  # padded to 4
+    assert agent.pipeline.snapshot().batching.max_batch == 2
+    assert agent.primary_profile().batches[2].inputs["images"].shape[0] == 4  # padded to 4
     with running(agent, lambda: all(published(agent, f"c{i}") >= 15 for i in range(2)), sub):
         pass
     counts(agent)
@@ -418,7 +422,7 @@ def test_reload_of_scheduling_settings_keeps_the_camera_open(const_model, endpoi
         new = replace(agent.config, sources=(faster, agent.config.sources[1]))
         assert agent.reload(new) == ["sources"]
         assert agent.sources["a"] is kept and kept._next >= frame_before, "not reopened, not rewound"
-        assert lane(agent, "a").priority == 7 and lane(agent, "a").monitor.budget_ns == 30_000_000
+        assert lane(agent, "a").priority == 7 and lane(agent, "a").deadline.budget_ms == 30
         after = lane(agent, "a").seq
         wait_until(lambda: lane(agent, "a").seq >= after + 5, 30, message="a goes on after the reload")
     finally:
@@ -435,14 +439,29 @@ def test_batched_inference_and_scheduling_allocate_nothing_frame_sized(const_mod
     import threading
     import tracemalloc
 
-    from edge_agent.pipelines.scheduler import BatchScheduler, LaneSpec
+    from edge_agent.pipelines.scheduler import BatchScheduler
 
     model = load_model(ModelConfig(path=str(const_model)), OnnxRuntimeConfig())
     profile = Profile("const", model)
     pools = [profile.pool(f"c{i}") for i in range(3)]
     profile.prepare_batches(3)
-    specs = [LaneSpec(f"c{i}", 0, 10**12, True, print, lambda: (0.0, 0.0), lambda: profile) for i in range(3)]
-    scheduler = BatchScheduler(specs, 0, 0.0, 0.0, lambda p: 3)
+
+    class Lane:
+        """A live source as the scheduler reads it, whose frames are all taken in time."""
+
+        priority, budget_ns, newest_wins, fresh_only = 0, 10**12, True, False
+
+        def around_ns(self) -> tuple[float, float]:
+            return (0.0, 0.0)
+
+        def current(self) -> Profile:
+            return profile
+
+        def drop(self, slot, reason: str) -> None:
+            raise AssertionError(f"no frame is replaced here ({reason})")
+
+    batching = BatchingConfig(max_batch=0, max_wait_ms=0.0, margin_ms=0.0)
+    scheduler = BatchScheduler([Lane() for _ in range(3)], batching, lambda p: 3)
     stop = threading.Event()
 
     def one_round() -> None:
@@ -467,7 +486,7 @@ def test_batched_inference_and_scheduling_allocate_nothing_frame_sized(const_mod
     current, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     model.backend.close()
-    assert scheduler.summary()["sizes"] == {"3": 2200}
+    assert scheduler.snapshot().sizes == {"3": 2200}
     assert current - base < 16 * 1024, f"grew by {current - base} B over 2000 batches"
     assert peak - base < 48 * 1024, f"peak {peak - base} B: a frame-sized buffer per batch?"
 
@@ -487,7 +506,7 @@ def test_a_source_with_its_own_model_gets_its_results_and_never_shares_a_batch(
     ]
     sub = Subscriber(endpoint, "det")
     agent = make_agent(const_model, endpoint, sources)
-    assert {p.name for p in agent.pipeline.profiles.values()} == {"const", "dock-det"}
+    assert {p.name for p in agent.profiles.values()} == {"const", "dock-det"}
 
     def enough() -> bool:
         # 20 results of each, and one batch that a and b (in step) shared.
@@ -521,7 +540,8 @@ def test_a_reload_from_a_file_to_a_live_source_lets_its_ladder_step(tmp_path, co
         metrics=MetricsConfig(enabled=False),
     )
     with started(cfg) as agent:
-        monitor = agent.pipeline.lanes[0].monitor
+        # White-box: the lane's own monitor (the snapshot shows its figures, not its identity).
+        monitor = agent.pipeline._lanes[0].monitor
         assert monitor.fixed
         agent.reload(replace(cfg, source=replace(src, realtime=True)))
-        assert agent.pipeline.lanes[0].monitor is monitor and not monitor.fixed
+        assert agent.pipeline._lanes[0].monitor is monitor and not monitor.fixed

@@ -10,14 +10,16 @@ import pytest
 from conftest import started, wait_until
 from helpers import Subscriber, write_video
 
+from edge_agent.assembly import Assembly
 from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig, VideoSourceConfig
 from edge_agent.core.stages import STAGES
-from edge_agent.pipelines.handoff import Closed, FrameQueue
+from edge_agent.pipelines.handoff import Closed
+from edge_agent.pipelines.post_stage import FrameQueue
 from edge_agent.runner import Agent
 
 
-def make_agent(model, endpoint, source=None, frames=0) -> Agent:
+def make_agent(model, endpoint, source=None, frames=0, assembly=None) -> Agent:
     cfg = AgentConfig(
         device_id="test-device",
         source=source or SyntheticSourceConfig(fps=0, seed=1),
@@ -25,7 +27,7 @@ def make_agent(model, endpoint, source=None, frames=0) -> Agent:
         publish=PublishConfig(endpoint=endpoint),
         metrics=MetricsConfig(port=0),  # any free port: never a running agent's
     )
-    agent = Agent(cfg, max_frames=frames)
+    agent = Agent(cfg, max_frames=frames, assembly=assembly)
     agent.build()
     return agent
 
@@ -39,9 +41,9 @@ def test_frames_flow_to_subscribers_with_accounting(const_model, endpoint):
     agent = make_agent(const_model, endpoint, source=SyntheticSourceConfig(fps=100, seed=1, name="front"))
     with started(agent, sub, clean=True):
         sub.wait_for(20)
-    stats = agent.pipeline.lanes[0].stats
+    c = agent.pipeline.snapshot().lanes[0].counts
     assert len(sub.messages) >= 20
-    assert stats.captured == stats.published + stats.dropped_total(), "every frame ends exactly once"
+    assert c.captured == c.published + c.dropped, "every frame ends exactly once"
     seqs = [m["seq"] for m in sub.messages]
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "sequence numbers must be continuous"
     assert set(sub.topics) == {"det.front"}
@@ -65,8 +67,8 @@ def test_file_source_publishes_every_frame_in_order(const_model, endpoint, tmp_p
     agent.start()
     assert agent.pipeline.finished.wait(20), "a finite source must finish"
     assert agent.stop()
-    stats = agent.pipeline.lanes[0].stats
-    assert stats.captured == 40 and stats.published == 40 and stats.dropped_total() == 0
+    c = agent.pipeline.snapshot().lanes[0].counts
+    assert c.captured == 40 and c.published == 40 and c.dropped == 0
 
 
 def test_max_frames_stops_after_that_many(const_model, endpoint):
@@ -74,16 +76,14 @@ def test_max_frames_stops_after_that_many(const_model, endpoint):
     agent.start()
     assert agent.pipeline.finished.wait(20)
     assert agent.stop()
-    assert agent.pipeline.lanes[0].stats.captured == 25
-    assert agent.pipeline.lanes[0].stats.published == 25
+    c = agent.pipeline.snapshot().lanes[0].counts
+    assert c.captured == 25 and c.published == 25
 
 
 def test_stop_is_bounded_and_leaves_no_thread(const_model, endpoint):
     agent = make_agent(const_model, endpoint, source=SyntheticSourceConfig(fps=30))
     agent.start()
-    wait_until(
-        lambda: agent.pipeline.lanes[0].stats.published >= 3, 30, message="frames must flow before the stop"
-    )
+    wait_until(lambda: agent.pipeline.published() >= 3, 30, message="frames must flow before the stop")
     t = time.monotonic()
     assert agent.stop(timeout_s=1.5)
     elapsed = time.monotonic() - t
@@ -105,22 +105,22 @@ def test_steady_state_allocates_nothing_per_frame(const_model, endpoint):
     whatever the frame count; a leak grows with the frames.
     """
     agent = make_agent(const_model, endpoint, frames=4300)
-    stats = agent.pipeline.lanes[0].stats
+    published = agent.pipeline.published
     agent.start()
     try:
         # Warm-up: caches, first-use allocations.
-        wait_until(lambda: stats.published >= 300, 120, interval_s=0.005, message="warm-up frames")
+        wait_until(lambda: published() >= 300, 120, interval_s=0.005, message="warm-up frames")
         tracemalloc.start()
-        wait_until(lambda: stats.published >= 1300, 120, interval_s=0.005, message="traced frames")
+        wait_until(lambda: published() >= 1300, 120, interval_s=0.005, message="traced frames")
         mid, _ = tracemalloc.get_traced_memory()
         tracemalloc.reset_peak()
-        start_count = stats.published
+        start_count = published()
         assert agent.pipeline.finished.wait(120)
         current, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
     finally:
         agent.stop()
-    frames = stats.published - start_count
+    frames = published() - start_count
     assert frames >= 2500, frames
     assert current - mid < 64 * 1024, f"traced memory grew by {current - mid} B over {frames} frames"
     assert peak - mid < 200 * 1024, f"peak {peak - mid} B above the steady state: a per-frame buffer?"
@@ -128,7 +128,7 @@ def test_steady_state_allocates_nothing_per_frame(const_model, endpoint):
 
 def test_slots_are_preallocated_and_reused(const_model, endpoint):
     agent = make_agent(const_model, endpoint, frames=50)
-    pool = agent.pipeline.lanes[0].primary.pools["cam0"]
+    pool = agent.primary_profile().pools["cam0"]
     tensors = {id(s.tensor) for s in pool.slots}
     outputs = {id(o) for s in pool.slots for o in s.io.outputs}
     agent.start()
@@ -157,7 +157,7 @@ def test_bind_failure_is_reported_and_nothing_is_left_running(const_model, endpo
 
 def test_an_unexpected_source_error_stops_the_pipeline_with_the_error(const_model, endpoint):
     agent = make_agent(const_model, endpoint)
-    source = agent.pipeline.lanes[0].source
+    source = agent.sources["cam0"]
     real_read = source.read
 
     def read(timeout_s):
@@ -170,8 +170,8 @@ def test_an_unexpected_source_error_stops_the_pipeline_with_the_error(const_mode
     assert agent.pipeline.finished.wait(10), "the pipeline must drain and finish"
     assert agent.stop()
     assert "ValueError: driver returned garbage" in agent.pipeline.error
-    c = agent.pipeline.lanes[0].stats.counts()
-    assert c["captured"] == 10 and c["on_time"] + c["late"] == 10 and c["in_flight"] == 0, c
+    c = agent.pipeline.snapshot().lanes[0].counts
+    assert c.captured == 10 and c.published == 10 and c.in_flight == 0, c
     assert pipeline_threads() == []
 
 
@@ -216,7 +216,83 @@ def test_at_light_load_the_inference_thread_publishes_itself(const_model, endpoi
     publisher.send = send
     with started(agent, clean=True):
         wait_until(lambda: len(senders) >= 20, 30, message="20 results")
-    c = agent.pipeline.lanes[0].stats.counts()
-    assert c["in_flight"] == 0 and c["captured"] == c["on_time"] + c["late"] + c["dropped"], c
+    c = agent.pipeline.snapshot().lanes[0].counts
+    assert c.in_flight == 0 and c.captured == c.published + c.dropped, c
     # A loaded machine may stretch an inference past the next frame now and then.
     assert senders.count("infer") >= 0.8 * len(senders), senders
+
+
+def test_the_snapshot_is_frozen_and_outlives_the_frames(const_model, endpoint):
+    """What readers get: every count, histogram and mapping as of the call, read-only, and
+    unchanged while the frames go on."""
+    import dataclasses
+
+    agent = make_agent(const_model, endpoint, source=SyntheticSourceConfig(fps=100, seed=1))
+    with started(agent, clean=True):
+        wait_until(lambda: agent.pipeline.published() >= 10, 30, message="10 results")
+        snap = agent.pipeline.snapshot()
+        lane = snap.lanes[0]
+        total, infer = lane.total.count, lane.stages["infer"].count
+        wait_until(lambda: agent.pipeline.published() >= lane.published + 10, 30, message="10 more")
+    assert lane.total.count == total and lane.stages["infer"].count == infer, "copies, not the live ones"
+    assert lane.published == lane.counts.on_time + lane.counts.late >= 10
+    assert snap.lane("cam0") is lane and lane.source_state["name"] == "cam0"
+    assert lane.deadline.step == 0 and lane.window is None and lane.change is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        lane.seq = 0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        lane.stages["infer"] = lane.total  # type: ignore[index]
+    with pytest.raises(TypeError):
+        lane.counts.dropped_by_reason["stale"] = 1  # type: ignore[index]
+    after = agent.pipeline.snapshot().lanes[0]
+    assert after.published > lane.published and after.counts.in_flight == 0
+
+
+class Keep:
+    """A per-result step: keeps a frame's first detection only, and notes which frames it saw."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int]] = []
+
+    def run(self, slot, lane) -> None:
+        self.seen.append((lane.name, slot.frame_id))
+        slot.det_count = min(slot.det_count, 1)
+
+
+class WithSteps(Assembly):
+    def __init__(self, *steps, frames: int = 0) -> None:
+        super().__init__(frames)
+        self.steps = list(steps)
+
+    def post_steps(self, cfg):
+        return self.steps
+
+
+def test_a_post_step_runs_on_every_frame_between_decoding_and_publishing(const_model, endpoint):
+    """The shape the tracker and analytics drop into: a step handed in through the agent's
+    assembly sees every decoded frame before its result goes out, and what it leaves in
+    the slot is published."""
+    step = Keep()
+    sub = Subscriber(endpoint, "det")
+    agent = make_agent(const_model, endpoint, SyntheticSourceConfig(fps=50, seed=1), assembly=WithSteps(step))
+    with started(agent, sub, clean=True):
+        sub.wait_for(10)
+    by_frame = {m["frame_id"]: m for m in sub.messages}
+    assert by_frame and set(by_frame) <= {f for _, f in step.seen}, "every published frame went through it"
+    assert all(len(m["detections"]) == 1 for m in by_frame.values()), "the step's result is what is sent"
+    assert {name for name, _ in step.seen} == {"cam0"}
+
+
+class Fails:
+    def run(self, slot, lane) -> None:
+        raise ValueError("a step that fails")
+
+
+def test_a_failing_post_step_drops_its_frame_as_an_error(const_model, endpoint):
+    agent = make_agent(const_model, endpoint, assembly=WithSteps(Fails(), frames=5))
+    agent.start()
+    assert agent.pipeline.finished.wait(20)
+    assert agent.stop()
+    c = agent.pipeline.snapshot().lanes[0].counts
+    assert c.captured == 5 and c.published == 0 and c.dropped_by_reason["error"] == 5, c
+    assert agent.pipeline.failure() is None, "a frame's failure is not the pipeline's"

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,7 +21,7 @@ from edge_agent.core.stages import CAPTURED
 from edge_agent.pipelines import scheduler as scheduler_module
 from edge_agent.pipelines.backends.base import IOSet
 from edge_agent.pipelines.handoff import Closed, FrameSlot
-from edge_agent.pipelines.scheduler import BatchScheduler, LaneSpec
+from edge_agent.pipelines.scheduler import BatchScheduler
 
 MS = 1_000_000
 PROFILE = object()  # the scheduler only compares profiles by identity
@@ -56,6 +58,29 @@ def make_slot(lane: int, age_ms: float, profile: object = PROFILE) -> FrameSlot:
     return slot
 
 
+@dataclass
+class StubLane:
+    """A source's lane as the scheduler reads it (``scheduler.SchedulerLane``): 1 ms of
+    work before inference and 1 ms after, and the frames it drops recorded."""
+
+    priority: int
+    budget_ns: int
+    newest_wins: bool
+    fresh_only: bool
+    profile: object
+    replaced: list = field(default_factory=list)  # replaced by a newer frame (overrun)
+    passed: list = field(default_factory=list)  # passed over as not fresh, then replaced
+
+    def around_ns(self) -> tuple[float, float]:
+        return (1 * MS, 1 * MS)
+
+    def current(self) -> object:
+        return self.profile
+
+    def drop(self, slot: FrameSlot | None, reason: str) -> None:
+        (self.passed if reason == "not_fresh" else self.replaced).append(slot)
+
+
 def make_scheduler(
     lanes: list[tuple[int, float]],  # (priority, budget ms) per lane
     models: dict[int, object] | None = None,  # a lane's next frame's profile, if not PROFILE
@@ -71,20 +96,21 @@ def make_scheduler(
     """``latency``: every lane in latency mode; ``passed`` collects its frames passed over
     as not fresh (``replaced`` the others that a newer frame replaced)."""
     specs = [
-        LaneSpec(
-            f"lane{i}",
+        StubLane(
             prio,
             int(budget * MS),
             newest_wins,
-            (replaced if replaced is not None else []).append,
-            lambda: (1 * MS, 1 * MS),
-            lambda i=i: (models or {}).get(i, PROFILE),
             latency,
-            (passed if passed is not None else []).append,
+            (models or {}).get(i, PROFILE),
+            replaced if replaced is not None else [],
+            passed if passed is not None else [],
         )
         for i, (prio, budget) in enumerate(lanes)
     ]
-    s = BatchScheduler(specs, max_batch, max_wait_ms, margin_ms, lambda profile: limit)
+    # The three keys of ``batching`` the scheduler reads; waits of seconds (past the
+    # config's bound) let a test isolate the other rules.
+    batching = SimpleNamespace(max_batch=max_batch, max_wait_ms=max_wait_ms, margin_ms=margin_ms)
+    s = BatchScheduler(specs, batching, lambda profile: limit)  # type: ignore[arg-type]
     for size, ms in {1: 5, 2: 8, 3: 11, 4: 14}.items():
         if size <= s.max_batch:
             s.seed(PROFILE, size, ms * MS)
@@ -266,7 +292,21 @@ def test_estimates_follow_the_measured_batches_and_extrapolate():
     assert fresh.estimate_ns(PROFILE, 3, measured_only=True) == 0.0, "a warm-up does not judge"
     fresh.record(PROFILE, 3, 9 * MS)
     assert fresh.estimate_ns(PROFILE, 3, measured_only=True) == 9 * MS
-    assert fresh.summary() == {"max_batch": 4, "batches": 1, "mean_size": 3.0, "sizes": {"3": 1}}
+    assert fresh.snapshot().summary() == {"max_batch": 4, "batches": 1, "mean_size": 3.0, "sizes": {"3": 1}}
+
+
+def test_each_frame_of_a_batch_carries_what_the_batch_is_expected_to_take(frozen):
+    """Admission judges a frame by its batch's measured estimate, handed out with the batch
+    (never a warm-up figure: one slow warm-up must not drop frames)."""
+    s = make_scheduler([(0, 100.0)] * 4)
+    put_all(s, [make_slot(i, 1) for i in range(2)])
+    batch = s.next_batch(0.1)
+    assert len(batch) == 2 and [slot.expected_ns for slot in batch] == [0.0, 0.0], "only warm-ups so far"
+    s.record(PROFILE, 2, 20 * MS)
+    put_all(s, [make_slot(i, 1) for i in range(2)])
+    batch = s.next_batch(0.1)
+    assert [slot.expected_ns for slot in batch] == [s.estimate_ns(PROFILE, 2, measured_only=True)] * 2
+    assert batch[0].expected_ns == 20 * MS
 
 
 def test_does_not_wait_for_a_source_whose_frame_could_not_join():
@@ -285,7 +325,7 @@ def test_batch_counts_carry_over_a_reload():
     old.record(PROFILE, 1, 3 * MS)
     new = make_scheduler([(0, 100.0)] * 2)  # a source fewer and one more removed
     new.adopt(old)
-    assert new.summary()["batches"] == 2 and new.frames == 5
+    assert new.snapshot().batches == 2 and new.frames == 5
 
 
 def test_equal_sources_under_overload_take_turns(frozen):
@@ -325,7 +365,7 @@ def in_rhythm(s: BatchScheduler, clock: FrozenClock, lanes: int = 1) -> None:
     ends one more interval on (when every lane's next frame is due)."""
     for _ in range(2):
         put_all(s, [make_slot(i, 0) for i in range(lanes)])
-        while not s.empty():
+        while s.waiting:
             s.next_batch(0.1)
         clock.now_ns += int(INTERVAL_MS * MS)
 

@@ -78,6 +78,11 @@ def spool_empty(port: int) -> bool:
     return metric(port, "spool_messages") == 0
 
 
+def seq(agent) -> int:
+    """The next sequence number of the agent's (one) source."""
+    return agent.pipeline.snapshot().lanes[0].seq
+
+
 def det(recorder: Recorder) -> list[dict]:
     return [b for b in recorder.bodies() if "frame_id" in b]
 
@@ -94,11 +99,11 @@ def _outage(tmp_path, broker, const_model, endpoint, outage_s: float) -> None:
     with started(load_config(str(cfg)), recorder) as agent, uplink(cfg, tmp_path / "uplink.log"):
         wait_until(lambda: len(det(recorder)) >= 30, 30, message="results on MQTT before the outage")
         broker.stop()
-        during = agent.pipeline.lanes[0].seq
-        wait_until(lambda: agent.pipeline.lanes[0].seq >= during + int(outage_s * 30), outage_s * 10 + 30)
+        during = seq(agent)
+        wait_until(lambda: seq(agent) >= during + int(outage_s * 30), outage_s * 10 + 30)
         wait_until(lambda: metric(port, "spool_messages") > 0, 10, message="the outage is spooled")
         broker.start()
-        target = agent.pipeline.lanes[0].seq
+        target = seq(agent)
         wait_until(lambda: max(seqs_in_order(det(recorder))) >= target, 60, message="the backlog arrives")
         wait_until(lambda: spool_empty(port), 30, message="the spool empties")
         assert metric(port, "reconnects") >= 1 and metric(port, "dropped") == 0
@@ -141,7 +146,7 @@ def test_a_full_spool_drops_the_oldest_and_counts_exactly_what_is_missing(
         broker.stop()
         wait_until(lambda: metric(port, "dropped") >= 20, 60, message="the spool overflows")
         broker.start()
-        target = agent.pipeline.lanes[0].seq
+        target = seq(agent)
         wait_until(lambda: max(seqs_in_order(det(recorder))) >= target, 60, message="delivery resumes")
         wait_until(lambda: spool_empty(port), 30, message="the spool empties")
         dropped, not_read = metric(port, "dropped"), metric(port, "stream_gaps")

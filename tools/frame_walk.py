@@ -1,0 +1,181 @@
+"""One frame's walk from capture to publish, traced on a running agent.
+
+    .venv-3.12/bin/python tools/frame_walk.py              # the inference thread posts (light load)
+    .venv-3.12/bin/python tools/frame_walk.py --queued     # every frame through the post thread
+    .venv-3.12/bin/python tools/frame_walk.py --all        # also every call inside the collaborators
+
+Runs the agent in-process on a synthetic camera at 20 fps (the bundled detector, results
+on a private loopback port) with a profiler on its stage threads, and prints the calls the
+stages make for one frame, in order, from the lane's source read (``Lane.take``) to the
+publisher's send: each call from a stage's code into another edge_agent function is one
+hop, what the callee does inside is not followed (``--all``: it is, except inside the
+source, preprocessor, backend, decoder and histograms). A call site repeated in a loop
+counts once; the walk printed is the one most frames took. Then the hops, the modules and
+how often the walk entered each (consecutive calls into one module are one entry: from
+``put`` to ``next_batch`` the frame waits in the scheduler).
+
+Python 3.12 (``co_qualname``). Prints only; asserts nothing. docs/architecture.md shows
+the walk it prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import threading
+import time
+
+from edge_agent.core.config import AgentConfig, MetricsConfig, PublishConfig
+from edge_agent.core.source_config import SyntheticSourceConfig
+from edge_agent.pipelines.post_stage import FrameQueue
+from edge_agent.runner import Agent
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: The stages' code: followed.
+STAGES = ("pipelines/capture_stage", "pipelines/infer_stage", "pipelines/post_stage")
+#: Not followed even with --all: the plug-ins and the histograms.
+LEAVES = (
+    "pipelines/sources",
+    "pipelines/synthetic",
+    "pipelines/source_base",
+    "pipelines/preprocess",
+    "pipelines/backends/",
+    "models/decoders/",
+    "core/latency",
+)
+
+Hop = tuple[str, str, str, str]  # caller module, caller, callee module, callee
+
+
+def module(code) -> str | None:
+    """The edge_agent module of ``code`` as a path under the repo (agent/ dropped), or None."""
+    path = os.path.relpath(code.co_filename, ROOT)
+    if path.startswith("agent/"):
+        return path[len("agent/") : -3]
+    if path.split("/")[0] in ("pipelines", "models", "power"):
+        return path[:-3]
+    return None
+
+
+def is_leaf(mod: str) -> bool:
+    return any(mod == leaf or (leaf.endswith("/") and mod.startswith(leaf)) for leaf in LEAVES)
+
+
+class Tracer:
+    """Records each stage thread's hops per frame: capture from ``Lane.take`` to the
+    scheduler's ``put``; inference from ``next_batch`` returning a batch to the send (or to
+    its post inbox's ``put``); post from its inbox's ``get`` returning a frame to the send."""
+
+    def __init__(self, follow_all: bool) -> None:
+        self.follow_all = follow_all
+        self.walks: dict[str, list[list[Hop]]] = collections.defaultdict(list)
+        self._local = threading.local()
+
+    @staticmethod
+    def _role() -> str | None:
+        name = threading.current_thread().name
+        return "capture" if name.startswith("capture-") else name if name in ("infer", "post") else None
+
+    def __call__(self, frame, event: str, arg) -> None:
+        if event not in ("call", "return"):
+            return
+        role = self._role()
+        mod = module(frame.f_code) if role else None
+        if role is None or mod is None:
+            return
+        name = frame.f_code.co_qualname
+        caller = frame.f_back
+        caller_mod = module(caller.f_code) if caller is not None else None
+        hop = (caller_mod, caller.f_code.co_qualname, mod, name) if caller_mod else None
+        st = self._local.__dict__
+        if st.get("hops") is None:
+            if not self._starts(role, event, name, arg):
+                return
+            st["hops"], st["leaf"] = [], 0
+            if event == "return":  # the call that handed this thread the frame
+                st["hops"].append(hop)
+                return
+        if event == "call":
+            if st["leaf"] == 0 and hop and (self.follow_all or caller_mod in STAGES):
+                st["hops"].append(hop)
+            if st["leaf"] or is_leaf(mod):
+                st["leaf"] += 1
+        elif st["leaf"]:
+            st["leaf"] -= 1
+        if self._ends(role, event, name) and st["leaf"] <= 1:
+            self.walks[role].append(st["hops"])
+            st["hops"] = None
+
+    @staticmethod
+    def _starts(role: str, event: str, name: str, arg) -> bool:
+        if role == "capture":
+            return event == "call" and name == "Lane.take"
+        wanted = "BatchScheduler.next_batch" if role == "infer" else "FrameQueue.get"
+        return event == "return" and name == wanted and arg is not None
+
+    @staticmethod
+    def _ends(role: str, event: str, name: str) -> bool:
+        if role == "capture":
+            return event == "return" and name == "BatchScheduler.put"
+        if role == "infer" and event == "return" and name == "FrameQueue.put":
+            return True
+        return event == "call" and name == "ZmqPublisher.send"
+
+
+def typical(walks: list[list[Hop]]) -> tuple[list[Hop], int, int]:
+    """The walk most frames took (each call site once), how many took it, of how many."""
+    seen = collections.Counter(tuple(dict.fromkeys(w)) for w in walks[3:-2])
+    best, n = seen.most_common(1)[0]
+    return list(best), n, sum(seen.values())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--queued", action="store_true", help="every frame through the post thread")
+    ap.add_argument("--all", action="store_true", help="follow the calls inside the collaborators too")
+    ap.add_argument("--seconds", type=float, default=4.0)
+    a = ap.parse_args()
+    if sys.version_info < (3, 11):
+        sys.exit("frame_walk needs Python 3.11 or later (code objects' co_qualname)")
+    cfg = AgentConfig(
+        device_id="walk",
+        source=SyntheticSourceConfig(fps=20, seed=1),
+        publish=PublishConfig(endpoint="tcp://127.0.0.1:*", wait_for_subscribers=0),
+        metrics=MetricsConfig(enabled=False),
+    )
+    agent = Agent(cfg)
+    agent.build()
+    if a.queued:
+        FrameQueue.claim = lambda self: False  # type: ignore[method-assign]
+    tracer = Tracer(a.all)
+    threading.setprofile(tracer)
+    agent.start()
+    try:
+        time.sleep(a.seconds)
+    finally:
+        threading.setprofile(None)
+        agent.stop()
+    walk: list[Hop] = []
+    for role in ("capture", "infer", "post"):
+        if tracer.walks[role]:
+            hops, n, total = typical(tracer.walks[role])
+            print(f"-- {role} thread (this walk in {n} of {total} frames)")
+            for caller_mod, caller, mod, name in hops:
+                walk.append((caller_mod, caller, mod, name))
+                print(f"  {len(walk):2d}. {caller} -> {name} ({mod})")
+    modules = list(dict.fromkeys(m for hop in walk for m in (hop[0], hop[2])))
+    entries: collections.Counter[str] = collections.Counter()
+    last = None
+    for caller_mod, _, mod, _ in walk:
+        if mod != caller_mod:
+            if mod != last:
+                entries[mod] += 1
+            last = mod
+    print(f"hops {len(walk)}, modules {len(modules)}: {', '.join(modules)}")
+    print("entries:", ", ".join(f"{m} {n}" for m, n in entries.items()))
+
+
+if __name__ == "__main__":
+    main()
