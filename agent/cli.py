@@ -43,8 +43,8 @@ def _sub(parent: Any, name: str, text: str) -> argparse.ArgumentParser:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from edge_agent.checks.healthcheck import DEFAULT_MIN_FRAMES
     from edge_agent.core.config import TensorRTConfig
-    from edge_agent.healthcheck import DEFAULT_MIN_FRAMES
 
     p = argparse.ArgumentParser(
         prog="edge-agent",

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from edge_agent.core.config import DeadlineConfig, LadderStep
-from edge_agent.core.stages import CAPTURED, INFER_START, N_STAMPS, PUBLISH, STAGES
+from edge_agent.core.stamps import CAPTURED, INFER_START, N_STAMPS, PUBLISH, STAGES
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +137,9 @@ class DeadlineMonitor:
         self._lock = threading.Lock()
         self.ladder: tuple[LadderStep, ...] = config.ladder
         self.step = 0
+        # The rung in force, kept with ``step`` (a plain attribute: the capture thread reads
+        # it for every frame).
+        self.current: LadderStep = self.ladder[0]
         self._changed_ns: int | None = None  # None: no change yet, the window is all ours
         self._healthy_since_ns = 0
         self._up_ns: int | None = None  # when the last step up happened, until it has held
@@ -147,10 +150,6 @@ class DeadlineMonitor:
         self._tick_lock = threading.Lock()  # frames end on several threads; one judges
         self._next_tick_ns = 0
         self._last_tick_ns = 0
-
-    @property
-    def current(self) -> LadderStep:
-        return self.ladder[self.step]
 
     # -- hot path ---------------------------------------------------------------
 
@@ -317,7 +316,7 @@ class DeadlineMonitor:
 
     def _move(self, step: int, now_ns: int, rate: float, reason: str) -> LadderChange:
         previous = self.current.name
-        self.step = step
+        self.step, self.current = step, self.ladder[step]
         self._changed_ns = now_ns
         self._healthy_since_ns = 0
         self.changes += 1

@@ -15,7 +15,7 @@ from typing import Any
 
 from edge_agent.core.config import FaultsConfig
 from edge_agent.pipelines.backends.base import InferenceBackend, IOSet
-from edge_agent.pipelines.source_base import Source, SourceFrame
+from edge_agent.pipelines.sources.base import Source, SourceFrame
 
 log = logging.getLogger(__name__)
 

@@ -1,11 +1,12 @@
-"""One source's lane through the pipeline: its source, the profiles it may run (the
+"""One source's lane through the pipeline: its source, the models it may run (the
 degradation ladder switches among them), its deadline monitor, message builder, counts and
 sequence numbers.
 
-What the stages ask of a source goes through its lane: its next frame in a frame slot
-(``take``), and how each frame ended (``drop``, ``published``). The batch scheduler
-reads a lane as a ``scheduler.SchedulerLane``. Every frame a source produced ends exactly
-once, here: published (on time or late) or dropped with a reason.
+What the stages ask of a source goes through its lane: its next frame (``take``), and how
+each frame ended (``drop``, ``published``). The batch scheduler reads a lane as a
+``scheduler.SchedulerLane``. Every frame a source produced ends exactly once, here:
+published (on time or late) or dropped with a reason; ``LaneStats`` keeps the counts and
+latency histograms.
 """
 
 from __future__ import annotations
@@ -14,20 +15,109 @@ import logging
 import threading
 import time
 
+import numpy as np
+
 from edge_agent.core.budget_fit import DEFAULT_CAMERA_FPS
 from edge_agent.core.latency import LatencyHistogram
-from edge_agent.core.stages import CAPTURED, INFER_END, PUBLISH
-from edge_agent.pipelines.deadline import DeadlineMonitor
-from edge_agent.pipelines.handoff import FrameSlot
-from edge_agent.pipelines.profile import Profile
+from edge_agent.core.stamps import CAPTURED, INFER_END, INFER_START, PRE_START, PUBLISH, STAGES
+from edge_agent.pipelines.deadline import DROP_REASONS, DeadlineMonitor
 from edge_agent.pipelines.publish import MessageBuilder
-from edge_agent.pipelines.snapshot import LaneSnapshot, frozen_copy, read_only
-from edge_agent.pipelines.source_base import BufferPolicy, Source, SourceFrame
-from edge_agent.pipelines.stage_control import POLL_S
-from edge_agent.pipelines.stats import PipelineStats
+from edge_agent.pipelines.slots import FrameSlot, ModelBuffers
+from edge_agent.pipelines.snapshot import Counts, LaneSnapshot, frozen_copy, read_only
+from edge_agent.pipelines.sources.base import BufferPolicy, Source, SourceFrame
 from edge_agent.pipelines.view_tap import ViewTap
 
 log = logging.getLogger(__name__)
+
+
+class LaneStats:
+    """Frame counts and latency histograms.
+
+    Counts change under one lock so that a snapshot (``counts``) is consistent while
+    frames move: captured == on time + late + dropped + in flight, with in flight
+    bounded by the number of frame slots. Each histogram has one writer at a time (the
+    frame's histograms: the post thread, or the inference thread publishing while the
+    post thread is idle; the post queue's claim keeps them apart).
+    """
+
+    def __init__(self) -> None:
+        self.captured = 0  # frames the source produced, including those it skipped
+        self.published = 0  # on time + late
+        self.late = 0  # published after the deadline
+        self.dropped: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
+        self.stages = {name: LatencyHistogram() for name in STAGES}
+        self.total = LatencyHistogram()
+        self.send = LatencyHistogram()  # JSON encoding + socket send, after the publish stamp
+        # The agent's own cost around the model: end to end (through the send) minus the
+        # capture and inference stages.
+        self.overhead = LatencyHistogram()
+        self.window = LatencyHistogram()  # end-to-end since the health thread last took it
+        self.by_profile: dict[str, LatencyHistogram] = {}  # end-to-end per model profile
+        # Parts the backend timed inside its inference stage (CUDA events on TensorRT).
+        self.backend_parts: dict[str, LatencyHistogram] = {}
+        self._lock = threading.Lock()
+
+    def drop(self, reason: str, n: int = 1) -> None:
+        with self._lock:
+            self.dropped[reason] += n
+
+    def add_captured(self, n: int = 1, gap: int = 0, stale: int = 0) -> None:
+        """``n`` frames taken from the source, ``gap`` frames it skipped and ``stale`` ones
+        it drained as too old (both dropped)."""
+        with self._lock:
+            self.captured += n + gap + stale
+            self.dropped["source_gap"] += gap
+            self.dropped["stale"] += stale
+
+    def record(self, stamps: np.ndarray, end_ns: int, profile: str, backend_ms: dict[str, float]) -> None:
+        """A published frame's latencies: its stages, end to end (``profile``: its model's),
+        the send (publish stamp to ``end_ns``), the agent's overhead, and the parts the
+        backend timed (``backend_ms``)."""
+        st = stamps
+        total = int(st[PUBLISH] - st[CAPTURED])
+        self.send.record(end_ns - int(st[PUBLISH]))
+        for i, hist in enumerate(self.stages.values()):
+            hist.record(int(st[i + 1] - st[i]))
+        self.total.record(total)
+        self.by_profile[profile].record(total)
+        self.overhead.record(end_ns - int(st[PRE_START]) - int(st[INFER_END] - st[INFER_START]))
+        for part, ms in backend_ms.items():
+            self.backend_part(part).record(int(ms * 1e6))
+
+    def add_published(self, total_ns: int, late: bool) -> None:
+        with self._lock:
+            self.published += 1
+            self.late += late
+            self.window.record(total_ns)
+
+    def dropped_total(self) -> int:
+        with self._lock:
+            return sum(self.dropped.values())
+
+    def counts(self) -> Counts:
+        with self._lock:
+            dropped = dict(self.dropped)
+            captured, published, late = self.captured, self.published, self.late
+        n_dropped = sum(dropped.values())
+        return Counts(
+            captured=captured,
+            on_time=published - late,
+            late=late,
+            dropped=n_dropped,
+            in_flight=captured - published - n_dropped,
+            dropped_by_reason=read_only(dropped),
+        )
+
+    def backend_part(self, name: str) -> LatencyHistogram:
+        hist = self.backend_parts.get(name)
+        if hist is None:
+            hist = self.backend_parts[name] = LatencyHistogram()
+        return hist
+
+    def take_window(self) -> LatencyHistogram:
+        with self._lock:
+            window, self.window = self.window, LatencyHistogram()
+        return window
 
 
 class Lane:
@@ -38,7 +128,7 @@ class Lane:
         self,
         index: int,
         source: Source,
-        profiles: dict[str, Profile],
+        profiles: dict[str, ModelBuffers],
         monitor: DeadlineMonitor,
         builder: MessageBuilder,
         topic: str,
@@ -68,7 +158,7 @@ class Lane:
         self.fresh_only = monitor.config.mode == "latency" and self.newest_wins
         self.max_fps = max_fps
         self.max_frames = max_frames
-        self.stats = PipelineStats()
+        self.stats = LaneStats()
         for p in profiles.values():
             self.stats.by_profile.setdefault(p.name, LatencyHistogram())
         self.seq = 0
@@ -83,11 +173,11 @@ class Lane:
         """The source produced its ``max_frames``."""
         return bool(self.max_frames) and self.stats.captured >= self.max_frames
 
-    def take(self, timeout_s: float, stop: threading.Event) -> FrameSlot | None:
-        """The source's next frame in a free slot of the profile the ladder picks, stamped
-        and labelled (``slot.frame`` holds the source's frame until its next read); None
-        when no frame came within ``timeout_s``, or the frame is not processed: the ladder
-        skips it, or ``stop`` came while no slot was free (both accounted as drops).
+    def take(self, timeout_s: float) -> tuple[SourceFrame, ModelBuffers] | None:
+        """The source's next frame and the model the ladder picks for it (whose buffers take
+        it into a slot: ``ModelBuffers.slot_for``); None when no frame came within
+        ``timeout_s``, or the ladder skips the frame (accounted as a drop). ``frame`` holds
+        the source's image until its next read.
 
         Counts the frames the source skipped or drained as stale. Raises what the source's
         ``read`` raises (``EndOfStream``, ``SourceError``).
@@ -99,26 +189,7 @@ class Lane:
         if profile is None:
             self.drop(None, "ladder")
             return None
-        pool = profile.pools[self.name]
-        # Try at least once: a frame read just before stop is still processed.
-        slot = pool.acquire(POLL_S)
-        while slot is None and not stop.is_set():
-            slot = pool.acquire(POLL_S)
-        if slot is None:
-            self.drop(None, "shutdown")
-            return None
-        slot.stamps[CAPTURED] = frame.capture_ns
-        slot.frame = frame
-        slot.lane = self.index
-        slot.source = self.name
-        slot.frame_id = frame.frame_id
-        slot.expected_ns = 0.0
-        slot.gt_count = 0
-        if frame.gt is not None:
-            n = min(len(frame.gt), len(slot.gt))
-            slot.gt[:n] = frame.gt[:n]
-            slot.gt_count = n
-        return slot
+        return frame, profile
 
     def _read(self, timeout_s: float) -> SourceFrame | None:
         """The source's next frame (None on timeout), counting the frames it skipped."""
@@ -136,7 +207,7 @@ class Lane:
         self.stats.add_captured(int(frame is not None), gap, stale)
         return frame
 
-    def profile(self) -> Profile | None:
+    def profile(self) -> ModelBuffers | None:
         """The profile for the next frame, or None when it is not processed (ladder)."""
         step = self.monitor.current
         self._stride_count += 1
@@ -165,7 +236,7 @@ class Lane:
 
     # -- the scheduler ----------------------------------------------------------------
 
-    def current(self) -> Profile | None:
+    def current(self) -> ModelBuffers | None:
         """The profile of the ladder's current step (None at an alert-only step)."""
         step = self.monitor.current
         if not step.infer:

@@ -13,7 +13,7 @@ capture thread, deadline monitor, counts, topic and sequence numbers, so a slow 
 camera only stalls its own lane. The lanes meet in the batch scheduler (``scheduler.py``),
 which orders frames by priority and deadline and forms batches across sources; one
 inference thread runs them, and one postprocessing thread publishes every lane's frames
-(or the inference thread itself, while nothing is queued: ``infer_stage.py``).
+(or the inference thread itself, while nothing is queued: ``stages.InferStage``).
 
 Every frame a source produced ends exactly once: published (on time or late) or
 dropped with a reason (see ``deadline.DROP_REASONS``).
@@ -37,16 +37,20 @@ from collections.abc import Sequence
 
 from edge_agent.core.budget_fit import BudgetFit
 from edge_agent.core.config import BatchingConfig, ResilienceConfig
-from edge_agent.pipelines.capture_stage import CaptureStage
-from edge_agent.pipelines.handoff import FrameSlot
-from edge_agent.pipelines.infer_stage import InferStage
 from edge_agent.pipelines.lane import Lane
-from edge_agent.pipelines.post_stage import FrameQueue, PostStage, PostStep
-from edge_agent.pipelines.profile import prepare_buffers
 from edge_agent.pipelines.publish import ZmqPublisher
 from edge_agent.pipelines.scheduler import BatchScheduler
+from edge_agent.pipelines.slots import FrameSlot, prepare_buffers
 from edge_agent.pipelines.snapshot import PipelineSnapshot
-from edge_agent.pipelines.stage_control import POLL_S, StageControl
+from edge_agent.pipelines.stages import (
+    POLL_S,
+    CaptureStage,
+    FrameQueue,
+    InferStage,
+    PostStage,
+    PostStep,
+    StageControl,
+)
 
 log = logging.getLogger(__name__)
 
@@ -153,8 +157,7 @@ class Pipeline:
         stage does it (``slot.frame``: the source's frame, until its next read); None if
         none came within ``timeout_s`` or it was dropped. The slot goes on with
         ``run_one``, or back with ``slot.pool.release(slot)``."""
-        slot = self._lanes[0].take(timeout_s, self._control.stop)
-        return slot if slot is not None and self._captures[0].prepare(slot) else None
+        return self._captures[0].next_slot(timeout_s)
 
     def run_one(self, slot: FrameSlot) -> bool:
         """Infer, decode and publish ``slot`` on this thread, as the inference stage does

@@ -24,9 +24,9 @@ from typing import Any
 import zmq
 
 from edge_agent.core.exposure import on_loopback
-from edge_agent.core.stages import CAPTURED, N_STAMPS, PUBLISH, STAGES
+from edge_agent.core.stamps import CAPTURED, N_STAMPS, PUBLISH, STAGES
 from edge_agent.pipelines.curve import AllowedClients, read_client_keys
-from edge_agent.pipelines.handoff import FrameSlot
+from edge_agent.pipelines.slots import FrameSlot
 from edge_agent.pipelines.stream_guard import SubscriberGuard
 
 log = logging.getLogger(__name__)

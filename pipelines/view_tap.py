@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.core.stages import CAPTURED, PUBLISH
+from edge_agent.core.stamps import CAPTURED, PUBLISH
 
 
 class ViewFrame:

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from edge_agent.core.config import AgentConfig
 from edge_agent.models.testmodels import constant_detector, yolov8_output
-from edge_agent.runner import Agent
+from edge_agent.service.runner import Agent
 
 #: The repository's root (tests live in folders that mirror its packages).
 REPO = Path(__file__).resolve().parent.parent

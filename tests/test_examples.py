@@ -2,7 +2,7 @@
 every config validates with its file checks (the files it names are made beside a copy), the
 fleet validates and renders every device, and none of them exposes anything to the network.
 
-(examples/; agent/fleet/render.py, agent/commands/configs.py `config validate`)
+(examples/; agent/core/effective/render.py, agent/commands/configs.py `config validate`)
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from conftest import REPO
 
 from edge_agent.core.config import AgentConfig, TensorRTConfig
 from edge_agent.core.configload import ConfigError
+from edge_agent.core.effective.render import load_effective, load_fleet, validate_fleet
 from edge_agent.core.exposure import exposure_warnings
 from edge_agent.core.source_config import SourceConfig
-from edge_agent.fleet.render import load_effective, load_fleet, validate_fleet
 
 EXAMPLES = REPO / "examples"
 

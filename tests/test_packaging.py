@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.service import UNITS
+from edge_agent.service.supervisor import UNITS
 
 REPO = Path(__file__).resolve().parent.parent
 INPUTS = ("pyproject.toml", "README.md", "agent", "pipelines", "power", "models", "systemd")

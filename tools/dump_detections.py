@@ -20,10 +20,10 @@ from collections.abc import Iterator
 import cv2
 import numpy as np
 
+from edge_agent.checks.evaluation import detect
 from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig
-from edge_agent.evaluation import detect
-from edge_agent.pipelines.file_sources import list_images
 from edge_agent.pipelines.model import load_model
+from edge_agent.pipelines.sources.files import list_images
 
 
 def frames_of(path: str) -> Iterator[np.ndarray]:

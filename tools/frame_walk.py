@@ -2,17 +2,18 @@
 
     .venv-3.12/bin/python tools/frame_walk.py              # the inference thread posts (light load)
     .venv-3.12/bin/python tools/frame_walk.py --queued     # every frame through the post thread
-    .venv-3.12/bin/python tools/frame_walk.py --all        # also every call inside the collaborators
 
 Runs the agent in-process on a synthetic camera at 20 fps (the bundled detector, results
-on a private loopback port) with a profiler on its stage threads, and prints the calls the
-stages make for one frame, in order, from the lane's source read (``Lane.take``) to the
-publisher's send: each call from a stage's code into another edge_agent function is one
-hop, what the callee does inside is not followed (``--all``: it is, except inside the
-source, preprocessor, backend, decoder and histograms). A call site repeated in a loop
-counts once; the walk printed is the one most frames took. Then the hops, the modules and
-how often the walk entered each (consecutive calls into one module are one entry: from
-``put`` to ``next_batch`` the frame waits in the scheduler).
+on a private loopback port) with a profiler on its stage threads, and prints the walk of
+one frame, in order, from the capture stage's call of ``Lane.take`` to the publisher's
+send: every call from one edge_agent module into another is one hop, followed inside
+wherever it goes, except inside the plug-ins (source, preprocessor, backend, decoder) and
+the histograms, which are each one module on the walk. A plug-in's method inherited from
+its base class is the plug-in's. A call within a module is no hop (the reader stays in the
+file). A call site repeated in a loop counts once; the walk printed is the one most frames
+took. Then the hops, the modules and how often the walk entered each (consecutive calls
+into one module are one entry: from ``put`` to ``next_batch`` the frame waits in the
+scheduler).
 
 Python 3.12 (``co_qualname``). Prints only; asserts nothing. docs/architecture.md shows
 the walk it prints.
@@ -29,17 +30,13 @@ import time
 
 from edge_agent.core.config import AgentConfig, MetricsConfig, PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
-from edge_agent.pipelines.post_stage import FrameQueue
-from edge_agent.runner import Agent
+from edge_agent.pipelines.stages import FrameQueue
+from edge_agent.service.runner import Agent
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-#: The stages' code: followed.
-STAGES = ("pipelines/capture_stage", "pipelines/infer_stage", "pipelines/post_stage")
-#: Not followed even with --all: the plug-ins and the histograms.
+#: Not followed inside: the plug-ins and the histograms.
 LEAVES = (
-    "pipelines/sources",
-    "pipelines/synthetic",
-    "pipelines/source_base",
+    "pipelines/sources/",
     "pipelines/preprocess",
     "pipelines/backends/",
     "models/decoders/",
@@ -59,6 +56,19 @@ def module(code) -> str | None:
     return None
 
 
+def frame_module(frame) -> str | None:
+    """The module of the function's code; for a plug-in's method, of the plug-in (a backend's
+    ``upload`` inherited from the base class is still the backend's)."""
+    mod = module(frame.f_code)
+    obj = frame.f_locals.get("self") if mod else None
+    owner = type(obj).__module__ if obj is not None else ""
+    if owner.startswith("edge_agent."):
+        plugin = "/".join(owner.split(".")[1:])
+        if is_leaf(plugin):
+            return plugin
+    return mod
+
+
 def is_leaf(mod: str) -> bool:
     return any(mod == leaf or (leaf.endswith("/") and mod.startswith(leaf)) for leaf in LEAVES)
 
@@ -68,8 +78,7 @@ class Tracer:
     scheduler's ``put``; inference from ``next_batch`` returning a batch to the send (or to
     its post inbox's ``put``); post from its inbox's ``get`` returning a frame to the send."""
 
-    def __init__(self, follow_all: bool) -> None:
-        self.follow_all = follow_all
+    def __init__(self) -> None:
         self.walks: dict[str, list[list[Hop]]] = collections.defaultdict(list)
         self._local = threading.local()
 
@@ -82,12 +91,12 @@ class Tracer:
         if event not in ("call", "return"):
             return
         role = self._role()
-        mod = module(frame.f_code) if role else None
+        mod = frame_module(frame) if role else None
         if role is None or mod is None:
             return
         name = frame.f_code.co_qualname
         caller = frame.f_back
-        caller_mod = module(caller.f_code) if caller is not None else None
+        caller_mod = frame_module(caller) if caller is not None else None
         hop = (caller_mod, caller.f_code.co_qualname, mod, name) if caller_mod else None
         st = self._local.__dict__
         if st.get("hops") is None:
@@ -95,10 +104,11 @@ class Tracer:
                 return
             st["hops"], st["leaf"] = [], 0
             if event == "return":  # the call that handed this thread the frame
-                st["hops"].append(hop)
+                if hop and caller_mod != mod:
+                    st["hops"].append(hop)
                 return
         if event == "call":
-            if st["leaf"] == 0 and hop and (self.follow_all or caller_mod in STAGES):
+            if st["leaf"] == 0 and hop and caller_mod != mod:
                 st["hops"].append(hop)
             if st["leaf"] or is_leaf(mod):
                 st["leaf"] += 1
@@ -134,7 +144,6 @@ def typical(walks: list[list[Hop]]) -> tuple[list[Hop], int, int]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--queued", action="store_true", help="every frame through the post thread")
-    ap.add_argument("--all", action="store_true", help="follow the calls inside the collaborators too")
     ap.add_argument("--seconds", type=float, default=4.0)
     a = ap.parse_args()
     if sys.version_info < (3, 11):
@@ -149,7 +158,7 @@ def main() -> None:
     agent.build()
     if a.queued:
         FrameQueue.claim = lambda self: False  # type: ignore[method-assign]
-    tracer = Tracer(a.all)
+    tracer = Tracer()
     threading.setprofile(tracer)
     agent.start()
     try:

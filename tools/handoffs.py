@@ -22,8 +22,8 @@ from dataclasses import replace
 
 from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
-from edge_agent.core.stages import STAGES
-from edge_agent.runner import Agent
+from edge_agent.core.stamps import STAGES
+from edge_agent.service.runner import Agent
 
 
 def run_once(fps: float, seconds: float, model: str | None) -> dict[str, tuple[float, float, float]]:

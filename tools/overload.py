@@ -25,7 +25,7 @@ import time
 
 from edge_agent.core.config import AgentConfig, DeadlineConfig, FaultsConfig, MetricsConfig, PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
-from edge_agent.runner import Agent
+from edge_agent.service.runner import Agent
 
 
 def run_mode(mode: str, fps: float, delay_ms: float, seconds: float, budget_ms: float) -> dict:

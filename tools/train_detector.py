@@ -6,7 +6,7 @@ follows the Ultralytics YOLOv8 layout the agent decodes: input ``images`` uint8 
 [batch, 4 + num_classes, anchors] with rows cx, cy, w, h (model-input pixels) followed by
 sigmoid class scores.
 
-Training data is rendered on the fly from ``edge_agent.pipelines.synthetic`` with seeds
+Training data is rendered on the fly from ``edge_agent.pipelines.sources.synthetic`` with seeds
 below 1_000_000; the held-out seeds 1_000_000..1_000_009 are only used for the final
 evaluation (VOC mAP@0.5 through onnxruntime, as the agent would run it).
 
@@ -32,7 +32,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from edge_agent.pipelines.preprocess import Letterbox, boxes_to_input, boxes_to_source, letterbox_into
-from edge_agent.pipelines.synthetic import CLASSES, SceneSpec, SyntheticScene
+from edge_agent.pipelines.sources.synthetic import CLASSES, SceneSpec, SyntheticScene
 
 NUM_CLASSES = len(CLASSES)
 STRIDES = (8, 16)
@@ -441,8 +441,8 @@ def ort_session(path: Path, threads: int):
 def evaluate(onnx_path: Path, imgsz: int, threads: int) -> tuple[float, list[float]]:
     """Held-out VOC mAP@0.5 of the exported model, scored as ``edge-agent eval`` scores it:
     the package's held-out frames (seeds 1e6..1e6+9, frames 0, 7, ..., 343), its decoder
-    and class-aware NMS, its box mapping and its mAP (``edge_agent.evaluation``)."""
-    from edge_agent.evaluation import FrameResult, heldout_images, mean_average_precision
+    and class-aware NMS, its box mapping and its mAP (``edge_agent.checks.evaluation``)."""
+    from edge_agent.checks.evaluation import FrameResult, heldout_images, mean_average_precision
     from edge_agent.models.decoders.base import DecodeParams
     from edge_agent.models.decoders.yolov8 import YoloV8
 

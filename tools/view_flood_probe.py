@@ -21,7 +21,7 @@ import time
 import urllib.request
 
 from edge_agent.core.config import AgentConfig, MetricsConfig, PublishConfig, ViewConfig
-from edge_agent.runner import Agent
+from edge_agent.service.runner import Agent
 
 
 def fds() -> int:

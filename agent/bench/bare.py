@@ -16,8 +16,9 @@ from edge_agent.core.latency import LatencyHistogram
 from edge_agent.core.plan import onnxruntime_of
 from edge_agent.pipelines.model import check_io
 from edge_agent.pipelines.preprocess import Letterbox, Preprocessor, boxes_to_source
-from edge_agent.pipelines.source_base import Source
-from edge_agent.pipelines.sources import MemorySource, create_source
+from edge_agent.pipelines.sources.base import Source
+from edge_agent.pipelines.sources.memory import MemorySource
+from edge_agent.pipelines.sources.registry import create_source
 
 if TYPE_CHECKING:
     from edge_agent.models.decoders.base import BoundDecoder

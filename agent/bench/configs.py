@@ -12,7 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.assembly import Assembly
 from edge_agent.core.config import AgentConfig, LadderStep
 from edge_agent.core.source_config import (
     SCHEDULING_FIELDS,
@@ -22,10 +21,11 @@ from edge_agent.core.source_config import (
     VideoSourceConfig,
 )
 from edge_agent.models.decoders.base import BoundDecoder
-from edge_agent.pipelines.file_sources import FileSourceConfig
-from edge_agent.pipelines.source_base import Source, SourceError
-from edge_agent.pipelines.sources import MemorySource
-from edge_agent.runner import Agent
+from edge_agent.pipelines.sources.base import Source, SourceError
+from edge_agent.pipelines.sources.files import FileSourceConfig
+from edge_agent.pipelines.sources.memory import MemorySource
+from edge_agent.service.assembly import Assembly
+from edge_agent.service.runner import Agent
 
 BENCH_SCHEMA = 1
 

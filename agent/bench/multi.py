@@ -14,9 +14,9 @@ from edge_agent.bench.single import Progress, eta, quiet
 from edge_agent.core.budget_fit import BudgetFit
 from edge_agent.core.config import AgentConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
-from edge_agent.core.stages import STAGES
+from edge_agent.core.stamps import STAGES
 from edge_agent.pipelines.model import model_notes_once
-from edge_agent.runner import Agent
+from edge_agent.service.runner import Agent
 
 
 def published_fps(agent: Agent, elapsed_s: float) -> float:

@@ -22,13 +22,13 @@ import numpy as np
 
 from edge_agent.bench.configs import BenchAgent, BenchError, Played, raw_config, started
 from edge_agent.core.config import AgentConfig, OnnxRuntimeConfig
-from edge_agent.core.stages import STAGES
+from edge_agent.core.stamps import STAGES
 from edge_agent.models.manifest import InputSpec
-from edge_agent.pipelines.file_sources import FileSourceConfig
 from edge_agent.pipelines.model import LoadedModel
 from edge_agent.pipelines.preprocess import Letterbox
 from edge_agent.pipelines.snapshot import LaneSnapshot
-from edge_agent.runner import Agent
+from edge_agent.pipelines.sources.files import FileSourceConfig
+from edge_agent.service.runner import Agent
 
 
 class Timed(Protocol):

@@ -39,10 +39,10 @@ from edge_agent.core.budget_fit import BudgetFit
 from edge_agent.core.config import AgentConfig, ModelConfig, OnnxRuntimeConfig, TensorRTConfig
 from edge_agent.core.latency import LatencyHistogram
 from edge_agent.core.plan import model_at, onnxruntime_of
-from edge_agent.pipelines.file_sources import FileSourceConfig, preload
 from edge_agent.pipelines.model import LoadedModel, load_model, model_notes_once
 from edge_agent.pipelines.snapshot import LaneSnapshot
-from edge_agent.pipelines.sources import source_rate
+from edge_agent.pipelines.sources.files import FileSourceConfig, preload
+from edge_agent.pipelines.sources.registry import source_rate
 
 Progress = Callable[[str], None]
 

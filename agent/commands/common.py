@@ -60,7 +60,7 @@ def load_config(
     embedded default, with the overlay and ``EDGE_AGENT__`` variables applied.
     ``check_files`` (what ``run`` loads): a missing input file is a config error naming its
     line. ``resolve_paths`` false: paths as written (to compare configs, not run them)."""
-    from edge_agent.fleet.render import load_effective
+    from edge_agent.core.effective.render import load_effective
 
     return load_effective(path, device, overlay, check_files=check_files, resolve_paths=resolve_paths).config
 

@@ -13,7 +13,7 @@ from edge_agent.commands.common import EXIT_OK, EXIT_USAGE, load_config, problem
 
 if TYPE_CHECKING:
     from edge_agent.core.config import AgentConfig
-    from edge_agent.fleet.parse import Rendered
+    from edge_agent.core.effective.parse import Rendered
 
 log = logging.getLogger("edge_agent")
 
@@ -21,8 +21,8 @@ log = logging.getLogger("edge_agent")
 def cmd_config(args: argparse.Namespace) -> int:
     from edge_agent.core.config import printed
     from edge_agent.core.configload import ConfigError, dump
-    from edge_agent.fleet.diff import diff_configs
-    from edge_agent.fleet.render import load_fleet
+    from edge_agent.core.effective.diff import diff_configs
+    from edge_agent.core.effective.render import load_fleet
 
     if args.config_command == "validate":
         try:
@@ -51,8 +51,8 @@ def _for_diff(path: str, device: str | None) -> AgentConfig:
     """A side of a diff, rendered as ``device`` also when it is a plain file (whose id is
     otherwise this host's name), so a file and a fleet device compare like with like. An id
     the file sets itself stays."""
-    from edge_agent.fleet.parse import DEVICE_ID_ORIGIN
-    from edge_agent.fleet.render import load_effective
+    from edge_agent.core.effective.parse import DEVICE_ID_ORIGIN
+    from edge_agent.core.effective.render import load_effective
 
     rendered = load_effective(path, device, resolve_paths=False)
     if device and rendered.origins.get("device_id") == DEVICE_ID_ORIGIN:
@@ -61,7 +61,7 @@ def _for_diff(path: str, device: str | None) -> AgentConfig:
 
 
 def _validate(path: str) -> int:
-    from edge_agent.fleet.render import is_fleet, load_effective
+    from edge_agent.core.effective.render import is_fleet, load_effective
 
     if is_fleet(path):
         return _validate_fleet(path)
@@ -74,7 +74,7 @@ def _validate(path: str) -> int:
 
 def _validate_fleet(path: str) -> int:
     from edge_agent.core.configload import ENV_PREFIX, ConfigError
-    from edge_agent.fleet.render import load_fleet, validate_fleet
+    from edge_agent.core.effective.render import load_fleet, validate_fleet
 
     problems = validate_fleet(path)
     if problems:

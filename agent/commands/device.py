@@ -101,6 +101,6 @@ def _power_status(args: argparse.Namespace, cfg: Any, controller: Any) -> int:
 
 
 def cmd_service(args: argparse.Namespace) -> int:
-    from edge_agent.service import install
+    from edge_agent.service.supervisor import install
 
     return install(args.prefix, args.config_path, args.dry_run, args.uplink)

@@ -16,7 +16,7 @@ log = logging.getLogger("edge_agent")
 def cmd_eval(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from edge_agent.evaluation import evaluate
+    from edge_agent.checks.evaluation import evaluate
 
     config = load_config(args.config)
     model = config.model
@@ -39,7 +39,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     from dataclasses import replace
     from pathlib import Path
 
-    from edge_agent.modelcheck import check_model, write_manifest
+    from edge_agent.checks.modelcheck import check_model, write_manifest
     from edge_agent.models.manifest import ModelError
     from edge_agent.pipelines.backends.base import BackendError
 
@@ -86,7 +86,7 @@ def cmd_engine_build(args: argparse.Namespace) -> int:
 
 
 def cmd_selftest(args: argparse.Namespace) -> int:
-    from edge_agent.selftest import run_selftest, write_report
+    from edge_agent.checks.selftest import run_selftest, write_report
 
     setup_logging("warning")
     checks = run_selftest(args.frames, args.cache_dir or "")

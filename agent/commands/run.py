@@ -29,7 +29,7 @@ log = logging.getLogger("edge_agent")
 
 def _status_line(beat: dict[str, Any]) -> str:
     """One line from the latest heartbeat."""
-    from edge_agent.service import e2e_text
+    from edge_agent.service.supervisor import e2e_text
 
     c, ladder = beat["counts"], beat["ladder"]
     step = f" | ladder: {ladder['name']}" if ladder["step"] else ""
@@ -57,10 +57,10 @@ def _summary(lane: LaneSnapshot, elapsed_s: float) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from edge_agent.fleet.render import load_effective
-    from edge_agent.runner import Agent
-    from edge_agent.sdnotify import Notifier
-    from edge_agent.service import Signals, Supervisor
+    from edge_agent.core.effective.render import load_effective
+    from edge_agent.service.runner import Agent
+    from edge_agent.service.sdnotify import Notifier
+    from edge_agent.service.supervisor import Signals, Supervisor
 
     flags = _flags(args)
 

@@ -157,7 +157,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def cmd_health(args: argparse.Namespace) -> int:
-    from edge_agent import healthcheck
+    from edge_agent.checks import healthcheck
     from edge_agent.commands.common import load_config
     from edge_agent.core.config import config_hash
 

@@ -15,15 +15,15 @@ _WATCHDOG_S = 1.0
 
 
 def cmd_uplink(args: argparse.Namespace) -> int:
-    from edge_agent.metrics import MetricsServer
-    from edge_agent.sdnotify import Notifier
-    from edge_agent.service import Signals
+    from edge_agent.service.metrics import MetricsServer
+    from edge_agent.service.sdnotify import Notifier
+    from edge_agent.service.supervisor import Signals
 
     try:
-        from edge_agent.uplink.link import LinkError
-        from edge_agent.uplink.metrics import UplinkCollector
-        from edge_agent.uplink.process import Uplink
-        from edge_agent.uplink.spool import SpoolError
+        from edge_agent.service.uplink.link import LinkError
+        from edge_agent.service.uplink.metrics import UplinkCollector
+        from edge_agent.service.uplink.process import Uplink
+        from edge_agent.service.uplink.spool import SpoolError
     except ImportError as e:  # exit 2: the unit does not restart into the same error
         return fail(f"the uplink needs paho-mqtt: pip install 'edge-agent[mqtt]' ({e})", EXIT_USAGE)
 
@@ -69,7 +69,7 @@ def _status(uplink) -> str:
 
 def cmd_fleet(args: argparse.Namespace) -> int:
     from edge_agent.core.configload import ConfigError
-    from edge_agent.uplink.status import FleetView, table
+    from edge_agent.service.uplink.status import FleetView, table
 
     # From an operator's machine: the files a config names need not exist here.
     cfg = load_config(args.config, args.device).uplink if args.config else None
@@ -80,7 +80,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         up = dataclasses.replace(cfg, **overrides) if cfg else UplinkConfig(**overrides)
     except (ValueError, ConfigError) as e:
         return fail(f"fleet status: {e}", EXIT_USAGE)
-    from edge_agent.uplink.link import LinkError
+    from edge_agent.service.uplink.link import LinkError
 
     try:
         view = FleetView(up)

@@ -24,7 +24,7 @@ from edge_agent.core.source_config import (
     SyntheticSourceConfig,
     VideoSourceConfig,
 )
-from edge_agent.core.stages import STAGES
+from edge_agent.core.stamps import STAGES
 from edge_agent.core.uplink_config import UplinkConfig
 
 

@@ -44,7 +44,7 @@ class Reference:
 
     def build(self, cfg: AgentConfig) -> None:
         """Run the reference (at its operating thresholds) over the frames."""
-        from edge_agent.evaluation import detect, load_judged
+        from edge_agent.checks.evaluation import detect, load_judged
 
         loaded, _ = load_judged(cfg.model, cfg.backend, reference=True)
         with loaded:
@@ -87,7 +87,7 @@ def _agreement_of(cfg: AgentConfig, ref: Reference) -> float | None:
     """The candidate's detections on the reference's frames, scored against the reference's
     (by label name, where its labels differ: a label the reference's model lacks is a class
     of its own, which the reference never detects)."""
-    from edge_agent.evaluation import agreement, detect, load_judged
+    from edge_agent.checks.evaluation import agreement, detect, load_judged
 
     assert ref.detections is not None
     loaded, operating = load_judged(cfg.model, cfg.backend, reference=False)

@@ -12,7 +12,7 @@ from edge_agent.bench.configs import BenchAgent, started
 from edge_agent.bench.phases import pure_inference
 from edge_agent.core.config import AgentConfig
 from edge_agent.core.latency import LatencyHistogram
-from edge_agent.core.stages import STAGES
+from edge_agent.core.stamps import STAGES
 from edge_agent.tune.candidates import Candidate, TuneSettings
 from edge_agent.tune.noise import ROUNDS
 from edge_agent.tune.workload import Workload, measured_config

@@ -22,7 +22,8 @@ from edge_agent.core.source_config import (
     SyntheticSourceConfig,
     VideoSourceConfig,
 )
-from edge_agent.pipelines.file_sources import (
+from edge_agent.pipelines.sources.base import SourceError
+from edge_agent.pipelines.sources.files import (
     IMAGE_PATTERNS,
     PRELOAD_MIB,
     FileSourceConfig,
@@ -31,8 +32,7 @@ from edge_agent.pipelines.file_sources import (
     list_images,
     preload,
 )
-from edge_agent.pipelines.source_base import SourceError
-from edge_agent.pipelines.sources import source_rate
+from edge_agent.pipelines.sources.registry import source_rate
 from edge_agent.tune.candidates import TuneSettings
 
 log = logging.getLogger(__name__)
@@ -114,8 +114,8 @@ def _file_frames(src: FileSourceConfig, n: int, where: str) -> FrameSet:
 
 
 def _synthetic_frames(src: SyntheticSourceConfig | None, n: int) -> FrameSet:
-    from edge_agent.evaluation import heldout_images
-    from edge_agent.pipelines.synthetic import SceneSpec
+    from edge_agent.checks.evaluation import heldout_images
+    from edge_agent.pipelines.sources.synthetic import SceneSpec
 
     spec = SceneSpec()
     if src is not None:

@@ -13,7 +13,7 @@ import time
 import pytest
 from conftest import agent_command, run_process
 
-from edge_agent.core.stages import STAGES
+from edge_agent.core.stamps import STAGES
 
 
 def bench(model, endpoint, tmp_path, *args: str) -> subprocess.CompletedProcess:
@@ -337,10 +337,10 @@ def _scene_frames(folder, counts=COUNTS) -> list[int]:
     import cv2
     import numpy as np
 
+    from edge_agent.checks.evaluation import detect
     from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig
-    from edge_agent.evaluation import detect
     from edge_agent.pipelines.model import load_model
-    from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
+    from edge_agent.pipelines.sources.synthetic import SceneSpec, SyntheticScene
 
     folder.mkdir()
     images = []
@@ -473,8 +473,8 @@ def test_sequential_and_bare_loop_play_the_same_frames_in_order(tmp_path):
     from edge_agent.bench.configs import bench_source
     from edge_agent.bench.phases import sequential
     from edge_agent.core.config import AgentConfig, OnnxRuntimeConfig
-    from edge_agent.pipelines.file_sources import preload
     from edge_agent.pipelines.model import load_model
+    from edge_agent.pipelines.sources.files import preload
 
     found = _scene_frames(tmp_path / "frames")
     config = AgentConfig(backend=OnnxRuntimeConfig(intra_op_threads=1))
@@ -563,7 +563,7 @@ def test_bench_compare_bare_on_a_video_compares_the_sequential_phase(endpoint, t
     import numpy as np
 
     from edge_agent.bench.report import format_report
-    from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
+    from edge_agent.pipelines.sources.synthetic import SceneSpec, SyntheticScene
 
     video = tmp_path / "clip.avi"
     writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 25.0, (640, 480))

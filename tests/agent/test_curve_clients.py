@@ -317,8 +317,8 @@ def test_a_refused_reload_still_applies_a_revoked_key(keys, ctx):
     from types import SimpleNamespace
 
     from edge_agent.core.configload import ConfigError, Problem
-    from edge_agent.sdnotify import Notifier
-    from edge_agent.service import Signals, Supervisor
+    from edge_agent.service.sdnotify import Notifier
+    from edge_agent.service.supervisor import Signals, Supervisor
 
     keys.allow("a", "b")
     with streaming(keys) as (pub, sender):

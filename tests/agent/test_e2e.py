@@ -15,9 +15,9 @@ import numpy as np
 from conftest import agent_command, run_process, spawn
 from helpers import Subscriber
 
-from edge_agent.core.stages import STAGES
+from edge_agent.core.stamps import STAGES
 from edge_agent.models.decoders.nms import box_iou
-from edge_agent.pipelines.synthetic import CLASSES, SceneSpec, SyntheticScene
+from edge_agent.pipelines.sources.synthetic import CLASSES, SceneSpec, SyntheticScene
 
 SEED = 4242  # not a training seed's frames: any seed renders new scenes; this one is fixed
 

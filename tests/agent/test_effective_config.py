@@ -13,8 +13,8 @@ import pytest
 
 from edge_agent.core.config import AgentConfig
 from edge_agent.core.configload import ConfigError
+from edge_agent.core.effective.render import load_effective
 from edge_agent.core.source_config import ImageFolderSourceConfig, VideoSourceConfig
-from edge_agent.fleet.render import load_effective
 
 
 def cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from edge_agent.evaluation import (
+from edge_agent.checks.evaluation import (
     HELDOUT_SEED,
     FrameResult,
     agreement,
@@ -271,8 +271,8 @@ def test_a_class_the_reference_never_detects_counts_when_the_candidate_reports_i
 
 
 def test_heldout_images_render_the_heldout_set():
-    from edge_agent.evaluation import heldout_images
-    from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
+    from edge_agent.checks.evaluation import heldout_images
+    from edge_agent.pipelines.sources.synthetic import SceneSpec, SyntheticScene
 
     spec = SceneSpec(width=64, height=48, num_objects=2)
     got = [(image.copy(), gt.copy()) for image, gt in heldout_images(12, spec)]

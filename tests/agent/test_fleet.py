@@ -1,6 +1,6 @@
 """Fleet configuration: layering, matching, substitution, errors, validate and diff.
 
-(agent/fleet/; the per-file blame in agent/core/configload.py ``problem_at``)
+(agent/core/effective/; the per-file blame in agent/core/configload.py ``problem_at``)
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pytest
 
 from edge_agent.core.config import AutoBackendConfig, OnnxRuntimeConfig, TensorRTConfig
 from edge_agent.core.configload import ConfigError, Problem
+from edge_agent.core.effective.diff import diff_configs
+from edge_agent.core.effective.parse import DeviceFacts
+from edge_agent.core.effective.render import load_effective, load_fleet, validate_fleet
 from edge_agent.core.source_config import RtspSourceConfig, SyntheticSourceConfig, VideoSourceConfig
-from edge_agent.fleet.diff import diff_configs
-from edge_agent.fleet.parse import DeviceFacts
-from edge_agent.fleet.render import load_effective, load_fleet, validate_fleet
 
 
 def doc(text: str) -> str:

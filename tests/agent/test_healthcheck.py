@@ -12,6 +12,7 @@ from contextlib import contextmanager
 import pytest
 from conftest import agent_command, free_endpoint, run_process, started
 
+from edge_agent.checks.healthcheck import Judge, Window, check, judge
 from edge_agent.core.config import (
     AgentConfig,
     FaultsConfig,
@@ -21,9 +22,8 @@ from edge_agent.core.config import (
     config_hash,
 )
 from edge_agent.core.source_config import SyntheticSourceConfig
-from edge_agent.healthcheck import Judge, Window, check, judge
 from edge_agent.pipelines.deadline import DROP_REASONS
-from edge_agent.pipelines.health import HEALTH_TOPIC
+from edge_agent.pipelines.heartbeat import HEALTH_TOPIC
 from edge_agent.pipelines.publish import ZmqPublisher
 
 FPS = 15

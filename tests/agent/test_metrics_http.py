@@ -22,8 +22,8 @@ import pytest
 from conftest import wait_until
 from prometheus_client.core import GaugeMetricFamily
 
-from edge_agent.http_endpoint import Deferred, HttpEndpoint, Request, Response
-from edge_agent.metrics import AgentCollector, MetricsServer
+from edge_agent.service.http_endpoint import Deferred, HttpEndpoint, Request, Response
+from edge_agent.service.metrics import AgentCollector, MetricsServer
 
 #: File descriptors the server may hold beyond its connections at a moment we look.
 SLACK = 4
@@ -205,7 +205,7 @@ def test_a_client_that_does_not_read_its_response_is_dropped_after_the_write_tim
 
 @pytest.mark.parametrize(("host", "warned"), [("0.0.0.0", True), ("127.0.0.1", False)])
 def test_metrics_on_a_non_loopback_address_warn_that_anyone_can_read_them(caplog, host, warned):
-    with caplog.at_level(logging.WARNING, logger="edge_agent.metrics"), serving(host) as server:
+    with caplog.at_level(logging.WARNING, logger="edge_agent.service.metrics"), serving(host) as server:
         assert server.port != 0
         assert scrape(server.port)[0] == 200
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]

@@ -18,7 +18,7 @@ from helpers import Subscriber, free_port, running_agent, scrape, value, write_v
 from edge_agent.client import GapTracker, Result, connect, decode, subscribe
 from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig, VideoSourceConfig
-from edge_agent.runner import Agent
+from edge_agent.service.runner import Agent
 
 
 def test_metrics_over_http_agree_with_the_health_stream(tmp_path, const_model, endpoint):
@@ -297,7 +297,7 @@ def test_grafana_dashboard_uses_only_metrics_the_agent_exports(tmp_path, const_m
     power_only = {n for n in used if re.search(r"gpu|cpu_frequency|emc|temperature|power_watts|throttled", n)}
     missing = used - exported - power_only
     assert not missing, f"dashboard queries metrics the agent does not export: {missing}"
-    from edge_agent import metrics
+    from edge_agent.service import metrics
 
     for name in power_only:  # named in the module's list, where the power collector makes them
         assert name in metrics.__doc__, name

@@ -284,7 +284,7 @@ def test_a_pipeline_a_reload_left_stuck_keeps_the_stop_unclean(const_model, endp
 
     from edge_agent.core.config import AgentConfig, DeadlineConfig, ModelConfig, PublishConfig
     from edge_agent.core.source_config import SyntheticSourceConfig
-    from edge_agent.runner import Agent
+    from edge_agent.service.runner import Agent
 
     cfg = AgentConfig(
         source=SyntheticSourceConfig(fps=30),
@@ -322,8 +322,8 @@ def test_frames_that_reach_an_abandoned_inference_thread_are_counted_once(const_
     (shutdown), once, and never handed on."""
     from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig
     from edge_agent.core.source_config import SyntheticSourceConfig
-    from edge_agent.pipelines.post_stage import FrameQueue
-    from edge_agent.runner import Agent
+    from edge_agent.pipelines.stages import FrameQueue
+    from edge_agent.service.runner import Agent
 
     cfg = AgentConfig(
         source=SyntheticSourceConfig(fps=0),

@@ -12,14 +12,14 @@ import pytest
 from conftest import agent_command, free_endpoint, run_process
 from helpers import write_video
 
-from edge_agent.assembly import budget_settings
 from edge_agent.cli import build_parser
 from edge_agent.commands.run import _flags, _status_line
 from edge_agent.core.budget_fit import BudgetFit
 from edge_agent.core.config import AgentConfig
+from edge_agent.core.effective.render import load_effective
 from edge_agent.core.source_config import SyntheticSourceConfig, source_from_text
-from edge_agent.fleet.render import load_effective
-from edge_agent.service import status_text
+from edge_agent.service.assembly import budget_settings
+from edge_agent.service.supervisor import status_text
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from conftest import agent_command, run_process
 
-from edge_agent.evaluation import FrameResult
-from edge_agent.selftest import compare
+from edge_agent.checks.evaluation import FrameResult
+from edge_agent.checks.selftest import compare
 
 
 def test_selftest_checks_what_it_can_and_says_tensorrt_is_absent(tmp_path):
@@ -64,7 +64,7 @@ def test_compare_counts_reference_detections_found_again(got_boxes, got_classes,
 
 
 def test_off_device_every_tensorrt_target_is_listed_as_skipped_with_its_reason():
-    from edge_agent.selftest import skipped_targets, tensorrt_targets
+    from edge_agent.checks.selftest import skipped_targets, tensorrt_targets
 
     names = [c.name for c in skipped_targets("TensorRT is not available on this machine")]
     assert names == [
@@ -86,11 +86,11 @@ def test_off_device_every_tensorrt_target_is_listed_as_skipped_with_its_reason()
 
 def test_the_float_variant_gives_the_bundled_detectors_outputs(tmp_path):
     """What device preprocessing runs on a device: the same detector taking float NCHW pixels."""
+    from edge_agent.checks.evaluation import heldout_images
+    from edge_agent.checks.selftest import float_variant
     from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig
-    from edge_agent.evaluation import heldout_images
     from edge_agent.pipelines.model import load_model
     from edge_agent.pipelines.preprocess import Letterbox
-    from edge_agent.selftest import float_variant
 
     cfg = float_variant(str(tmp_path))
     ref = load_model(ModelConfig(score_threshold=0.001), OnnxRuntimeConfig())
@@ -111,7 +111,7 @@ def test_the_float_variant_gives_the_bundled_detectors_outputs(tmp_path):
 
 def test_a_close_that_raises_fails_its_target_and_the_next_target_still_runs(monkeypatch):
     import edge_agent.pipelines.model as model_module
-    from edge_agent import selftest
+    from edge_agent.checks import selftest
 
     closed: list[str] = []
 
@@ -140,7 +140,7 @@ def test_a_close_that_raises_fails_its_target_and_the_next_target_still_runs(mon
     ],
 )
 def test_the_dla_preprocessing_target_says_what_stayed_off_the_dla(off_dla, says):
-    from edge_agent.selftest import _judge, tensorrt_targets
+    from edge_agent.checks.selftest import _judge, tensorrt_targets
 
     (target,) = [t for t in tensorrt_targets(1) if t.name == "tensorrt-gpu-preprocess-dla"]
     res = [_result([[10, 10, 50, 50]], [0], [0.9])]

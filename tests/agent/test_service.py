@@ -20,9 +20,9 @@ from helpers import NotifySocket, Subscriber
 
 from edge_agent.core.config import AgentConfig, ModelConfig, PublishConfig, ServiceConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
-from edge_agent.runner import Agent
-from edge_agent.sdnotify import Notifier
-from edge_agent.service import UNITS, Signals, Supervisor, install_steps, render_unit
+from edge_agent.service.runner import Agent
+from edge_agent.service.sdnotify import Notifier
+from edge_agent.service.supervisor import UNITS, Signals, Supervisor, install_steps, render_unit
 
 
 @pytest.mark.parametrize("abstract", [False, True], ids=["path", "abstract"])

@@ -18,7 +18,7 @@ from edge_agent.core.config import AgentConfig, ModelConfig, OnnxRuntimeConfig, 
 from edge_agent.core.source_config import ImageFolderSourceConfig, SyntheticSourceConfig, VideoSourceConfig
 from edge_agent.models.manifest import resolve_model
 from edge_agent.models.testmodels import write_load_model
-from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
+from edge_agent.pipelines.sources.synthetic import SceneSpec, SyntheticScene
 from edge_agent.power import sysfs
 from edge_agent.tune.accuracy import check_accuracy, make_reference
 from edge_agent.tune.candidates import Candidate, TuneSettings

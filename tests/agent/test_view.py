@@ -21,7 +21,7 @@ from helpers import free_port
 from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig, ViewConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.pipelines.view_tap import ViewFrame
-from edge_agent.view.annotate import PALETTE, annotate, colour
+from edge_agent.service.view.annotate import PALETTE, annotate, colour
 
 W, H = 320, 240  # the synthetic camera's frames in these tests
 
@@ -340,7 +340,7 @@ def test_the_chart_has_axes_and_a_legend_and_the_misses_are_named_in_a_real_brow
     label = dom[dom.index('id="chart-cam0"') :].split(">")[0]
     assert "p50 and p99 in ms (0 to 75) against seconds ago (60 to 0), budget 50 ms dashed" in label, label
 
-    from edge_agent.view.page import PAD, SERIES
+    from edge_agent.service.view.page import PAD, SERIES
 
     img = cv2.imread(str(shot))
     x0, y0, x1, y1 = canvas_box(img)

@@ -24,7 +24,7 @@ from edge_agent.core.config import ViewConfig
 from edge_agent.core.configload import FieldError
 from edge_agent.core.source_config import SyntheticSourceConfig
 
-CAP = 32  # edge_agent.view.server.MAX_CONNECTIONS
+CAP = 32  # edge_agent.service.view.server.MAX_CONNECTIONS
 SLACK = 8  # descriptors the agent may open or close meanwhile (sockets, files)
 SECURITY_HEADERS = {
     "x-frame-options": "DENY",
@@ -292,7 +292,7 @@ def read_head(sock: socket.socket) -> bytes:
 
 
 def test_streams_are_capped_and_every_closed_stream_gives_its_slot_back(const_model):
-    from edge_agent.view.server import MAX_STREAMS
+    from edge_agent.service.view.server import MAX_STREAMS
 
     port = free_port()
     socks: list[socket.socket] = []
@@ -324,7 +324,7 @@ def test_streams_are_capped_and_every_closed_stream_gives_its_slot_back(const_mo
 def test_snapshots_waiting_for_a_frame_cannot_lock_new_clients_out():
     """A camera with no fresh frame: each snapshot waits up to 3 s. MAX_CONNECTIONS of them
     must not hold every slot: a new client is answered, the oldest waiting one gets 503."""
-    from edge_agent.view.server import MAX_CONNECTIONS, ViewServer
+    from edge_agent.service.view.server import MAX_CONNECTIONS, ViewServer
 
     view = ViewServer(ViewConfig(enabled=True, port=0), lambda: {"cam0": {}})
     view.tap("cam0", 10)  # a source whose camera sends nothing

@@ -75,7 +75,7 @@ def test_a_part_that_fails_to_start_is_not_stopped():
 
 def test_the_agents_parts_are_components():
     from edge_agent.pipelines.publish import ZmqPublisher
-    from edge_agent.pipelines.source_base import Source
+    from edge_agent.pipelines.sources.base import Source
     from edge_agent.power.manager import PowerManager
 
     for cls in (ZmqPublisher, Source, PowerManager):

@@ -10,7 +10,7 @@ import pytest
 
 from edge_agent.core.config import load_config
 from edge_agent.core.configload import ConfigError
-from edge_agent.uplink.validate import message_problem
+from edge_agent.service.uplink.validate import message_problem
 
 NAMES = [
     "cam0",

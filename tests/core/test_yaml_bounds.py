@@ -20,8 +20,8 @@ from helpers import Subscriber
 from edge_agent.core import configload
 from edge_agent.core.config import AgentConfig
 from edge_agent.core.configload import ConfigError, Problem
+from edge_agent.core.effective.render import load_effective, load_fleet
 from edge_agent.core.yamlnodes import compose
-from edge_agent.fleet.render import load_effective, load_fleet
 from edge_agent.models.manifest import resolve_model
 
 
@@ -159,7 +159,7 @@ MEASURE = textwrap.dedent(
     """
     import resource, sys
     from edge_agent.core.configload import ConfigError
-    from edge_agent.fleet.render import load_effective
+    from edge_agent.core.effective.render import load_effective
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     try:
         load_effective(sys.argv[1], env={})

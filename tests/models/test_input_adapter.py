@@ -21,7 +21,7 @@ from edge_agent.models import adapter
 from edge_agent.models.testmodels import float_nchw_detector
 from edge_agent.pipelines.model import load_model
 from edge_agent.pipelines.preprocess import Letterbox, Preprocessor
-from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
+from edge_agent.pipelines.sources.synthetic import SceneSpec, SyntheticScene
 
 BACKEND = OnnxRuntimeConfig(intra_op_threads=1, allow_spinning=False)
 

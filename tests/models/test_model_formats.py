@@ -36,8 +36,8 @@ from edge_agent.pipelines.backends import registry
 from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
 from edge_agent.pipelines.model import load_model
 from edge_agent.pipelines.preprocess import Letterbox, boxes_to_source
-from edge_agent.pipelines.profile import Profile
-from edge_agent.runner import Agent
+from edge_agent.pipelines.slots import ModelBuffers
+from edge_agent.service.runner import Agent
 
 F, I32 = TensorProto.FLOAT, TensorProto.INT32
 NAMES80 = repr({i: f"c{i}" for i in range(80)})
@@ -371,7 +371,7 @@ def test_a_batch_of_frames_decodes_as_each_frame_alone(tmp_path, fmt):
     path = brightness_detector(str(tmp_path / "m.onnx"), outputs, metadata={**META, **meta})
     model = load_model(ModelConfig(path=path, input_adapter="off"), OnnxRuntimeConfig())
     assert model.decode.name == fmt
-    profile = Profile("m", model)
+    profile = ModelBuffers("m", model)
     pool = profile.pool("cam")
     profile.prepare_batches(3)
     slots = [pool.acquire(1.0) for _ in range(3)]

@@ -17,8 +17,8 @@ import pytest
 from helpers import FRAMES, damage, write_numbered_video
 
 from edge_agent.core.source_config import VideoSourceConfig
-from edge_agent.pipelines.file_sources import VideoFileSource
-from edge_agent.pipelines.source_base import EndOfStream, SourceError
+from edge_agent.pipelines.sources.base import EndOfStream, SourceError
+from edge_agent.pipelines.sources.files import VideoFileSource
 
 
 def number_of(img: np.ndarray) -> int:

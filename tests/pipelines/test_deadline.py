@@ -9,7 +9,7 @@ import pytest
 
 from edge_agent.core.config import DeadlineConfig, LadderStep
 from edge_agent.core.configload import FieldError
-from edge_agent.core.stages import CAPTURED, INFER_START, N_STAMPS, PUBLISH
+from edge_agent.core.stamps import CAPTURED, INFER_START, N_STAMPS, PUBLISH
 from edge_agent.pipelines.deadline import DROP_REASONS, DeadlineMonitor, MissWindow
 
 MS = 1_000_000

@@ -24,7 +24,7 @@ from edge_agent.core.config import (
 )
 from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.models.testmodels import constant_detector, yolov8_output
-from edge_agent.runner import Agent
+from edge_agent.service.runner import Agent
 
 
 class DelayedBackend:

@@ -27,7 +27,7 @@ from edge_agent.core.config import (
 )
 from edge_agent.core.configload import FieldError
 from edge_agent.core.source_config import SyntheticSourceConfig
-from edge_agent.runner import Agent
+from edge_agent.service.runner import Agent
 
 
 @pytest.fixture

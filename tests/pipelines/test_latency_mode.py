@@ -35,7 +35,7 @@ from edge_agent.core.config import (
 )
 from edge_agent.core.source_config import SyntheticSourceConfig, VideoSourceConfig
 from edge_agent.pipelines.scheduler import FRESH_SHARE
-from edge_agent.runner import Agent
+from edge_agent.service.runner import Agent
 
 FPS = 60.0
 INTERVAL_MS = 1000.0 / FPS

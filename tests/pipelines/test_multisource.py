@@ -34,9 +34,9 @@ from edge_agent.core.configload import ConfigError, load
 from edge_agent.core.source_config import ImageFolderSourceConfig, SyntheticSourceConfig, V4L2SourceConfig
 from edge_agent.models.testmodels import constant_detector, yolov8_output
 from edge_agent.pipelines.model import load_model
-from edge_agent.pipelines.profile import Profile
-from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
-from edge_agent.runner import Agent
+from edge_agent.pipelines.slots import ModelBuffers
+from edge_agent.pipelines.sources.synthetic import SceneSpec, SyntheticScene
+from edge_agent.service.runner import Agent
 
 SCHEMA = json.loads((REPO / "pipelines/schema/message-v1.schema.json").read_text())
 
@@ -282,7 +282,7 @@ def test_every_source_has_its_topic_seq_heartbeat_and_budget(const_model, endpoi
 def test_batched_inference_gives_each_frame_its_own_result():
     """A batch of three different frames decodes exactly as each frame alone."""
     model = load_model(ModelConfig(), OnnxRuntimeConfig())
-    profile = Profile("bundled", model)
+    profile = ModelBuffers("bundled", model)
     pool = profile.pool("cam")
     profile.prepare_batches(3)
     scene = SyntheticScene(SceneSpec(width=640, height=480, seed=7, num_objects=6))
@@ -442,7 +442,7 @@ def test_batched_inference_and_scheduling_allocate_nothing_frame_sized(const_mod
     from edge_agent.pipelines.scheduler import BatchScheduler
 
     model = load_model(ModelConfig(path=str(const_model)), OnnxRuntimeConfig())
-    profile = Profile("const", model)
+    profile = ModelBuffers("const", model)
     pools = [profile.pool(f"c{i}") for i in range(3)]
     profile.prepare_batches(3)
 
@@ -454,7 +454,7 @@ def test_batched_inference_and_scheduling_allocate_nothing_frame_sized(const_mod
         def around_ns(self) -> tuple[float, float]:
             return (0.0, 0.0)
 
-        def current(self) -> Profile:
+        def current(self) -> ModelBuffers:
             return profile
 
         def drop(self, slot, reason: str) -> None:

@@ -10,13 +10,13 @@ import pytest
 from conftest import started, wait_until
 from helpers import Subscriber, write_video
 
-from edge_agent.assembly import Assembly
 from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig, VideoSourceConfig
-from edge_agent.core.stages import STAGES
-from edge_agent.pipelines.handoff import Closed
-from edge_agent.pipelines.post_stage import FrameQueue
-from edge_agent.runner import Agent
+from edge_agent.core.stamps import STAGES
+from edge_agent.pipelines.slots import Closed
+from edge_agent.pipelines.stages import FrameQueue
+from edge_agent.service.assembly import Assembly
+from edge_agent.service.runner import Agent
 
 
 def make_agent(model, endpoint, source=None, frames=0, assembly=None) -> Agent:

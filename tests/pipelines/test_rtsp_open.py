@@ -16,8 +16,8 @@ import cv2
 import pytest
 
 from edge_agent.core.source_config import RtspSourceConfig
-from edge_agent.pipelines import capture
-from edge_agent.pipelines.source_base import SourceError
+from edge_agent.pipelines.sources import live as capture
+from edge_agent.pipelines.sources.base import SourceError
 
 VAR = "OPENCV_FFMPEG_CAPTURE_OPTIONS"
 

@@ -17,11 +17,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from edge_agent.core.stages import CAPTURED
+from edge_agent.core.stamps import CAPTURED
 from edge_agent.pipelines import scheduler as scheduler_module
 from edge_agent.pipelines.backends.base import IOSet
-from edge_agent.pipelines.handoff import Closed, FrameSlot
 from edge_agent.pipelines.scheduler import BatchScheduler
+from edge_agent.pipelines.slots import Closed, FrameSlot
 
 MS = 1_000_000
 PROFILE = object()  # the scheduler only compares profiles by identity

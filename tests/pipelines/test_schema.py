@@ -12,11 +12,11 @@ from helpers import Subscriber
 
 from edge_agent.core.config import AgentConfig, ModelConfig, PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
-from edge_agent.core.stages import STAGES
+from edge_agent.core.stamps import STAGES
 from edge_agent.models.testmodels import constant_detector, yolov8_output
 from edge_agent.pipelines.deadline import DROP_REASONS
 from edge_agent.pipelines.publish import SCHEMA_VERSION
-from edge_agent.runner import Agent
+from edge_agent.service.runner import Agent
 
 SCHEMA_PATH = REPO / "pipelines/schema/message-v1.schema.json"
 
@@ -207,8 +207,8 @@ def test_the_formatted_detections_parse_to_the_same_objects(n):
     import numpy as np
 
     from edge_agent.pipelines.backends.base import IOSet
-    from edge_agent.pipelines.handoff import FrameSlot
     from edge_agent.pipelines.publish import MessageBuilder
+    from edge_agent.pipelines.slots import FrameSlot
 
     labels = ("person", 'say "cheese"', "back\\slash", "naïve")
     builder = MessageBuilder("dev", labels, 50.0)

@@ -20,8 +20,8 @@ from edge_agent.core.source_config import (
     V4L2SourceConfig,
     VideoSourceConfig,
 )
-from edge_agent.pipelines.capture import Backoff, OpenCvCapture, has_gstreamer, open_capture
-from edge_agent.pipelines.file_sources import (
+from edge_agent.pipelines.sources.base import BufferPolicy, EndOfStream, Pacer, SourceError
+from edge_agent.pipelines.sources.files import (
     ImageFolderSource,
     VideoFileSource,
     file_frames,
@@ -29,9 +29,10 @@ from edge_agent.pipelines.file_sources import (
     list_images,
     preload,
 )
-from edge_agent.pipelines.source_base import BufferPolicy, EndOfStream, Pacer, SourceError
-from edge_agent.pipelines.sources import MemorySource, SyntheticSource, create_source, source_rate
-from edge_agent.pipelines.synthetic import SceneSpec, SyntheticScene
+from edge_agent.pipelines.sources.live import Backoff, OpenCvCapture, has_gstreamer, open_capture
+from edge_agent.pipelines.sources.memory import MemorySource
+from edge_agent.pipelines.sources.registry import create_source, source_rate
+from edge_agent.pipelines.sources.synthetic import SceneSpec, SyntheticScene, SyntheticSource
 
 
 def render(spec: SceneSpec, index: int):

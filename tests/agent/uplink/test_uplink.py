@@ -21,7 +21,7 @@ from helpers import Subscriber, free_port, scrape
 
 from edge_agent.core.config import load_config
 from edge_agent.core.uplink_config import UplinkConfig
-from edge_agent.uplink.status import FleetView
+from edge_agent.service.uplink.status import FleetView
 
 DEVICE = "cam-site-1"
 

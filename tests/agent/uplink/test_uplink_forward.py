@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edge_agent.uplink.forward import (
+from edge_agent.service.uplink.forward import (
     FORWARDERS,
     ForwardAll,
     Forwarder,

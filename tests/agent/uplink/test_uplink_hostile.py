@@ -24,9 +24,9 @@ from test_uplink import DEVICE, metric, uplink, write_config
 from edge_agent.core.config import load_config
 from edge_agent.core.configload import ConfigError
 from edge_agent.core.uplink_config import UplinkConfig
-from edge_agent.uplink.forward import Summarize
-from edge_agent.uplink.link import make_client
-from edge_agent.uplink.spool import Spool, SpoolError
+from edge_agent.service.uplink.forward import Summarize
+from edge_agent.service.uplink.link import make_client
+from edge_agent.service.uplink.spool import Spool, SpoolError
 
 STAGES = ("capture", "preprocess", "wait_infer", "infer", "wait_post", "postprocess", "publish")
 
@@ -277,14 +277,14 @@ def test_a_shared_password_file_and_a_clear_text_user_name_are_warned_about(tmp_
     pw.write_text("secret\n")
     pw.chmod(0o644)
     cfg = UplinkConfig(broker="mqtt://127.0.0.1:1883", username="cam", password_file=str(pw))
-    with caplog.at_level(logging.WARNING, logger="edge_agent.uplink.link"):
+    with caplog.at_level(logging.WARNING, logger="edge_agent.service.uplink.link"):
         make_client(cfg, "x")
     text = caplog.text
     assert "uplink.password_file" in text and str(pw) in text and "0o644" in text
     assert "uplink.username" in text and "mqtts://" in text
     caplog.clear()
     pw.chmod(0o600)
-    with caplog.at_level(logging.WARNING, logger="edge_agent.uplink.link"):
+    with caplog.at_level(logging.WARNING, logger="edge_agent.service.uplink.link"):
         make_client(UplinkConfig(broker="mqtts://127.0.0.1:8883", username="cam", password_file=str(pw)), "x")
     assert not caplog.records, caplog.text
 

@@ -13,9 +13,9 @@ from broker import Mosquitto, Recorder
 from test_uplink import DEVICE, metric, uplink, write_config
 from test_uplink_hostile import frame, impostor, result
 
-from edge_agent.uplink.forward import FORGOTTEN, ForwardAll, Summarize
-from edge_agent.uplink.process import _MAX_SOURCES
-from edge_agent.uplink.validate import finite_number
+from edge_agent.service.uplink.forward import FORGOTTEN, ForwardAll, Summarize
+from edge_agent.service.uplink.process import _MAX_SOURCES
+from edge_agent.service.uplink.validate import finite_number
 
 FAKES = [f"fake{i}" for i in range(_MAX_SOURCES + 44)]
 

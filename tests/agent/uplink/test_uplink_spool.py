@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import read_line, spawn
 
-from edge_agent.uplink.spool import Message, Spool, SpoolError
+from edge_agent.service.uplink.spool import Message, Spool, SpoolError
 
 
 def batch(start: int, n: int, size: int = 10, topic: str = "t") -> list[tuple[str, bytes, int, bool]]:
@@ -133,7 +133,7 @@ def test_committed_messages_survive_sigkill(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
         import sys, time
-        from edge_agent.uplink.spool import Spool
+        from edge_agent.service.uplink.spool import Spool
         spool = Spool(sys.argv[1], 10_000_000)
         for b in range(20):
             spool.put_many([("t/%d" % b, b"%d" % (b * 50 + i), 1, False) for i in range(50)])

@@ -1,0 +1,336 @@
+"""The uplink process: the agent's ZeroMQ stream in, MQTT out, a spool on disk between.
+
+Three threads, each with one job: ``uplink-recv`` (this module) reads the stream, applies
+the forwarding policy and appends to the spool in one transaction per batch; paho's
+network thread keeps the broker connection; ``uplink-send`` (``link.Link``) moves the
+spool to the broker in order. A slow or absent broker therefore only grows the spool
+(bounded, oldest dropped and counted); it never reaches back into the agent, whose
+socket drops for a slow subscriber instead of waiting for it.
+
+The device's health (``<prefix>/<device>/health``, retained) is the latest heartbeat of
+each source folded into one message with the uplink's own counters, sent at most every
+``uplink.health_interval_s`` and only while connected (an old health is worth nothing).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import zmq
+
+from edge_agent import __version__, client
+from edge_agent.core.config import AgentConfig
+from edge_agent.service.uplink.forward import Message, make_forwarder
+from edge_agent.service.uplink.link import Link, LinkError
+from edge_agent.service.uplink.spool import Spool
+from edge_agent.service.uplink.validate import MAX_FRAME_BYTES, message_problem
+
+log = logging.getLogger(__name__)
+
+_POLL_MS = 100
+_BATCH = 256  # stream messages taken per spool transaction at most
+# Distinct sources tracked; a new one makes the uplink forget the least recently seen (a
+# name only a stray publisher used must not lock out a real source not yet seen).
+_MAX_SOURCES = 256
+_LOG_EVERY_S = 60.0  # a condition that lasts (bad messages, a failing spool) is logged this often
+
+
+def _encode(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+class Uplink:
+    """Owns the stream socket, the spool, the forwarder and the link."""
+
+    def __init__(self, cfg: AgentConfig) -> None:
+        """Raises LinkError or SpoolError for settings that cannot work (exit 2, no restart)."""
+        self.cfg = cfg
+        self.up = cfg.uplink
+        self.device_id = cfg.device_id
+        p = cfg.publish
+        if p.curve_server_key and not self.up.curve_client_cert:
+            raise LinkError("the stream uses CURVE (publish.curve_server_key): set uplink.curve_client_cert")
+        self.spool = Spool(self.up.spool_path, int(self.up.spool_max_mib * 1024 * 1024))
+        try:
+            self.link = Link(self.up, cfg.device_id, self.spool)
+            topics = (p.topic + ".", "health")
+            self._sock = client.connect(
+                client.stream_endpoint(p.endpoint),
+                topics,
+                p.curve_server_key or None,
+                self.up.curve_client_cert or None,
+            )
+        except ValueError as e:  # a certificate that does not load
+            self.spool.close()
+            raise LinkError(f"uplink.curve_client_cert: {e}") from e
+        except BaseException:
+            self.spool.close()
+            raise
+        # Scheduled on the monotonic clock, stamped with the wall clock at send time: a clock
+        # step (NTP on a device without an RTC battery) neither freezes nor bunches the
+        # summaries, and their stamps follow the step at once.
+        run = f"{int(time.time()):x}"
+        self.forwarder = make_forwarder(
+            self.up.forward, self.up.interval_s, self.up.max_rate_hz, p.topic, run
+        )
+        self.received = 0
+        self.spooled = 0
+        self.lost = 0  # read from the stream but not spooled (the spool failed: a full disk)
+        self.invalid = 0  # read from the stream but not what the schema allows: dropped
+        self.gaps = client.GapTracker()  # results the agent's socket dropped before the uplink read them
+        self.beats: dict[str, dict[str, Any]] = {}  # the latest heartbeat per source
+        self.models: dict[str, str] = {}  # the model of each source's latest result
+        self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()  # LRU first
+        self._gaps_forgotten = 0  # stream gaps of the sources forgotten
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next_health = 0.0
+        self._connects_seen = 0
+        self._last_stream = time.monotonic()
+        self.progress = time.monotonic()  # the receiving loop's last turn (for the watchdog)
+        self._last_log: dict[str, float] = {}
+        self._spool_failures = 0  # in a row
+
+    def start(self) -> None:
+        p = self.cfg.publish
+        self.link.start()
+        self._thread = threading.Thread(target=self._receive_loop, name="uplink-recv", daemon=True)
+        self._thread.start()
+        log.info(
+            "uplink: %s -> %s as %s/%s (forward: %s; spool %s, %d messages waiting)",
+            client.stream_endpoint(p.endpoint),
+            self.up.broker,
+            self.up.prefix,
+            self.device_id,
+            self.up.forward,
+            self.up.spool_path,
+            self.spool.count,
+        )
+
+    def stop(self, timeout_s: float = 3.0) -> bool:
+        """Every step runs, whatever the one before did: the partial summaries go to the
+        spool, the link drains and says offline, the socket and the spool close."""
+        self._stop.set()
+        ok = True
+        try:
+            if self._thread is not None:
+                self._thread.join(timeout_s)
+                ok = not self._thread.is_alive()
+            self._spool(self.forwarder.flush(time.monotonic(), final=True, wall_s=time.time()))
+        finally:
+            try:
+                ok = self.link.stop(timeout_s) and ok
+            finally:
+                self._sock.close(linger=0)
+                self.spool.close()
+        return ok
+
+    def alive(self) -> bool:
+        """Every thread runs and turns (for the watchdog)."""
+        receiving = self._thread is not None and self._thread.is_alive()
+        return receiving and time.monotonic() - self.progress < 10 and self.link.alive()
+
+    # -- the receiving thread ---------------------------------------------------------
+
+    def _receive_loop(self) -> None:
+        assert self._sock is not None
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        while not self._stop.is_set():
+            self.progress = time.monotonic()
+            out: list[tuple[str, dict[str, Any]]] = []
+            if poller.poll(_POLL_MS):
+                for _ in range(_BATCH):
+                    try:
+                        frame = self._sock.recv(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    try:
+                        out += self._take(frame)
+                    except Exception:  # one bad message must not end the uplink, nor cost the batch
+                        self._reject("it could not be forwarded", exc_info=True)
+            try:
+                out += self.forwarder.flush(time.monotonic(), wall_s=time.time())
+            except Exception:  # a policy's bug must not take the batch with it
+                log.exception("uplink: the forwarding policy failed to flush")
+            self._spool_or_count(out)
+            self._publish_health()
+
+    def _spool_or_count(self, out: list[tuple[str, dict[str, Any]]]) -> None:
+        """Spool ``out``; when the spool fails (a full or read-only disk) count them as lost,
+        say so once a minute (not every turn), and back off up to 10 s."""
+        try:
+            self._spool(out)
+        except Exception as e:
+            self.lost += len(out)
+            self._spool_failures += 1
+            self._log_every(
+                "spool",
+                logging.ERROR,
+                "uplink: the spool %s fails (%s): %d messages lost so far; retrying with backoff",
+                self.up.spool_path,
+                e,
+                self.lost,
+            )
+            self._stop.wait(min(10.0, float(self._spool_failures)))
+        else:
+            if self._spool_failures:
+                log.info("uplink: the spool %s works again", self.up.spool_path)
+            self._spool_failures = 0
+
+    def _log_every(self, key: str, level: int, message: str, *args: Any, exc_info: bool = False) -> None:
+        now = time.monotonic()
+        if now - self._last_log.get(key, -1e9) >= _LOG_EVERY_S:
+            self._last_log[key] = now
+            log.log(level, message, *args, exc_info=exc_info)
+
+    def _reject(self, why: str, exc_info: bool = False) -> list[tuple[str, dict[str, Any]]]:
+        """Count a stream message that will not be forwarded (reported with ``rejected``)."""
+        self.invalid += 1
+        self._log_every(
+            "invalid",
+            logging.WARNING,
+            "uplink: a stream message rejected: %s (%d so far; logged once a minute)",
+            why,
+            self.invalid,
+            exc_info=exc_info,
+        )
+        return []
+
+    def _publish_health(self) -> None:
+        now = time.monotonic()
+        connects = self.link.counters.connects
+        if now >= self._next_health or connects != self._connects_seen:  # at once after a (re)connect
+            self._next_health = now + self.up.health_interval_s
+            try:
+                if self.link.publish_now("health", _encode(self.health()), retain=True):
+                    self._connects_seen = connects
+            except Exception:
+                log.exception("uplink: the health could not be sent")
+
+    def _take(self, frame: bytes) -> list[tuple[str, dict[str, Any]]]:
+        self.received += 1
+        if len(frame) > MAX_FRAME_BYTES:
+            return self._reject(f"{len(frame)} bytes, over {MAX_FRAME_BYTES}")
+        try:
+            topic, body = client.decode(frame)
+        except Exception as e:  # not JSON nor msgpack, nested too deep, not UTF-8
+            return self._reject(f"undecodable: {type(e).__name__}")
+        prefix = self.forwarder.result_prefix
+        problem = message_problem(topic, body, prefix)
+        if problem is None:
+            problem = self._source_problem(topic, body, prefix)
+        if problem is not None:
+            return self._reject(f"{topic[:64]!r}: {problem}")
+        self._last_stream = time.monotonic()
+        out: list[Message] = []
+        if topic == "health":
+            out = self._touch(body["source"])
+            self.beats[body["source"]] = body
+        elif topic.startswith(prefix):
+            out = self._touch(topic[len(prefix) :])
+            self.gaps.update(topic, body["seq"])
+            self.models[topic[len(prefix) :]] = body.get("model", "")
+        return out + self.forwarder.offer(topic, body, time.monotonic(), wall_s=time.time())
+
+    def _touch(self, source: str) -> list[Message]:
+        """Mark ``source`` the most recently seen; past _MAX_SOURCES, forget the least
+        recently seen. What is still due for a forgotten source is returned."""
+        recent = self._recent
+        if source in recent:
+            recent.move_to_end(source)
+            return []
+        recent[source] = None
+        out: list[Message] = []
+        while len(recent) > _MAX_SOURCES:
+            old, _ = recent.popitem(last=False)
+            out += self._forget(old)
+        return out
+
+    def _forget(self, source: str) -> list[Message]:
+        self.beats.pop(source, None)
+        self.models.pop(source, None)
+        topic = self.forwarder.result_prefix + source
+        self._gaps_forgotten += self.gaps.lost.pop(topic, 0)  # stream_gaps never goes down
+        self.gaps.last.pop(topic, None)
+        self.gaps.joined.pop(topic, None)
+        return self.forwarder.forget(source, time.monotonic(), wall_s=time.time())
+
+    def _source_problem(self, topic: str, body: dict[str, Any], prefix: str) -> str | None:
+        """A result's topic and body name the same source."""
+        if topic.startswith(prefix):
+            source = topic[len(prefix) :]
+            if body.get("source", source) != source:
+                return "the topic names another source than the body"
+        return None
+
+    def _spool(self, out: list[tuple[str, dict[str, Any]]]) -> None:
+        if not out:
+            return
+        root = self.link.root
+        self.spool.put_many([(f"{root}/{sub}", _encode(body), 1, False) for sub, body in out])
+        self.spooled += len(out)
+        self.link.wake()
+
+    # -- health -----------------------------------------------------------------------
+
+    def counters(self) -> dict[str, Any]:
+        c = self.link.counters
+        return {
+            "connected": self.link.connected.is_set(),
+            "received": self.received,
+            "spooled": self.spooled,
+            "sent": c.sent,
+            "rejected": c.rejected + self.invalid,
+            "spool_messages": self.spool.count,
+            "spool_bytes": self.spool.size_bytes,
+            "dropped": self.spool.dropped,
+            "rate_limited": self.forwarder.rate_limited.total,
+            "stream_gaps": sum(self.gaps.lost.values()) + self._gaps_forgotten,
+            "lost": self.lost,
+            "reconnects": max(0, c.connects - 1),
+            "connect_failures": c.connect_failures,
+            "last_error": self.link.last_error,
+        }
+
+    def health(self) -> dict[str, Any]:
+        """The device's health: what `fleet status` shows, one message for all sources."""
+        beats = dict(self.beats)
+        first = next(iter(beats.values()), {})
+        power = first.get("power") or {}
+        return {
+            "device": self.device_id,
+            "ts_unix_s": round(time.time(), 3),
+            "health_interval_s": self.up.health_interval_s,
+            # The agent's stream has been silent this long (the agent is down, or CURVE
+            # refuses the uplink): the sources' figures below are that old.
+            "agent_silent_s": round(time.monotonic() - self._last_stream, 1),
+            "agent_silent_after_s": max(2.0, 3 * self.cfg.publish.health_interval_s),  # 3 heartbeats missed
+            "last_heartbeat_unix_s": max((b.get("ts_unix_s", 0) for b in beats.values()), default=None),
+            "version": first.get("version", ""),
+            "uplink_version": __version__,
+            "config_hash": first.get("config_hash", ""),
+            "model": ", ".join(sorted(set(self.models.values()))),
+            "throttled": any((b.get("power") or {}).get("throttled", False) for b in beats.values()),
+            "power_mode": "; ".join(power.get("applied") or []) or power.get("backend", ""),
+            "sources": {name: _source_health(b) for name, b in sorted(beats.items())},
+            "uplink": self.counters(),
+        }
+
+
+def _source_health(beat: dict[str, Any]) -> dict[str, Any]:
+    window = (beat.get("latency_ms") or {}).get("window") or {}
+    return {
+        "fps": beat.get("fps", 0.0),
+        "e2e_p50_ms": window.get("p50"),
+        "e2e_p99_ms": window.get("p99"),
+        "miss_rate": beat.get("miss_rate", 0.0),
+        "ladder": (beat.get("ladder") or {}).get("name", ""),
+        "counts": beat.get("counts", {}),
+        "error": (beat.get("source_state") or {}).get("error"),
+    }

@@ -1,0 +1,266 @@
+"""`edge-agent fleet status`: every device's retained ``status`` and ``health`` on the
+broker, as one table. Nothing is polled on the devices: a device that died shows as
+offline through its Last Will, with the last health it sent."""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+import uuid
+from typing import Any
+
+from edge_agent.core.text import printable
+from edge_agent.core.uplink_config import UplinkConfig
+from edge_agent.service.uplink.link import make_client
+from edge_agent.service.uplink.validate import finite_number
+
+COLUMNS = (
+    ("device", 14),
+    ("status", 8),
+    ("last seen", 10),
+    ("model", 16),
+    ("config", 13),
+    ("version", 8),
+    ("fps", 7),
+    ("e2e p99", 8),
+    ("miss", 6),
+    ("throttled", 9),
+    ("power", 14),
+)
+
+
+class FleetView:
+    """A subscriber to ``<prefix>/+/status`` and ``<prefix>/+/health``, holding the latest
+    of each per device (paho's thread writes, the caller reads under the lock)."""
+
+    def __init__(self, cfg: UplinkConfig) -> None:
+        self.cfg = cfg
+        self.devices: dict[str, dict[str, Any]] = {}
+        self.lock = threading.Lock()
+        self.connected = threading.Event()
+        self.error = ""
+        self.client = make_client(cfg, f"edge-agent-status-{uuid.uuid4().hex[:12]}")
+        self.client.on_connect = self._on_connect
+        self.client.on_message = self._on_message
+        self.client.on_subscribe = self._on_subscribe
+        self.subscribed = threading.Event()
+        self.rtt_s = 0.0  # connect to CONNACK: how long the broker takes to answer
+        self.last_new_device = 0.0
+
+    def _on_connect(self, client: Any, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
+        if reason.is_failure:
+            self.error = f"the broker refused the connection: {reason}"
+            return
+        self.rtt_s = time.monotonic() - self._connect_at
+        client.subscribe([(f"{self.cfg.prefix}/+/status", 1), (f"{self.cfg.prefix}/+/health", 1)])
+        self.connected.set()
+
+    def _on_subscribe(self, _c: Any, _u: Any, _mid: int, reasons: Any, _p: Any) -> None:
+        refused = [r for r in reasons if r.is_failure]
+        if refused:
+            self.error = f"the broker refused the subscription: {refused[0]} (an ACL?)"
+        self.subscribed.set()
+
+    def _on_message(self, _c: Any, _u: Any, msg: Any) -> None:
+        parts = msg.topic.split("/")
+        device, kind = parts[-2], parts[-1]
+        with self.lock:
+            if device not in self.devices:
+                self.last_new_device = time.monotonic()
+            entry = self.devices.setdefault(device, {})
+            if kind == "status":
+                entry["status"] = msg.payload.decode(errors="replace")
+            else:
+                try:
+                    entry["health"] = json.loads(msg.payload)
+                except (ValueError, RecursionError):  # RecursionError: nested too deep
+                    entry["health"] = "not JSON"  # not a dict: the row says invalid
+
+    def start(self, timeout_s: float) -> None:
+        host, port, _ = self.cfg.address()
+        self._connect_at = time.monotonic()
+        self.client.connect(host, port, keepalive=self.cfg.keepalive_s)  # OSError: unreachable
+        self.client.loop_start()
+        if not self.connected.wait(timeout_s):
+            self.stop()
+            raise ConnectionError(self.error or f"no answer from {self.cfg.broker} within {timeout_s:g} s")
+
+    def settle(self, timeout_s: float = 3.0) -> None:
+        """Wait for the retained messages, which the broker sends right after it has
+        acknowledged the subscription: until no new device has appeared for a few round
+        trips (live messages keep coming, so silence is not the sign), or ``timeout_s``."""
+        end = time.monotonic() + timeout_s
+        if not self.subscribed.wait(timeout_s):
+            return
+        if self.error:
+            raise ConnectionError(self.error)
+        quiet = max(0.3, 3 * self.rtt_s)
+        start = time.monotonic()
+        while time.monotonic() < end and time.monotonic() - max(start, self.last_new_device) < quiet:
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+    def rows(self, now_unix: float | None = None) -> list[dict[str, Any]]:
+        now_unix = time.time() if now_unix is None else now_unix
+        with self.lock:
+            devices = {k: dict(v) for k, v in self.devices.items()}
+        return [
+            safe_row(name, d.get("status", "unknown"), d.get("health", {}), now_unix)
+            for name, d in sorted(devices.items())
+        ]
+
+
+#: A device clock this far ahead of ours is not believed (it would never go stale).
+_FUTURE_S = 300.0
+_NUMBERS = ("ts_unix_s", "health_interval_s", "agent_silent_s", "agent_silent_after_s")
+_STRINGS = ("model", "config_hash", "version", "power_mode")
+
+
+def _source_problem(name: str, s: Any) -> str | None:
+    if not isinstance(s, dict):
+        return f"sources.{name} is not an object"
+    for key in ("fps", "miss_rate", "e2e_p99_ms"):
+        if key in s and not (finite_number(s[key]) or (key == "e2e_p99_ms" and s[key] is None)):
+            return f"sources.{name}.{key} is not a number"
+    return None
+
+
+def health_problem(health: Any, now_unix: float) -> str | None:
+    """Why a retained health cannot be shown (None when it can): it is written by whoever
+    may publish under the prefix, so every field the row reads is checked."""
+    if not isinstance(health, dict):
+        return "not a JSON object"
+    for key in _NUMBERS:
+        if key in health and not finite_number(health[key]):
+            return f"{key} is not a number"
+    seen = health.get("last_heartbeat_unix_s")
+    if seen is not None and not finite_number(seen):
+        return "last_heartbeat_unix_s is not a number"
+    for key in _STRINGS:
+        if key in health and not isinstance(health[key], str):
+            return f"{key} is not a string"
+    if health.get("throttled") is not None and not isinstance(health["throttled"], bool):
+        return "throttled is not a boolean"
+    if max(health.get("ts_unix_s", 0), seen or 0) > now_unix + _FUTURE_S:
+        return "its time is in the future"
+    sources = health.get("sources", {})
+    if not isinstance(sources, dict):
+        return "sources is not an object"
+    return next((p for n, s in sources.items() if (p := _source_problem(n, s))), None)
+
+
+def invalid_row(device: str, why: str) -> dict[str, Any]:
+    """The line of a device whose health cannot be read: the rest of the fleet still prints."""
+    return {
+        "device": device,
+        "status": "invalid",
+        "last_seen_s": None,
+        "model": "",
+        "config_hash": "",
+        "version": "",
+        "fps": None,
+        "e2e_p99_ms": None,
+        "miss_rate": None,
+        "throttled": None,
+        "power_mode": "",
+        "sources": [],
+        "error": why,
+    }
+
+
+def safe_row(device: str, status: Any, health: Any, now_unix: float) -> dict[str, Any]:
+    """``row``, or ``invalid_row`` for a health that is not what an uplink sends."""
+    why = health_problem(health, now_unix)
+    if why is None:
+        try:
+            return row(device, str(status), health, now_unix)
+        except Exception as e:  # a shape health_problem did not foresee: this row only
+            why = f"{type(e).__name__}: {e}"
+    return invalid_row(device, why)
+
+
+def row(device: str, status: str, health: dict[str, Any], now_unix: float) -> dict[str, Any]:
+    """One device's line, from its retained status and (checked) health."""
+    sources = health.get("sources") or {}
+    seen = health.get("last_heartbeat_unix_s") or health.get("ts_unix_s")
+    if status == "online" and health:
+        sent = health.get("ts_unix_s") or 0
+        if now_unix - sent > 3 * health.get("health_interval_s", 5) + 2:
+            status = "stale"  # the uplink holds the connection but sends no health
+        elif (health.get("agent_silent_s") or 0) > health.get("agent_silent_after_s", 5):
+            status = "silent"  # the uplink is up, the agent's stream is not
+    p99s = [s["e2e_p99_ms"] for s in sources.values() if s.get("e2e_p99_ms") is not None]
+    return {
+        "device": device,
+        "status": status,
+        "last_seen_s": round(now_unix - seen, 1) if seen else None,
+        "model": health.get("model", ""),
+        "config_hash": health.get("config_hash", ""),
+        "version": health.get("version", ""),
+        "fps": round(sum(s.get("fps", 0.0) for s in sources.values()), 2),
+        "e2e_p99_ms": max(p99s) if p99s else None,
+        "miss_rate": max((s.get("miss_rate", 0.0) for s in sources.values()), default=None),
+        "throttled": health.get("throttled"),
+        "power_mode": health.get("power_mode", ""),
+        "sources": sorted(sources),
+        "error": None,
+    }
+
+
+def odd_configs(rows: list[dict[str, Any]]) -> set[str]:
+    """Devices whose config hash differs from the most common one (config drift)."""
+    hashes = collections.Counter(r["config_hash"] for r in rows if r["config_hash"])
+    if len(hashes) < 2:
+        return set()
+    common = hashes.most_common(1)[0][0]
+    return {r["device"] for r in rows if r["config_hash"] and r["config_hash"] != common}
+
+
+_CELL_MAX = 48
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    odd = odd_configs(rows)
+
+    def cells(r: dict[str, Any]) -> list[str]:
+        def num(v: Any, fmt: str) -> str:
+            return "-" if v is None else format(v, fmt)
+
+        seen = "-" if r["last_seen_s"] is None else f"{r['last_seen_s']:.0f} s ago"
+        drift = "*" if r["device"] in odd else ""
+        throttled = "-" if r["throttled"] is None else ("yes" if r["throttled"] else "no")
+        miss = "-" if r["miss_rate"] is None else f"{r['miss_rate']:.1%}"
+        texts = [
+            r["device"],
+            r["status"],
+            seen,
+            r["model"] or "-",
+            (r["config_hash"] or "-") + drift,
+            r["version"] or "-",
+            num(r["fps"], ".1f"),
+            num(r["e2e_p99_ms"], ".1f"),
+            miss,
+            throttled,
+            r["power_mode"] or "-",
+        ]
+        return [printable(t, _CELL_MAX) for t in texts]
+
+    lines = ["  ".join(name.ljust(width) for name, width in COLUMNS).rstrip()]
+    for r in rows:
+        lines.append("  ".join(c.ljust(w) for c, (_, w) in zip(cells(r), COLUMNS)).rstrip())
+        if r.get("error"):
+            device, error = printable(r["device"], _CELL_MAX), printable(r["error"], _CELL_MAX)
+            lines.append(f"  {device}: invalid health: {error}")
+    if not rows:
+        lines.append("(no device has reported under this prefix)")
+    if odd:
+        lines.append(
+            "* config differs from the fleet's most common one: "
+            + printable(", ".join(sorted(odd)), _CELL_MAX)
+        )
+    return "\n".join(lines)
