@@ -23,6 +23,7 @@ from typing import Any
 
 import zmq
 
+from edge_agent.core.config import PublishConfig
 from edge_agent.core.exposure import on_loopback
 from edge_agent.core.stamps import CAPTURED, N_STAMPS, PUBLISH, STAGES
 from edge_agent.pipelines.curve import AllowedClients, read_client_keys
@@ -102,6 +103,19 @@ class ZmqPublisher:
         self._flood_window = (0.0, 0)  # (its start, subscription_messages then)
         self._flood_logged = float("-inf")
         self._pack = _packer(encoding)
+
+    @classmethod
+    def from_config(cls, pub: PublishConfig) -> ZmqPublisher:
+        """The stream as the ``publish`` section says (the section whole: a key is read here)."""
+        return cls(
+            pub.endpoint,
+            pub.send_hwm,
+            pub.encoding,
+            pub.curve_server_key,
+            pub.curve_clients_dir,
+            pub.topic,
+            max_subscribers=pub.max_subscribers,
+        )
 
     def encode(self, message: dict[str, Any]) -> bytes:
         return self._pack(message)

@@ -10,28 +10,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, fields
 
-from edge_agent.core.config import AgentConfig, OnnxRuntimeConfig, PublishConfig
+from edge_agent.core.config import AgentConfig, OnnxRuntimeConfig
 from edge_agent.core.plan import capture_part, model_batches
 from edge_agent.core.reloads import AT_START, ELSEWHERE, MODELS, marked_values
 from edge_agent.pipelines.model import LoadedModel
-from edge_agent.pipelines.publish import ZmqPublisher
 from edge_agent.pipelines.slots import ModelBuffers, prepare_buffers
 from edge_agent.pipelines.sources.base import Source
 from edge_agent.service.assembly import Assembly
 
 log = logging.getLogger("edge_agent.service.runner")
-
-
-def make_publisher(pub: PublishConfig) -> ZmqPublisher:
-    return ZmqPublisher(
-        pub.endpoint,
-        pub.send_hwm,
-        pub.encoding,
-        pub.curve_server_key,
-        pub.curve_clients_dir,
-        pub.topic,
-        max_subscribers=pub.max_subscribers,
-    )
 
 
 @dataclass

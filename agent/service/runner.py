@@ -30,7 +30,7 @@ from edge_agent.pipelines.slots import ModelBuffers
 from edge_agent.pipelines.sources.base import Source
 from edge_agent.power.manager import PowerManager
 from edge_agent.service.assembly import Assembly
-from edge_agent.service.reloading import Prepared, Reloader, make_publisher
+from edge_agent.service.reloading import Prepared, Reloader
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class Agent:
         try:
             self.sources = {src.name: assembly.source(cfg, src) for src in cfg.source_list()}
             self.power = PowerManager(cfg.power)
-            self.publisher = make_publisher(cfg.publish)
+            self.publisher = ZmqPublisher.from_config(cfg.publish)
             if cfg.view.enabled:
                 from edge_agent.service.view.server import ViewServer
 
@@ -255,7 +255,7 @@ class Agent:
             log.warning("reload: the result stream is rebound (%s); subscribers reconnect", pub_new.endpoint)
             assert self.publisher is not None
             self.publisher.close()
-            publisher: ZmqPublisher = make_publisher(pub_new)
+            publisher: ZmqPublisher = ZmqPublisher.from_config(pub_new)
             publisher.open()
             self._parts.replace(self.publisher, publisher)
             self.publisher = publisher
