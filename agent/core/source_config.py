@@ -1,5 +1,5 @@
-"""The config of each kind of source (synthetic camera, video file, image folder, V4L2,
-RTSP, GStreamer), and the settings every source has (its name and its lane's scheduling)."""
+"""The config of each kind of source (synthetic camera, video file, image folder, watched
+folder, V4L2, RTSP, GStreamer), and the settings every source has (its name and its lane's scheduling)."""
 
 from __future__ import annotations
 
@@ -90,6 +90,25 @@ class ImageFolderSourceConfig(_SourceBase):
 
 
 @dataclass(frozen=True)
+class WatchFolderSourceConfig(_SourceBase):
+    """A folder watched for new images (uploads from a camera trap, an FTP drop): each new
+    file is processed once, in the order they arrived, once its size stopped changing."""
+
+    type: Literal["watch"] = "watch"
+    path: str = path_field("dir")
+    patterns: tuple[str, ...] = ("*.jpg", "*.jpeg", "*.png", "*.bmp")
+    existing: bool = False  # also the images already there at start (else only new ones)
+    poll_s: float = 0.2  # how often the folder is looked at
+    settle_s: float = 0.5  # a file is read once its size has not changed for this long
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(bool(self.path), "path", "a folder to watch is required")
+        check(0.01 <= self.poll_s <= 60, "poll_s", "must be within 0.01..60")
+        check(0 <= self.settle_s <= 3600, "settle_s", "must be within 0..3600")
+
+
+@dataclass(frozen=True)
 class _LiveBase(_SourceBase):
     # A camera that fails to open or stops delivering is reopened with exponential backoff.
     retry_initial_s: float = 0.5
@@ -147,6 +166,7 @@ SourceConfig = (
     SyntheticSourceConfig
     | VideoSourceConfig
     | ImageFolderSourceConfig
+    | WatchFolderSourceConfig
     | V4L2SourceConfig
     | RtspSourceConfig
     | GStreamerSourceConfig
