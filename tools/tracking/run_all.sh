@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The whole measurement, in order, one process at a time (see README.md for the venvs).
+# Work files go to $TRACKING_WORK (default /tmp/tracking). About 20 minutes of CPU on the
+# 2-core development machine.
+set -euo pipefail
+cd "$(dirname "$0")"
+W=${TRACKING_WORK:-/tmp/tracking}
+NP2=${NP2:-/tmp/trackvenv/bin/python}
+NP1=${NP1:-/tmp/trackvenv-np1/bin/python}
+UL=${UL:-/tmp/trackvenv-ul/bin/python}
+AGENT=${AGENT:-../../.venv/bin/python}
+export YOLO_OFFLINE=1
+N="nice -n 10"
+
+# 1. sequences, tracker outputs, TrackEval scores
+$N $NP2 make_sequences.py --source noisy --seeds 1 2 3 4
+$N $AGENT make_sequences.py --source detector --seeds 1 2
+$N $NP2 run_trackers.py --group np2
+$N $NP1 run_trackers.py --group np1
+$N $UL run_trackers.py --group ul
+$N $NP2 evaluate.py > "$W/accuracy-tables.md"
+$N $NP2 seq_stats.py > "$W/seq-stats.md"
+
+# 2. cost per frame: the three venvs' processes alternate, three rounds each
+mkdir -p "$W/results"
+rm -f "$W/results/costs.jsonl"
+for r in 0 1 2; do
+  $N $NP2 bench_cost.py --group np2 --round-offset $r --out "$W/results/costs.jsonl"
+  $N $NP1 bench_cost.py --group np1 --round-offset $r --out "$W/results/costs.jsonl"
+  $N $UL bench_cost.py --group ul --round-offset $r --out "$W/results/costs.jsonl"
+done
+
+# 4. memory over 100,000 frames, one process per candidate
+rm -f "$W/results/soak.jsonl"
+$N $NP2 soak.py --candidate ours-lap --out "$W/results/soak.jsonl"
+$N $NP2 soak.py --candidate trackers-bytetrack --out "$W/results/soak.jsonl"
+$N $NP1 soak.py --candidate sv-bytetrack --out "$W/results/soak.jsonl"
+$N $NP1 soak.py --candidate norfair --out "$W/results/soak.jsonl"
+$N $UL soak.py --candidate ul-bytetrack --out "$W/results/soak.jsonl"
+
+$NP2 summarize.py
