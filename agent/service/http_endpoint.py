@@ -32,6 +32,7 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qs, unquote_to_bytes
 
 log = logging.getLogger(__name__)
+CLOSE_WAIT_S = 1.0  # a close waits this long for the server thread
 
 _TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]"
 #: A whole request line (``\r`` stripped): method, target, HTTP major and minor.
@@ -260,18 +261,21 @@ class HttpEndpoint:
             with contextlib.suppress(OSError):  # full: a wake-up is pending anyway
                 self._wake[1].send(b"\0")
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = CLOSE_WAIT_S) -> bool:
+        """Stop serving; True if the server thread ended within ``timeout_s``."""
         thread = self._thread
         if thread is None:
-            return
+            return True
         self._stopping = True
         self.wake()
-        thread.join(1.0)
+        thread.join(timeout_s)
+        self._thread = None
         if thread.is_alive():  # stuck in a handler: free the port now, the rest when it returns
-            log.warning("%s: the server thread did not stop within 1 s", self.name)
+            log.warning("%s: the server thread did not stop within %.1f s", self.name, timeout_s)
             if self._sock is not None:
                 self._sock.close()
-        self._thread = None
+            return False
+        return True
 
     def _listen(self) -> socket.socket:
         family, _, _, _, addr = socket.getaddrinfo(

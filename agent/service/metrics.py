@@ -42,7 +42,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from edge_agent.core.exposure import on_loopback
 from edge_agent.core.latency import _UPPER, LatencyHistogram
 from edge_agent.pipelines.snapshot import LaneSnapshot
-from edge_agent.service.http_endpoint import HttpEndpoint
+from edge_agent.service.http_endpoint import CLOSE_WAIT_S, HttpEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -242,9 +242,9 @@ class MetricsServer:
             )
         log.info("metrics on %s", self.http.url)
 
-    def stop(self, timeout_s: float = 0.0) -> bool:
-        self.close()
-        return True
+    def stop(self, timeout_s: float = CLOSE_WAIT_S) -> bool:
+        """Stop serving; True if the server thread ended within ``timeout_s``."""
+        return self.http.close(timeout_s)
 
     def close(self) -> None:
         self.http.close()

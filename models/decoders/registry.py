@@ -9,54 +9,33 @@ else lists it. The shared modules declare no ``DECODER``.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-import threading
 from pathlib import Path
 
+from edge_agent.core.plugins import PackageRegistry
 from edge_agent.models.decoders.base import Decoder
 
-_REGISTRY: dict[str, Decoder] = {}
-_lock = threading.RLock()  # a decoder module may look a name up while being imported
-_imported = False
+_REGISTRY: PackageRegistry[Decoder] = PackageRegistry(
+    "decoder",
+    __package__,
+    str(Path(__file__).parent),
+    lambda module: [(d.name, d)] if (d := getattr(module, "DECODER", None)) is not None else [],
+)
 
 
 def register(decoder: Decoder) -> Decoder:
     """Make ``decoder`` known by its name. Raises ValueError for a name already registered."""
-    if decoder.name in _REGISTRY:
-        raise ValueError(f"decoder {decoder.name!r} is already registered")
-    _REGISTRY[decoder.name] = decoder
-    return decoder
-
-
-def _import_modules() -> None:
-    """Register the ``DECODER`` of every module of the package, in name order."""
-    global _imported
-    with _lock:
-        if _imported:
-            return
-        for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda m: m.name):
-            decoder = getattr(importlib.import_module(f"{__package__}.{info.name}"), "DECODER", None)
-            if decoder is not None:
-                register(decoder)
-        _imported = True
+    return _REGISTRY.register(decoder.name, decoder)
 
 
 def registered() -> list[Decoder]:
-    """Every registered decoder, by name (not by the order their modules were imported in)."""
-    _import_modules()
-    return [_REGISTRY[name] for name in sorted(_REGISTRY)]
+    """Every registered decoder, by name."""
+    return _REGISTRY.items()
 
 
 def names() -> list[str]:
-    _import_modules()
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def get(name: str) -> Decoder:
     """The decoder registered as ``name``. Raises LookupError naming the known ones."""
-    _import_modules()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise LookupError(f"unknown decoder {name!r} (one of {', '.join(map(repr, names()))})") from None
+    return _REGISTRY.get(name)

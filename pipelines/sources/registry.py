@@ -9,13 +9,11 @@ the frame path needs to know it (its config dataclass sits in ``core/source_conf
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from edge_agent.core.plugins import PackageRegistry
 from edge_agent.core.source_config import (
     SourceConfig,
     SyntheticSourceConfig,
@@ -25,44 +23,28 @@ from edge_agent.core.source_config import (
 from edge_agent.pipelines.sources.base import Source, SourceError
 from edge_agent.pipelines.sources.files import video_fps
 
-_REGISTRY: dict[str, Callable[[Any], Source]] = {}
-_lock = threading.Lock()
-_imported = False
+_REGISTRY: PackageRegistry[Callable[[Any], Source]] = PackageRegistry(
+    "source type",
+    __package__,
+    str(Path(__file__).parent),
+    lambda module: getattr(module, "SOURCES", {}).items(),
+)
 
 
 def register(type_name: str, factory: Callable[[Any], Source]) -> None:
     """Make ``factory`` build the sources of ``type_name``; a name twice is refused."""
-    if type_name in _REGISTRY:
-        raise ValueError(f"source type {type_name!r} is already registered")
-    _REGISTRY[type_name] = factory
-
-
-def _import_modules() -> None:
-    """Register the ``SOURCES`` of every module of the package, in name order."""
-    global _imported
-    with _lock:
-        if _imported:
-            return
-        for info in sorted(pkgutil.iter_modules([str(Path(__file__).parent)]), key=lambda m: m.name):
-            declared = getattr(importlib.import_module(f"{__package__}.{info.name}"), "SOURCES", {})
-            for type_name, factory in declared.items():
-                register(type_name, factory)
-        _imported = True
+    _REGISTRY.register(type_name, factory)
 
 
 def source_types() -> list[str]:
-    _import_modules()
-    return sorted(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def create_source(config: SourceConfig) -> Source:
-    _import_modules()
     try:
-        factory = _REGISTRY[config.type]
-    except KeyError:
-        raise SourceError(
-            f"unknown source type {config.type!r} (one of {', '.join(sorted(_REGISTRY))})"
-        ) from None
+        factory = _REGISTRY.get(config.type)
+    except LookupError as e:
+        raise SourceError(str(e)) from None
     return factory(config)
 
 
