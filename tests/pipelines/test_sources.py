@@ -534,3 +534,21 @@ def test_the_backlog_a_stream_bursts_on_connect_is_drained_as_stale():
     # The buffered frames are never handed over: the first one is a live one. (All 24 are
     # drained unless this machine is so loaded that reading one took half a frame time.)
     assert first == src.stale and src.stale >= 20, (src.stale, first)
+
+
+def test_every_source_type_of_the_config_is_registered_and_an_unknown_one_is_named():
+    """The registry collects each source module's SOURCES; every type the config schema
+    knows builds a source, and a type nobody registered is refused by name."""
+    import typing
+    from dataclasses import replace
+
+    from edge_agent.core.source_config import SourceConfig
+    from edge_agent.pipelines.sources.registry import register, source_types
+
+    schema = {cls.__dataclass_fields__["type"].default for cls in typing.get_args(SourceConfig)}
+    assert schema == set(source_types())
+    with pytest.raises(ValueError, match="'synthetic' is already registered"):
+        register("synthetic", SyntheticSource)
+    bogus = replace(SyntheticSourceConfig(), type="nope")  # type: ignore[arg-type]
+    with pytest.raises(SourceError, match=r"unknown source type 'nope' \(one of .*'watch'"):
+        create_source(bogus)
