@@ -31,6 +31,7 @@ CONFIGS: dict[str, tuple[str, ...]] = {
     "synthetic.yaml": (),
     "video.yaml": ("clip.mp4",),
     "images.yaml": ("frames/",),
+    "watch.yaml": ("drop/",),
     "v4l2.yaml": (),
     "rtsp.yaml": (),
     "csi-jetson.yaml": ("yolov8n.onnx",),
