@@ -294,10 +294,11 @@ IMAGE_PATTERNS: tuple[str, ...] = next(
 
 
 def list_images(folder: str, patterns: tuple[str, ...] = IMAGE_PATTERNS) -> list[str]:
-    """The files of ``folder`` matching ``patterns``, in name order. The folder's name is
-    taken as it is: glob characters in it (``cam[1]``) match themselves."""
+    """The regular files of ``folder`` matching ``patterns``, in name order (a FIFO would
+    block a read, a device never end). The folder's name is taken as it is: glob characters
+    in it (``cam[1]``) match themselves."""
     base = glob.escape(folder)
-    return sorted({f for p in patterns for f in glob.glob(os.path.join(base, p))})
+    return sorted({f for p in patterns for f in glob.glob(os.path.join(base, p)) if os.path.isfile(f)})
 
 
 def folder_images(src: ImageFolderSourceConfig) -> list[str]:

@@ -6,12 +6,18 @@ is not read half-way). Files already there at start are skipped unless ``existin
 was seen is remembered only while the file is still there, so the memory follows the
 folder, not the run's length; a file written again under the same name after it was
 removed is new. Unreadable files are skipped and counted.
+
+The folder may be written by others (an FTP drop): only regular files are read (a FIFO would
+block the read, a device never end), and none over ``MAX_IMAGE_BYTES``. OpenCV's own cap on
+an image's pixels (``OPENCV_IO_MAX_IMAGE_PIXELS``, 2^30 by default) bounds what a small file
+may decode to.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import stat
 import time
 from typing import Any
 
@@ -22,6 +28,8 @@ from edge_agent.pipelines.sources.base import Source, SourceError, SourceFrame
 from edge_agent.pipelines.sources.files import list_images
 
 log = logging.getLogger(__name__)
+
+MAX_IMAGE_BYTES = 64 << 20  # a larger file is skipped (and counted unreadable), not read
 
 
 class WatchFolderSource(Source):
@@ -92,6 +100,16 @@ class WatchFolderSource(Source):
             try:
                 st = os.stat(path)
             except OSError:  # removed meanwhile
+                continue
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_IMAGE_BYTES:
+                self._seen.add(path)  # looked at once, never read
+                self.unreadable += 1
+                log.warning(
+                    "source %s: skipping %s (not a regular file, or over %d bytes)",
+                    self.name,
+                    path,
+                    MAX_IMAGE_BYTES,
+                )
                 continue
             size, since = self._sizes.get(path, (-1, now_ns))
             if st.st_size != size:

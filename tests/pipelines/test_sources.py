@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -552,3 +553,11 @@ def test_every_source_type_of_the_config_is_registered_and_an_unknown_one_is_nam
     bogus = replace(SyntheticSourceConfig(), type="nope")  # type: ignore[arg-type]
     with pytest.raises(SourceError, match=r"unknown source type 'nope' \(one of .*'watch'"):
         create_source(bogus)
+
+
+def test_an_image_folder_lists_regular_files_only(tmp_path):
+    """A FIFO named like an image would block the read; a link to a device never ends."""
+    cv2.imwrite(str(tmp_path / "a.png"), np.full((8, 8, 3), 5, np.uint8))
+    os.mkfifo(tmp_path / "b.png")
+    os.symlink("/dev/zero", tmp_path / "c.png")
+    assert [os.path.basename(p) for p in list_images(str(tmp_path))] == ["a.png"]

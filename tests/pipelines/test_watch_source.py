@@ -135,3 +135,21 @@ def test_the_agent_publishes_the_images_dropped_into_the_folder(tmp_path):
     finally:
         sub.close()
         end_process(agent)
+
+
+def test_a_fifo_a_device_link_and_an_oversized_file_are_skipped_without_blocking(tmp_path, monkeypatch):
+    """The folder may be written by others: a FIFO (opening it would block the capture
+    thread) and a link to a device are not listed, a file over the size cap is skipped and
+    counted."""
+    from edge_agent.pipelines.sources import watch
+
+    monkeypatch.setattr(watch, "MAX_IMAGE_BYTES", 10_000)
+    src = WatchFolderSource(WatchFolderSourceConfig(path=str(tmp_path), poll_s=0.01, settle_s=0))
+    src.open()
+    os.mkfifo(tmp_path / "pipe.png")
+    os.symlink("/dev/zero", tmp_path / "zero.png")
+    (tmp_path / "big.png").write_bytes(b"\0" * 20_000)
+    image(tmp_path / "good.png", 33)
+    assert values(src, 1) == [33]  # the read returned: nothing blocked on the FIFO
+    assert src.unreadable == 1  # the oversized file; the FIFO and the device are never listed
+    assert src.read(0.05) is None  # each looked at once
