@@ -94,9 +94,12 @@ class ZmqPublisher:
         self.error: str | None = None  # the stream is down for good (a rebind failed)
         self.subscriptions = 0  # to results (not heartbeats only): subscribed minus unsubscribed
         self.subscription_messages = 0  # every (un)subscription read, any topic
-        # Live subscriptions of any topic, all subscribers (needs XPUB_VERBOSER, which also
-        # passes up the unsubscriptions of a subscriber that left); None: not counted.
-        self.live_subscriptions: int | None = 0
+        # The distinct topics subscribed, any subscriber (what libzmq holds, in kind): a
+        # set, not a count of messages, so a topic subscribed twice counts once (libzmq passes
+        # up each duplicate, but one unsubscription when its subscriber leaves) and an
+        # unsubscription of a topic nobody has is nothing. Needs XPUB_VERBOSER, which passes
+        # up the unsubscriptions of a subscriber that left; None: not kept.
+        self._topics: set[bytes] | None = set()
         self.guard = SubscriberGuard(max_subscribers)  # drain thread's only
         self._drainer: threading.Thread | None = None
         self._drain_stop = threading.Event()
@@ -168,7 +171,7 @@ class ZmqPublisher:
             sock.setsockopt(zmq.XPUB_VERBOSER, 1)
         except (AttributeError, zmq.ZMQError):  # libzmq < 4.3: no unsubscriptions counted
             sock.setsockopt(zmq.XPUB_VERBOSE, 1)
-            self.live_subscriptions = None
+            self._topics = None
         if self._server_keys is not None:
             sock.curve_publickey, sock.curve_secretkey = self._server_keys
             sock.curve_server = True
@@ -266,8 +269,8 @@ class ZmqPublisher:
         self._sock.close(linger=0)  # nothing more for anyone on the old connections
         self._sock = None
         self.subscriptions = 0
-        if self.live_subscriptions is not None:
-            self.live_subscriptions = 0
+        if self._topics is not None:
+            self._topics.clear()
         sock = self._socket()
         # The old listener is closed by ZeroMQ's I/O thread, a moment after close().
         deadline = time.monotonic() + REBIND_TIMEOUT_S
@@ -331,11 +334,11 @@ class ZmqPublisher:
             except zmq.Again:
                 break
             n += 1
-            if self.live_subscriptions is not None:
+            if self._topics is not None:
                 if msg[:1] == b"\x01":
-                    self.live_subscriptions += 1
+                    self._topics.add(msg[1:])
                 elif msg[:1] == b"\x00":
-                    self.live_subscriptions = max(0, self.live_subscriptions - 1)
+                    self._topics.discard(msg[1:])
             prefix = msg[1:]
             # A subscription to "", "d", "det" or "det.cam0" receives results; "health" not.
             if not (self._results.startswith(prefix) or prefix.startswith(self._results)):
@@ -360,7 +363,7 @@ class ZmqPublisher:
                 n = self._drain(DRAIN_BATCH) if self._sock is not None else 0
             # Outside the lock: send() never waits for a look at the connections.
             try:
-                self.guard.check(self.live_subscriptions or 0)
+                self.guard.check(self.live_topics)
             except Exception:  # the drain goes on without the guard rather than stop
                 if not guard_failed:
                     log.exception("result stream: the subscriber guard failed (subscriptions still read)")
@@ -394,6 +397,12 @@ class ZmqPublisher:
                 )
             return
         self._flood_window = (now, self.subscription_messages)
+
+    @property
+    def live_topics(self) -> int:
+        """The distinct topics subscribed now (0 when not kept)."""
+        topics = self._topics
+        return len(topics) if topics is not None else 0
 
     def send(self, topic: bytes, body: bytes) -> None:
         with self._lock:

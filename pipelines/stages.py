@@ -183,7 +183,10 @@ class CaptureStage:
         # Someone watches: this frame's pixels, if one is due (the source's image stays
         # valid until its next read).
         if tap is not None and tap.active:
-            tap.offer_pixels(slot.frame)
+            try:
+                tap.offer_pixels(slot.frame)
+            except Exception:  # the view must never cost a frame (nor its slot)
+                log.exception("view: the frame's pixels could not be handed over")
         return True
 
 

@@ -42,13 +42,20 @@ class PackageRegistry(Generic[T]):
         return item
 
     def _import_modules(self) -> None:
+        """Every module's items, all or none: a module that fails to import raises its own
+        error, and leaves nothing half registered for the next lookup to trip over."""
         with self._lock:
             if self._imported:
                 return
-            for info in sorted(pkgutil.iter_modules([self._folder]), key=lambda m: m.name):
-                for name, item in self._declared(importlib.import_module(f"{self._package}.{info.name}")):
-                    self.register(name, item)
-            self._imported = True
+            self._imported = True  # a plug-in module looking a name up while imported sees the rest
+            before = dict(self._items)
+            try:
+                for info in sorted(pkgutil.iter_modules([self._folder]), key=lambda m: m.name):
+                    for name, item in self._declared(importlib.import_module(f"{self._package}.{info.name}")):
+                        self.register(name, item)
+            except BaseException:
+                self._items, self._imported = before, False
+                raise
 
     def names(self) -> list[str]:
         self._import_modules()

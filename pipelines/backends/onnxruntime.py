@@ -50,12 +50,6 @@ class _Rows:
     slot: np.ndarray  # (MAX_ROWS, ...)
 
 
-def _leading_name(arg: Any) -> str | None:
-    """The symbolic name of a tensor's first axis (None: a fixed size, or no name)."""
-    first = arg.shape[0] if arg.shape else None
-    return first if isinstance(first, str) else None
-
-
 def _row_shape(spec: TensorSpec) -> tuple[int, ...]:
     """One row of an output with a row count per frame (BackendError: a row's size is dynamic)."""
     return TensorSpec(spec.name, (1, *spec.shape[1:]), spec.dtype).concrete()
@@ -113,13 +107,14 @@ class OnnxRuntimeBackend(InferenceBackend):
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         self._inputs = [_spec(a) for a in inputs]
         self._outputs = [_spec(a) for a in outputs]
-        # A dynamic first axis is the batch when the input's batch axis is dynamic under the
-        # same name; otherwise (a fixed input batch, or another name) it counts rows.
-        batch = _leading_name(inputs[0]) if inputs else None
+        # Rows per frame: a 2-D output ([N, K]) whose first axis is dynamic while the input's
+        # batch is fixed (a dynamic first axis of any other output is the batch, whatever
+        # its name: exporters name unknown axes each their own way).
+        fixed_batch = bool(inputs) and bool(inputs[0].shape) and isinstance(inputs[0].shape[0], int)
         self._rows = [
             i
-            for i, (a, spec) in enumerate(zip(outputs, self._outputs))
-            if spec.shape and spec.shape[0] is None and (batch is None or _leading_name(a) != batch)
+            for i, spec in enumerate(self._outputs)
+            if fixed_batch and len(spec.shape) == 2 and spec.shape[0] is None and spec.shape[1] is not None
         ]
 
     def batch_axis(self) -> tuple[int, bool]:

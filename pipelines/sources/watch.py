@@ -7,29 +7,23 @@ was seen is remembered only while the file is still there, so the memory follows
 folder, not the run's length; a file written again under the same name after it was
 removed is new. Unreadable files are skipped and counted.
 
-The folder may be written by others (an FTP drop): only regular files are read (a FIFO would
-block the read, a device never end), and none over ``MAX_IMAGE_BYTES``. OpenCV's own cap on
-an image's pixels (``OPENCV_IO_MAX_IMAGE_PIXELS``, 2^30 by default) bounds what a small file
-may decode to.
+The folder may be written by others (an FTP drop): files are read with ``files.read_image``,
+which takes regular files of at most ``files.MAX_IMAGE_BYTES`` only, checked on the open file
+(a FIFO swapped in would block the read, a device never end).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import stat
 import time
 from typing import Any
 
-import cv2
-
 from edge_agent.core.source_config import WatchFolderSourceConfig
 from edge_agent.pipelines.sources.base import Source, SourceError, SourceFrame
-from edge_agent.pipelines.sources.files import list_images
+from edge_agent.pipelines.sources.files import list_images, read_image
 
 log = logging.getLogger(__name__)
-
-MAX_IMAGE_BYTES = 64 << 20  # a larger file is skipped (and counted unreadable), not read
 
 
 class WatchFolderSource(Source):
@@ -73,10 +67,9 @@ class WatchFolderSource(Source):
         """The oldest settled file's image (unreadable ones skipped); None when none is left."""
         while self._ready:
             path = self._ready.pop(0)
-            img = cv2.imread(path, cv2.IMREAD_COLOR)
+            img = read_image(path, self.name)
             if img is None:
                 self.unreadable += 1
-                log.warning("source %s: skipping unreadable image %s", self.name, path)
                 continue
             f = self._frame
             f.image, f.frame_id, f.capture_ns = img, self._count, time.monotonic_ns()
@@ -100,16 +93,6 @@ class WatchFolderSource(Source):
             try:
                 st = os.stat(path)
             except OSError:  # removed meanwhile
-                continue
-            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_IMAGE_BYTES:
-                self._seen.add(path)  # looked at once, never read
-                self.unreadable += 1
-                log.warning(
-                    "source %s: skipping %s (not a regular file, or over %d bytes)",
-                    self.name,
-                    path,
-                    MAX_IMAGE_BYTES,
-                )
                 continue
             size, since = self._sizes.get(path, (-1, now_ns))
             if st.st_size != size:

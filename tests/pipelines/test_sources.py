@@ -561,3 +561,10 @@ def test_an_image_folder_lists_regular_files_only(tmp_path):
     os.mkfifo(tmp_path / "b.png")
     os.symlink("/dev/zero", tmp_path / "c.png")
     assert [os.path.basename(p) for p in list_images(str(tmp_path))] == ["a.png"]
+    # Swapped in after the listing: refused on the open file, never waited on.
+    from edge_agent.pipelines.sources.files import read_image
+
+    assert read_image(str(tmp_path / "b.png"), "s") is None
+    assert read_image(str(tmp_path / "c.png"), "s") is None
+    assert read_image(str(tmp_path / "a.png"), "s", max_bytes=10) is None
+    assert read_image(str(tmp_path / "a.png"), "s")[0, 0, 0] == 5

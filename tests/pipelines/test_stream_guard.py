@@ -7,6 +7,7 @@ another connection is never shut down."""
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 import zmq
@@ -124,14 +125,14 @@ def test_past_the_total_of_subscriptions_the_fastest_sender_is_disconnected(subs
     opened(pub)
     try:
         quiet = subscriber(pub.endpoint, [b"det.cam0"])
-        wait_until(lambda: pub.live_subscriptions == 1, 30, message="the quiet subscription read")
+        wait_until(lambda: pub.live_topics == 1, 30, message="the quiet subscription read")
         many = subscriber(pub.endpoint, [b"det.x%04d" % i for i in range(300)])
         wait_until(lambda: many.events()[1] >= 1, 30, message="the one over the total disconnected")
         wait_until(lambda: pub.guard.dropped_total >= 1, 30, message="counted")
         assert quiet.events()[1] == 0
         # Its unsubscriptions are read: the count is back to the quiet one's (and the
         # disconnected one's again when it reconnects, up to the total).
-        wait_until(lambda: pub.live_subscriptions <= 200, 30, message="back under the total")
+        wait_until(lambda: pub.live_topics <= 200, 30, message="back under the total")
         assert quiet.receives(pub, b"det.cam0")
     finally:
         pub.close()
@@ -162,3 +163,32 @@ def test_a_descriptor_number_now_naming_another_connection_is_left_alone():
         finally:
             other.close()
             second.close()
+
+
+def test_duplicates_and_unknown_unsubscriptions_move_no_count(subscriber):
+    """A topic subscribed many times counts once (libzmq passes up each duplicate, and one
+    unsubscription when its subscriber leaves), and unsubscribing a topic nobody holds
+    lowers nothing: neither drifts the total the guard judges by."""
+    pub = ZmqPublisher(free_endpoint())
+    pub.guard = SubscriberGuard(max_subscribers=8, burst_bytes=10**9, max_subscriptions=200)
+    opened(pub)
+    try:
+        quiet = subscriber(pub.endpoint, [b"det.cam0"])
+        wait_until(lambda: pub.live_topics == 1, 30, message="the quiet subscription read")
+        # An XSUB sends what it is given: a SUB would send a topic's first subscription only.
+        dup = subscriber.ctx.socket(zmq.XSUB)
+        dup.linger = 0
+        dup.connect(pub.endpoint)
+        for _ in range(250):
+            dup.send(b"\x01x")
+        dup.send(b"\x00never-subscribed")
+        try:
+            wait_until(lambda: pub.subscription_messages >= 251, 30, message="the duplicates read")
+            assert pub.live_topics == 2
+        finally:
+            dup.close()
+        wait_until(lambda: pub.live_topics == 1, 30, message="back to the quiet one's")
+        time.sleep(0.3)  # three looks of the guard
+        assert pub.guard.dropped_total == 0 and quiet.events()[1] == 0
+    finally:
+        pub.close()

@@ -141,9 +141,9 @@ def test_a_fifo_a_device_link_and_an_oversized_file_are_skipped_without_blocking
     """The folder may be written by others: a FIFO (opening it would block the capture
     thread) and a link to a device are not listed, a file over the size cap is skipped and
     counted."""
-    from edge_agent.pipelines.sources import watch
+    from edge_agent.pipelines.sources import files
 
-    monkeypatch.setattr(watch, "MAX_IMAGE_BYTES", 10_000)
+    monkeypatch.setattr(files, "MAX_IMAGE_BYTES", 10_000)
     src = WatchFolderSource(WatchFolderSourceConfig(path=str(tmp_path), poll_s=0.01, settle_s=0))
     src.open()
     os.mkfifo(tmp_path / "pipe.png")
