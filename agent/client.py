@@ -6,12 +6,13 @@
         if msg.gap:
             print(f"lost {msg.gap} messages before seq {msg.seq}")
         for d in msg.detections:
-            print(msg.source, d.label, d.score, d.box_xyxy)
+            print(msg.source, d.label, d.score, d.box_xyxy, d.track_id)
 
 Each ZeroMQ frame is ``<topic> <body>``; the body is JSON, or msgpack when the agent
 publishes with ``publish.encoding: msgpack`` (told apart by its first byte). The schema
-is ``pipelines/schema/message-v1.schema.json``; fields may be added within version 1, so
-unknown fields are kept in ``raw`` and otherwise ignored.
+is ``pipelines/schema/message-v2.schema.json`` (version 2 added the tracker's fields to
+version 1's); fields may be added within a version, so unknown fields are kept in ``raw``
+and otherwise ignored. Messages of either version parse.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class Detection:
     class_id: int
     score: float
     box_xyxy: tuple[float, float, float, float]  # source pixels
+    track_id: int | None = None  # the source's tracker's (None: untracked, or no tracker)
+    track_age: int = 0  # frames since the track's first detection
 
 
 @dataclass(frozen=True)
@@ -72,7 +75,14 @@ def parse(topic: str, body: dict[str, Any], gap: int = 0) -> Result | Health:
             topic, float(body.get("fps", 0.0)), body.get("counts", {}), bool(body.get("final")), body
         )
     dets = tuple(
-        Detection(d["label"], int(d["class_id"]), float(d["score"]), tuple(d["box_xyxy"]))
+        Detection(
+            d["label"],
+            int(d["class_id"]),
+            float(d["score"]),
+            tuple(d["box_xyxy"]),
+            int(d["track_id"]) if d.get("track_id") is not None else None,
+            int(d.get("track_age", 0)),
+        )
         for d in body.get("detections", ())
     )
     return Result(

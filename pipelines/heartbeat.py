@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from typing import Any
 
 from edge_agent import __version__
@@ -41,6 +42,9 @@ class HealthReporter:
         self.publisher = publisher
         self.device_id = device_id
         self.interval_s = interval_s
+        # This run of the agent: track ids are unique within a run and source, so a new
+        # run_id tells a consumer that ids start again (a restart; a reload keeps it).
+        self.run_id = uuid.uuid4().hex[:16]
         self.config_hash = ""  # of the effective config (the runner's), so a fleet shows drift
         self.latest: dict[str, Any] = {}  # the first source's last heartbeat, for the CLI
         self.latest_by_source: dict[str, dict[str, Any]] = {}
@@ -114,6 +118,7 @@ class HealthReporter:
             "device": self.device_id,
             "source": lane.name,
             "version": __version__,
+            "run_id": self.run_id,
             "config_hash": self.config_hash,
             "ts_unix_s": round((now + self._unix_offset_ns) / 1e9, 3),
             "uptime_s": round((now - self._t0) / 1e9, 3),
@@ -148,6 +153,8 @@ class HealthReporter:
         }
         if self.power is not None:
             msg["power"] = self.power.snapshot()
+        if lane.tracking is not None:
+            msg["tracking"] = lane.tracking.as_dict()
         change = lane.change
         if change is not None:
             msg["event"] = {

@@ -25,6 +25,7 @@ from edge_agent.pipelines.publish import MessageBuilder
 from edge_agent.pipelines.slots import FrameSlot, ModelBuffers
 from edge_agent.pipelines.snapshot import Counts, LaneSnapshot, frozen_copy, read_only
 from edge_agent.pipelines.sources.base import BufferPolicy, Source, SourceFrame
+from edge_agent.pipelines.tracking.step import SourceTracker
 from edge_agent.pipelines.view_tap import ViewTap
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,7 @@ class Lane:
             self.stats.by_profile.setdefault(p.name, LatencyHistogram())
         self.seq = 0
         self.view_tap: ViewTap | None = None  # the live view's, when enabled
+        self.tracker: SourceTracker | None = None  # the source's tracker, when it has one
         self.error: str | None = None  # why the source ended early, if it did
         self._stale_seen = source.stale  # the source's stale count already accounted
         self._stride_count = 0
@@ -275,6 +277,9 @@ class Lane:
             {k: v for k, v in self.stats.by_profile.items() if k not in old.stats.by_profile}
         )
         self.stats = old.stats
+        if self.tracker is not None and old.tracker is not None:
+            same = self.source is old.source  # not reopened: its capture settings are the same
+            self.tracker = old.tracker.carry_on(self.tracker.config, self.tracker.model, same)
 
     def snapshot(self, now_ns: int, take: bool = False) -> LaneSnapshot:
         """The lane at ``now_ns``; ``take``: with what is handed out once (the heartbeat's):
@@ -297,6 +302,7 @@ class Lane:
             seq=self.seq,
             frame_period_ms=self.frame_period_ms(),
             deadline=self.monitor.snapshot(now_ns),
+            tracking=self.tracker.snapshot(take) if self.tracker is not None else None,
             window=stats.take_window() if take else None,
             change=self.monitor.take_change() if take else None,
         )

@@ -81,6 +81,9 @@ class Pipeline:
         )
         self._captures = [CaptureStage(lane, self._scheduler, self._control) for lane in lanes]
         self._threads: list[threading.Thread] = []
+        # By source name, the next track id its tracker may give, kept across reloads for
+        # sources whose tracker was turned off or that were removed: ids never repeat in a run.
+        self._track_ids: dict[str, int] = {}
 
     @property
     def error(self) -> str | None:
@@ -142,12 +145,20 @@ class Pipeline:
         return "; ".join(dead) if dead else None
 
     def adopt(self, old: Pipeline) -> None:
-        """Continue where ``old`` stopped (a reload): per source, its sequence numbers and
-        counts; a source new in this config starts afresh."""
+        """Continue where ``old`` stopped (a reload): per source, its sequence numbers,
+        counts and tracks; a source new in this config starts afresh (its track ids after
+        any it had earlier in the run)."""
         previous = {lane.name: lane for lane in old._lanes}
+        self._track_ids = dict(old._track_ids)
+        for lane in old._lanes:
+            if lane.tracker is not None:
+                self._track_ids[lane.name] = lane.tracker.tracker.next_id
         for lane in self._lanes:
             if lane.name in previous:
                 lane.adopt(previous[lane.name])
+            if lane.tracker is not None:
+                t = lane.tracker.tracker
+                t.next_id = max(t.next_id, self._track_ids.get(lane.name, 1))
         self._scheduler.adopt(old._scheduler)
 
     # -- one frame on the caller's thread (the bench; the stage threads not running) ----

@@ -1,4 +1,4 @@
-"""The result stream: one ZeroMQ PUB message per frame, JSON, schema version 1.
+"""The result stream: one ZeroMQ PUB message per frame, JSON, schema version 2.
 
 A message is a single ZeroMQ frame: the topic (``det.<source>``), one space, then the
 JSON body. One frame rather than a multipart message so that subscribers may use
@@ -32,7 +32,7 @@ from edge_agent.pipelines.stream_guard import SubscriberGuard
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 CLOSE_LINGER_MS = 200  # at most this long to flush queued messages when the socket closes
@@ -481,6 +481,8 @@ def _packer(encoding: str):
 
 #: One detection in JSON, after its label's preformatted head (``{"label":..,"class_id":..,"score":``).
 _DETECTION_JSON = '%s%.4f,"box_xyxy":[%.1f,%.1f,%.1f,%.1f]}'
+#: The same with its track (a source that tracks): the id, or null when no track took it.
+_TRACKED_JSON = '%s%.4f,"box_xyxy":[%.1f,%.1f,%.1f,%.1f],"track_id":%s,"track_age":%d}'
 
 
 class MessageBuilder:
@@ -499,8 +501,11 @@ class MessageBuilder:
         budget_ms: float,
         power: Any = None,
         encoding: str = "json",
+        tracks: bool = False,
     ) -> None:
+        """``tracks``: the source has a tracker; its detections carry their track."""
         self.device_id = device_id
+        self.tracks = tracks
         self.power = power  # its ``throttled`` reasons tie a latency spike to a throttle
         self.labels = labels
         self.budget_ms = budget_ms  # the message's deadline_ms (the monitor decides "late")
@@ -514,7 +519,7 @@ class MessageBuilder:
     def detections(self, slot: FrameSlot) -> list[dict[str, Any]]:
         """The slot's detections as objects (msgpack, tools)."""
         n = slot.det_count
-        return [
+        out = [
             {
                 "label": self.labels[c] if 0 <= c < len(self.labels) else str(c),
                 "class_id": c,
@@ -525,6 +530,11 @@ class MessageBuilder:
                 slot.det_class[:n].tolist(), slot.det_score[:n].tolist(), slot.det_xyxy[:n].tolist()
             )
         ]
+        if self.tracks:
+            for d, track, age in zip(out, slot.det_track[:n].tolist(), slot.det_track_age[:n].tolist()):
+                d["track_id"] = track or None
+                d["track_age"] = age
+        return out
 
     def detections_json(self, slot: FrameSlot) -> str:
         """The slot's detections as a JSON array, formatted in one operation."""
@@ -532,13 +542,18 @@ class MessageBuilder:
         if not n:
             return "[]"
         heads, flat = self._heads, []
-        for c, s, box in zip(
-            slot.det_class[:n].tolist(), slot.det_score[:n].tolist(), slot.det_xyxy[:n].tolist()
-        ):
+        rows = zip(slot.det_class[:n].tolist(), slot.det_score[:n].tolist(), slot.det_xyxy[:n].tolist())
+        tracks = zip(slot.det_track[:n].tolist(), slot.det_track_age[:n].tolist()) if self.tracks else None
+        for c, s, box in rows:
             flat.append(heads[c] if 0 <= c < len(heads) else _detection_head(str(c), c))
             flat.append(s)
             flat.extend(box)
-        return "[" + ",".join([_DETECTION_JSON] * n) % tuple(flat) + "]"
+            if tracks is not None:
+                track, age = next(tracks)
+                flat.append(track or "null")
+                flat.append(age)
+        one = _TRACKED_JSON if self.tracks else _DETECTION_JSON
+        return "[" + ",".join([one] * n) % tuple(flat) + "]"
 
     def encode(self, message: dict[str, Any], slot: FrameSlot) -> bytes:
         """The message (from ``build``, latencies filled in) with the slot's detections, as

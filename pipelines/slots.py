@@ -37,6 +37,8 @@ class FrameSlot:
         "det_class",
         "det_count",
         "det_score",
+        "det_track",
+        "det_track_age",
         "det_xyxy",
         "expected_ns",
         "frame",
@@ -78,6 +80,10 @@ class FrameSlot:
         self.det_score = np.zeros(max_det, np.float32)
         self.det_class = np.zeros(max_det, np.int32)
         self.det_count = 0
+        # Written by the source's tracker, when it has one: each detection's track id (0:
+        # none) and the track's age in frames.
+        self.det_track = np.zeros(max_det, np.int64)
+        self.det_track_age = np.zeros(max_det, np.int32)
 
 
 class SlotPool:

@@ -59,6 +59,38 @@ class Counts:
 
 
 @dataclass(frozen=True)
+class TrackingSnapshot:
+    """A source's tracker as the heartbeat shows it."""
+
+    type: str
+    live: int  # tracks held now: tentative + tracked + lost
+    tentative: int
+    tracked: int
+    lost: int
+    ids_issued: int  # confirmed tracks so far this run (the last id given)
+    overflow: int  # new tracks refused by max_tracks
+    restarts: int  # settings changed at a reload
+    cost: LatencyHistogram  # per frame
+    window: LatencyHistogram | None = None  # per frame since the last take (the heartbeat's)
+
+    def as_dict(self) -> dict:
+        cost = {"cumulative": self.cost.summary_ms()}
+        if self.window is not None:
+            cost["window"] = self.window.summary_ms()
+        return {
+            "type": self.type,
+            "live": self.live,
+            "tentative": self.tentative,
+            "tracked": self.tracked,
+            "lost": self.lost,
+            "ids_issued": self.ids_issued,
+            "overflow": self.overflow,
+            "restarts": self.restarts,
+            "cost_ms": cost,
+        }
+
+
+@dataclass(frozen=True)
 class LaneSnapshot:
     """One source's lane: its counts, latency histograms (ns), source, deadline and ladder."""
 
@@ -78,6 +110,7 @@ class LaneSnapshot:
     seq: int  # the next result's sequence number
     frame_period_ms: float | None  # a live source's frame interval; None for a file
     deadline: DeadlineSnapshot
+    tracking: TrackingSnapshot | None = None  # its tracker's, when it has one
     # Handed out once, to the heartbeat (``Pipeline.snapshot(take=True)``), else None: the
     # latencies since the last take, and the oldest ladder change not reported yet.
     window: LatencyHistogram | None = None

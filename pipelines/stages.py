@@ -337,7 +337,7 @@ class PostStage:
             tap = lane.view_tap
             if tap is not None and tap.active:
                 try:
-                    tap.offer_result(slot, missed)
+                    tap.offer_result(slot, missed, lane.tracker is not None)
                 except Exception:  # the view must never fail a frame that is already published
                     log.exception("view: the frame's detections could not be handed over")
             # Accounted only once the message is out, so a frame is never both sent and dropped.

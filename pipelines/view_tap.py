@@ -32,6 +32,7 @@ class ViewFrame:
         self.det_xyxy = np.zeros((max_det, 4), np.float32)
         self.det_score = np.zeros(max_det, np.float32)
         self.det_class = np.zeros(max_det, np.int32)
+        self.det_track = np.zeros(max_det, np.int64)  # 0: no track (or no tracker)
         self.det_count = 0
         self.labels: tuple[str, ...] | list[str] = ()
         self.e2e_ms = 0.0
@@ -50,6 +51,7 @@ class ViewFrame:
         self.det_xyxy[:n] = other.det_xyxy[:n]
         self.det_score[:n] = other.det_score[:n]
         self.det_class[:n] = other.det_class[:n]
+        self.det_track[:n] = other.det_track[:n]
         self.det_count, self.labels = n, other.labels
         self.frame_id, self.e2e_ms, self.missed = other.frame_id, other.e2e_ms, other.missed
 
@@ -86,8 +88,9 @@ class ViewTap:
             self._pending = frame.frame_id
             self.captures += 1
 
-    def offer_result(self, slot: Any, missed: bool) -> None:
-        """Post stage: the frame whose pixels were taken is published; its detections."""
+    def offer_result(self, slot: Any, missed: bool, lane_tracks: bool = False) -> None:
+        """Post stage: the frame whose pixels were taken is published; its detections
+        (``lane_tracks``: with their track ids, the lane's tracker wrote them)."""
         if slot.frame_id != self._pending:
             return
         with self._lock:
@@ -97,6 +100,10 @@ class ViewTap:
             f.det_xyxy[:n] = slot.det_xyxy[:n]
             f.det_score[:n] = slot.det_score[:n]
             f.det_class[:n] = slot.det_class[:n]
+            if lane_tracks:
+                f.det_track[:n] = slot.det_track[:n]
+            else:
+                f.det_track[:n] = 0
             f.det_count = n
             f.labels = slot.profile.model.manifest.labels
             f.frame_id = slot.frame_id

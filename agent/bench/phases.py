@@ -102,6 +102,12 @@ def stage_table(stats: LaneSnapshot) -> dict[str, Any]:
     }
 
 
+def tracker_ms(stats: LaneSnapshot) -> dict[str, float] | None:
+    """The source's tracker's time per frame (part of the postprocess stage); None when it
+    has none (then it costs nothing: no step runs)."""
+    return hist_ms(stats.tracking.cost) if stats.tracking is not None else None
+
+
 def slowest_thread_ms(stats: LaneSnapshot) -> float:
     """Mean busy time per frame of the busiest stage thread: the pipeline's throughput bound."""
     st = stats.stages

@@ -34,6 +34,7 @@ from edge_agent.bench.phases import (
     run_agent,
     slowest_thread_ms,
     stage_table,
+    tracker_ms,
 )
 from edge_agent.core.budget_fit import BudgetFit
 from edge_agent.core.config import AgentConfig, ModelConfig, OnnxRuntimeConfig, TensorRTConfig
@@ -418,6 +419,7 @@ def _sequential_section(seq: SequentialRun, seq_fps: float, seq_overhead: dict[s
         "per_frame_ms": hist_ms(seq.per_frame),
         "throughput_fps": round(seq_fps, 2),
         "stages": stage_table(seq.stats),
+        "tracker_ms": tracker_ms(seq.stats),
         "overhead_ms": hist_ms(seq.stats.overhead),
         "overhead_with_adapter_ms": seq_overhead,
         "detections_per_frame": detections_summary(seq.detections),
@@ -462,6 +464,7 @@ def _live_section(
         else None,
         "detections_per_frame": detections_summary(live.detections),
         "stages": stage_table(live_stats),
+        "tracker_ms": tracker_ms(live_stats),
         "backend_parts_ms": {k: hist_ms(h) for k, h in live_stats.backend_parts.items()},
         "counts": live_stats.counts.as_dict(),
         "ladder": {

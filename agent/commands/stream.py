@@ -16,9 +16,14 @@ from edge_agent.commands.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, fail
 log = logging.getLogger("edge_agent")
 
 
+def _track(d: Any) -> str:
+    return f"#{d.track_id}" if d.track_id is not None else ""
+
+
 def _format_result(msg: Any) -> str:
     dets = " ".join(
-        f"{d.label}:{d.score:.2f}@[{','.join(f'{v:.0f}' for v in d.box_xyxy)}]" for d in msg.detections
+        f"{d.label}{_track(d)}:{d.score:.2f}@[{','.join(f'{v:.0f}' for v in d.box_xyxy)}]"
+        for d in msg.detections
     )
     late = " LATE" if msg.deadline_missed else ""
     gap = f" (lost {msg.gap})" if msg.gap else ""

@@ -13,6 +13,38 @@ from edge_agent.core.reloads import LANE, MODELS, marked_fields, reloads
 
 
 @dataclass(frozen=True)
+class TrackerConfig:
+    """A source's multi-object tracker (``pipelines/tracking``): every detection a track
+    took gets its id. The detections in [``low_score``, ``high_score``) only continue
+    tracks: the model's ``score_threshold`` bounds what the tracker sees from below."""
+
+    type: Literal["bytetrack", "none"] = "bytetrack"
+    high_score: float = 0.5  # detections scored at least this are matched first
+    low_score: float = 0.1  # ... then those down to this, against the tracks left
+    new_track_score: float = 0.6  # an unmatched detection scored this starts a track
+    match_iou: float = 0.2  # first stage: IoU x score must exceed this
+    low_match_iou: float = 0.5  # second stage: IoU must exceed this
+    confirm_frames: int = 2  # a new track gets its id after this many hits in a row
+    lost_frames: float = 30.0  # a track not seen for more than this many frames ends
+    per_class: bool = False  # a track takes only detections of its own class
+    max_tracks: int = 256  # live tracks; beyond it new tracks are refused (counted)
+
+    def __post_init__(self) -> None:
+        check(0 < self.high_score <= 1, "high_score", "must be within (0, 1]")
+        check(0 <= self.low_score <= self.high_score, "low_score", "must be within 0..high_score")
+        check(0 < self.new_track_score <= 1, "new_track_score", "must be within (0, 1]")
+        check(0 <= self.match_iou < 1, "match_iou", "must be within [0, 1)")
+        check(0 <= self.low_match_iou < 1, "low_match_iou", "must be within [0, 1)")
+        check(1 <= self.confirm_frames <= 100, "confirm_frames", "must be within 1..100")
+        check(0 <= self.lost_frames <= 10_000, "lost_frames", "must be within 0..10000")
+        check(1 <= self.max_tracks <= 4096, "max_tracks", "must be within 1..4096")
+
+    @property
+    def enabled(self) -> bool:
+        return self.type != "none"
+
+
+@dataclass(frozen=True)
 class _SourceBase:
     name: str = "cam0"
     # Scheduling, when several sources share the accelerator (see ``AgentConfig.sources``).
@@ -25,6 +57,8 @@ class _SourceBase:
     # this source's own model (same thresholds); empty: the shared one
     model: str = path_field("file", reload=(LANE, MODELS))
     manifest: str = path_field("file", reload=(LANE, MODELS))  # its manifest; empty: beside it
+    # Its tracker: a change restarts it at a reload (ids go on); any other change keeps its tracks.
+    tracker: TrackerConfig = field(default_factory=TrackerConfig, metadata=reloads(LANE))
 
     def __post_init__(self) -> None:
         check(name_ok(self.name), "name", f"{NAME_RULE} (it is a topic)")
@@ -51,9 +85,15 @@ class SyntheticSourceConfig(_SourceBase):
     seed: int = 0
     num_objects: int = 6
     noise_sigma: float = 6.0
+    # The objects move in a world this much larger than the view on each side (a fraction
+    # of the width and height): they enter and leave the frame (0: they stay in view).
+    world_margin: float = 0.0
+    max_speed_px: float = 6.0  # an object's top speed, pixels per frame
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        check(0 <= self.world_margin <= 1, "world_margin", "must be within 0..1")
+        check(0 <= self.max_speed_px <= 100, "max_speed_px", "must be within 0..100")
         check(16 <= self.width <= 8192, "width", "must be within 16..8192")
         check(16 <= self.height <= 8192, "height", "must be within 16..8192")
         check(0 <= self.fps <= 1000, "fps", "must be within 0..1000")

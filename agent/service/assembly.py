@@ -27,6 +27,7 @@ from edge_agent.pipelines.slots import ModelBuffers
 from edge_agent.pipelines.sources.base import Source
 from edge_agent.pipelines.sources.registry import create_source
 from edge_agent.pipelines.stages import PostStep
+from edge_agent.pipelines.tracking.step import SourceTracker, TrackStep
 
 log = logging.getLogger("edge_agent.service.runner")
 
@@ -110,7 +111,9 @@ class Assembly:
     def post_steps(self, cfg: AgentConfig) -> list[PostStep]:
         """What runs on every decoded frame before its result is published, in order (a
         tracker per source, then analytics on its tracks), for each pipeline ``cfg``
-        builds (at start and at every reload). None so far."""
+        builds (at start and at every reload). Nothing when no source tracks."""
+        if any(src.tracker.enabled for src in cfg.source_list()):
+            return [TrackStep()]
         return []
 
     def pipeline(
@@ -139,13 +142,18 @@ class Assembly:
                     sources[src.name],
                     lane_profiles,
                     DeadlineMonitor(replace(cfg.deadline, budget_ms=budget_ms)),
-                    MessageBuilder(cfg.device_id, labels, budget_ms, power, cfg.publish.encoding),
+                    MessageBuilder(
+                        cfg.device_id, labels, budget_ms, power, cfg.publish.encoding, src.tracker.enabled
+                    ),
                     cfg.publish.topic,
                     src.priority,
                     src.max_fps,
                     self.max_frames,
                 )
             )
+        for src, lane in zip(cfg.source_list(), lanes):
+            if src.tracker.enabled:
+                lane.tracker = SourceTracker(src.tracker, lane.primary.model.resolved.path)
         if view is not None:
             for lane in lanes:
                 lane.view_tap = view.tap(lane.name, cfg.model.max_detections)

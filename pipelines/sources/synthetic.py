@@ -5,6 +5,10 @@ The scene is a pure function of (seed, frame index): any frame can be rendered a
 later, out of order, and gives the same pixels and the same ground truth. Tests and the
 evaluation command rely on this to check published detections against the truth, and the
 bundled detector is trained on scenes from other seeds than those it is scored on.
+
+With margins (``SceneSpec.margin_x``, ``margin_y``) the objects move in a world larger
+than the camera's view, which is its middle: objects enter and leave the frame, as a
+tracker's ground truth needs (tools/tracking). Without them the view is the world.
 """
 
 from __future__ import annotations
@@ -36,6 +40,12 @@ class SceneSpec:
     max_size_frac: float = 0.20
     max_speed_px: float = 6.0  # per frame
     noise_sigma: float = 6.0
+    margin_x: int = 0  # the world extends this far beyond each side of the view
+    margin_y: int = 0
+
+    @property
+    def world_wh(self) -> tuple[int, int]:
+        return self.width + 2 * self.margin_x, self.height + 2 * self.margin_y
 
 
 def _reflect(x: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -51,7 +61,7 @@ class SyntheticScene:
     def __init__(self, spec: SceneSpec) -> None:
         self.spec = spec
         rng = np.random.default_rng(spec.seed)
-        w, h, n = spec.width, spec.height, spec.num_objects
+        (w, h), n = spec.world_wh, spec.num_objects
         short = min(w, h)
         self.sizes = np.round(rng.uniform(spec.min_size_frac, spec.max_size_frac, n) * short).astype(np.int32)
         self.classes = rng.integers(0, len(CLASSES), n).astype(np.int32)
@@ -73,6 +83,8 @@ class SyntheticScene:
         self._area = np.array(
             [self._mask_area(int(c), int(s)) for c, s in zip(self.classes, self.sizes)], np.float64
         )
+        # With margins: the world is drawn here and the view copied out of it.
+        self._world = np.empty((h, w, 3), np.uint8) if (spec.margin_x or spec.margin_y) else None
 
     @staticmethod
     def _background(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
@@ -99,7 +111,8 @@ class SyntheticScene:
 
     def boxes(self, index: int) -> np.ndarray:
         """Integer top-left corners of every object at frame ``index``, shape (n, 2)."""
-        hi = np.stack([self.spec.width - self.sizes, self.spec.height - self.sizes], 1)
+        w, h = self.spec.world_wh
+        hi = np.stack([w - self.sizes, h - self.sizes], 1)
         pos = _reflect(self.start + self.velocity * index, hi.astype(np.float64))
         return np.round(pos).astype(np.int32)
 
@@ -107,16 +120,20 @@ class SyntheticScene:
         """Draw frame ``index`` into ``out`` (H, W, 3 uint8) and its truth into ``gt``.
 
         ``gt`` has shape (num_objects, 6) float32, columns as ``GT_COLUMNS``; objects are
-        listed back to front.
+        listed back to front. With margins, boxes are in view pixels, clipped to the view,
+        and the visible fraction counts only what is inside the view (0 for an object
+        outside it, whose box is then empty).
         """
-        np.copyto(out, self.background)
+        spec = self.spec
+        world = out if self._world is None else self._world
+        np.copyto(world, self.background)
         ids = self._ids
         ids.fill(0)
         corners = self.boxes(index)
         for i in range(self.spec.num_objects):
             x, y = int(corners[i, 0]), int(corners[i, 1])
             s, c = int(self.sizes[i]), int(self.classes[i])
-            _draw(out, c, x, y, s, self.colors[i])
+            _draw(world, c, x, y, s, self.colors[i])
             _draw(ids, c, x, y, s, i + 1)
             gt[i, 0] = c
             gt[i, 1:5] = (x, y, x + s, y + s)
@@ -125,8 +142,21 @@ class SyntheticScene:
             visible = np.count_nonzero(ids[y1 : y2 + 1, x1 : x2 + 1] == i + 1)
             gt[i, 5] = min(visible / self._area[i], 1.0)
         k = index % _NOISE_BANK
-        cv2.add(out, self._noise_pos[k], dst=out)
-        cv2.subtract(out, self._noise_neg[k], dst=out)
+        cv2.add(world, self._noise_pos[k], dst=world)
+        cv2.subtract(world, self._noise_neg[k], dst=world)
+        if self._world is not None:
+            mx, my = spec.margin_x, spec.margin_y
+            np.copyto(out, world[my : my + spec.height, mx : mx + spec.width])
+            self._to_view(gt)
+
+    def _to_view(self, gt: np.ndarray) -> None:
+        """World truth to view truth: boxes moved and clipped, visibility times the box's
+        fraction inside the view."""
+        spec = self.spec
+        area = np.maximum((gt[:, 3] - gt[:, 1]) * (gt[:, 4] - gt[:, 2]), 1.0)
+        gt[:, 1:5] -= (spec.margin_x, spec.margin_y, spec.margin_x, spec.margin_y)
+        np.clip(gt[:, 1:5], 0, (spec.width, spec.height, spec.width, spec.height), out=gt[:, 1:5])
+        gt[:, 5] *= (gt[:, 3] - gt[:, 1]) * (gt[:, 4] - gt[:, 2]) / area
 
 
 def _draw(img: np.ndarray, cls: int, x: int, y: int, s: int, color) -> None:
@@ -174,6 +204,9 @@ class SyntheticSource(PacedSource):
                 seed=c.seed,
                 num_objects=c.num_objects,
                 noise_sigma=c.noise_sigma,
+                max_speed_px=c.max_speed_px,
+                margin_x=round(c.width * c.world_margin),
+                margin_y=round(c.height * c.world_margin),
             )
         )
         self._frame.image = np.empty((c.height, c.width, 3), np.uint8)

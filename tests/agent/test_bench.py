@@ -59,11 +59,22 @@ def test_bench_json_reports_every_phase(const_model, endpoint, tmp_path):
     assert c["captured"] == 50 and c["in_flight"] == 0
     assert c["captured"] == c["on_time"] + c["late"] + c["dropped"]
     assert r["live"]["ladder"]["final_step"] == "full"
+    # the tracker (on by default) as its own figure, within postprocessing
+    for phase in ("sequential", "live"):
+        t = r[phase]["tracker_ms"]
+        assert t["count"] > 0 and 0 < t["p50"] <= t["p99"] <= t["max"], t
 
 
 def test_bench_human_report_names_the_phases_and_says_each_on_stderr(const_model, endpoint, tmp_path):
     proc = bench(const_model, endpoint, tmp_path, "--frames", "40", "--live-seconds", "0.5")
-    for phrase in ("pure inference", "sequential", "pipelined, saturated", "overhead around model", "ladder"):
+    for phrase in (
+        "pure inference",
+        "sequential",
+        "pipelined, saturated",
+        "overhead around model",
+        "ladder",
+        "of which tracker",
+    ):
         assert phrase in proc.stdout, proc.stdout
     # Its output is a pipe, not a terminal: each phase is still said as it begins, with
     # what it does and about how long it takes.

@@ -256,7 +256,7 @@ def test_msgpack_encoding_round_trips_through_the_client(const_model, endpoint):
         raw = sock.recv()
     assert raw.split(b" ", 1)[1][:1] != b"{", "not JSON"
     topic, body = decode(raw)
-    assert topic == "det.cam0" and body["schema"] == 1 and len(body["detections"]) == 2
+    assert topic == "det.cam0" and body["schema"] == 2 and len(body["detections"]) == 2
 
 
 def test_listen_stats_reports_rates_and_losses(const_model, endpoint, tmp_path):

@@ -38,7 +38,7 @@ from edge_agent.pipelines.slots import ModelBuffers
 from edge_agent.pipelines.sources.synthetic import SceneSpec, SyntheticScene
 from edge_agent.service.runner import Agent
 
-SCHEMA = json.loads((REPO / "pipelines/schema/message-v1.schema.json").read_text())
+SCHEMA = json.loads((REPO / "pipelines/schema/message-v2.schema.json").read_text())
 
 
 class CostedBackend:

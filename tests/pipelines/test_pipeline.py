@@ -48,7 +48,7 @@ def test_frames_flow_to_subscribers_with_accounting(const_model, endpoint):
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "sequence numbers must be continuous"
     assert set(sub.topics) == {"det.front"}
     m = sub.messages[-1]
-    assert m["schema"] == 1 and m["device"] == "test-device" and m["source"] == "front"
+    assert m["schema"] == 2 and m["device"] == "test-device" and m["source"] == "front"
     assert m["image_wh"] == [640, 480]
     # The constant model reports a circle at (140..180) and a triangle at (85..115) in the
     # 320x320 input; 640x480 is letterboxed at scale 0.5 with 40 px of padding on top.

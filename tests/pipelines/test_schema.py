@@ -18,7 +18,7 @@ from edge_agent.pipelines.deadline import DROP_REASONS
 from edge_agent.pipelines.publish import SCHEMA_VERSION
 from edge_agent.service.runner import Agent
 
-SCHEMA_PATH = REPO / "pipelines/schema/message-v1.schema.json"
+SCHEMA_PATH = REPO / "pipelines/schema/message-v2.schema.json"
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,7 @@ def test_unknown_drop_reason_in_health_fails(samples, validator):
         pytest.param(lambda m: m["detections"][0].update(extra=1), id="extra-detection-key"),
         pytest.param(lambda m: m["detections"][0].update(box_xyxy=[1.0, 2.0, 3.0]), id="box-of-3"),
         pytest.param(lambda m: m.update(image_wh=[640, 480, 3]), id="image_wh-of-3"),
-        pytest.param(lambda m: m.update(schema=2), id="schema-2"),
+        pytest.param(lambda m: m.update(schema=1), id="schema-1"),
         pytest.param(lambda m: m.update(capture_mono_ns=1.5), id="float-mono-ns"),
         pytest.param(lambda m: m.update(deadline_missed="no"), id="string-bool"),
     ],

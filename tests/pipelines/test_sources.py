@@ -70,6 +70,33 @@ def test_synthetic_ground_truth_is_inside_the_frame_and_objects_move():
     assert not np.array_equal(gt0[:, 1:5], gt1[:, 1:5]), "objects should move between frames"
 
 
+def test_a_scene_with_margins_is_the_middle_of_a_larger_world():
+    """world_margin: objects move in a world larger than the view (the tracker's ground
+    truth needs objects that enter and leave): the view is the world's middle, pixel for
+    pixel, and the truth is in view pixels, clipped, zero visible outside it."""
+    view = SceneSpec(seed=3, num_objects=10, margin_x=128, margin_y=96)
+    world = SceneSpec(seed=3, num_objects=10, width=896, height=672)
+    outside = inside = 0
+    for t in range(0, 300, 10):
+        img, gt = render(view, t)
+        w_img, w_gt = render(world, t)
+        assert img.shape == (480, 640, 3) and np.array_equal(img, w_img[96:576, 128:768])
+        assert np.all(gt[:, 1:5] >= 0) and np.all(gt[:, [1, 3]] <= 640) and np.all(gt[:, [2, 4]] <= 480)
+        gone = (gt[:, 3] <= gt[:, 1]) | (gt[:, 4] <= gt[:, 2])
+        assert np.all(gt[gone, 5] == 0), "an object outside the view is not visible"
+        assert np.all(gt[~gone, 5] <= w_gt[~gone, 5] + 1e-6), "partly outside: less visible"
+        outside += int(gone.sum())
+        inside += int((~gone).sum())
+    assert outside and inside, "over 300 frames objects are seen, leave and come back"
+    cfg = SyntheticSourceConfig(world_margin=0.2)
+    source = SyntheticSource(cfg)
+    source.open()
+    try:
+        assert source.scene.spec.margin_x == 128 and source.scene.spec.margin_y == 96
+    finally:
+        source.close()
+
+
 def test_synthetic_occlusion_lowers_visibility():
     # Over many frames of a crowded scene some object must be partly hidden by another.
     spec = SceneSpec(seed=1, num_objects=20)

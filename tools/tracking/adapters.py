@@ -34,6 +34,9 @@ GROUPS = {
     # /tmp/trackvenv-np1: numpy 1.26 (norfair needs numpy < 2); supervision 0.30.9 (the last with ByteTrack)
     "np1": ["ours-lap@np1", "sv-bytetrack", "norfair", "norfair-hit"],
     # /tmp/trackvenv-ul: Python 3.11 + the peer venv's Ultralytics 8.4 + lap (AGPL: reference only)
+    # the agent's own venv (.venv): the tracker the agent runs (pipelines/tracking), variants
+    # named agent[+<setting>=<value>...]
+    "agent": ["agent", "agent+floor=0.1"],
     "ul": [
         "ours-lap@ul",
         "ul-bytetrack",
@@ -64,6 +67,45 @@ class Ours:
 
     def stored(self):
         return self.t.live
+
+
+class Agent:
+    """The agent's tracker (``edge_agent.pipelines.tracking``) as the post step runs it:
+    the detector's boxes of the detections a confirmed track took, with its id."""
+
+    def __init__(self, stride: int, floor: float = 0.25, **kw) -> None:
+        from edge_agent.pipelines.tracking.bytetrack import ByteTracker, TrackParams
+
+        # The model's score threshold: decoding keeps nothing below it (the bundled
+        # detector's manifest: 0.25), so the tracker never sees those boxes.
+        self.floor = floor
+        self.t = ByteTracker(TrackParams(**kw))
+        self.dt = float(stride)
+        self.ids = np.zeros(1024, np.int64)
+        self.age = np.zeros(1024, np.int32)
+
+    def step(self, dets, frame):
+        dets = dets[dets[:, 4] >= self.floor]
+        m = len(dets)
+        xyxy = np.ascontiguousarray(dets[:, 0:4], np.float32)
+        self.t.update(
+            xyxy, dets[:, 4].astype(np.float32), dets[:, 5].astype(np.int32), self.dt, self.ids, self.age
+        )
+        hit = np.flatnonzero(self.ids[:m] > 0)
+        return dets[hit, 0:4], self.ids[hit].copy()
+
+    def stored(self):
+        return self.t.live
+
+
+def _agent_params(name: str) -> dict:
+    """``agent+high=0.25+per_class=1``: the agent's tracker with those settings (``floor``:
+    the model's score threshold, 0.25 unless given)."""
+    kw = {}
+    for part in name.split("+")[1:]:
+        key, value = part.split("=")
+        kw[key] = bool(int(value)) if key == "per_class" else float(value)
+    return kw
 
 
 class RoboflowTrackers:
@@ -191,6 +233,8 @@ def make(name: str, stride: int):
         if base.endswith("+ul"):
             kw.update(high=0.25, new_track=0.25)
         return Ours(stride, "lap", **kw)
+    if base == "agent" or base.startswith("agent+"):
+        return Agent(stride, **_agent_params(base))
     if base.startswith("trackers-"):
         return RoboflowTrackers(stride, base.split("-", 1)[1])
     if base == "sv-bytetrack":

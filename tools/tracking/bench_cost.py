@@ -20,20 +20,35 @@ import time
 
 import numpy as np
 from adapters import GROUPS, make
-from common import load_synthetic
 
 FRAMES = 600
 WARMUP = 100
 BOX_COUNTS = (10, 72)
 
 
+class _Motion:
+    """The synthetic scene's objects (pipelines/sources/synthetic.py: the same random draws,
+    the same positions) without its rendering, so that every side venv can make the streams."""
+
+    def __init__(self, seed: int, n: int, frac: tuple[float, float], w: int = 640, h: int = 480) -> None:
+        rng = np.random.default_rng(seed)
+        self.sizes = np.round(rng.uniform(frac[0], frac[1], n) * min(w, h)).astype(np.int32)
+        self.classes = rng.integers(0, 4, n).astype(np.int32)
+        self.start = rng.uniform(0, 1, (n, 2)) * np.stack([w - self.sizes, h - self.sizes], 1)
+        angle = rng.uniform(0, 2 * np.pi, n)
+        speed = rng.uniform(0.3, 1.0, n) * 6.0
+        self.velocity = np.stack([np.cos(angle), np.sin(angle)], 1) * speed[:, None]
+        self.hi = np.stack([w - self.sizes, h - self.sizes], 1).astype(np.float64)
+
+    def boxes(self, t: int) -> np.ndarray:
+        period = 2.0 * self.hi
+        m = np.mod(self.start + self.velocity * t, period)
+        return np.round(np.where(m <= self.hi, m, period - m)).astype(np.int32)
+
+
 def stream(n: int, frames: int = FRAMES, seed: int = 11) -> list[np.ndarray]:
-    syn = load_synthetic()
     # small objects so 72 fit a 640x480 view as a crowd does
-    frac = (0.05, 0.15) if n <= 20 else (0.03, 0.08)
-    scene = syn.SyntheticScene(
-        syn.SceneSpec(seed=seed, num_objects=n, min_size_frac=frac[0], max_size_frac=frac[1])
-    )
+    scene = _Motion(seed, n, (0.05, 0.15) if n <= 20 else (0.03, 0.08))
     rng = np.random.default_rng(seed)
     low = rng.random(n) < 0.15
     out = []

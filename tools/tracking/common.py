@@ -12,16 +12,15 @@ new id: a motion-only tracker cannot know it is the same one, and should not pre
 Rows: frame, id, x1, y1, x2, y2, visibility (view pixels;
 visibility = visible fraction of the object's shape x fraction of its box inside the view).
 
-This file needs numpy and OpenCV only, so each side venv can import it; it loads
-pipelines/synthetic.py by path (the measurement must not need the agent installed).
+Rendering (``render_sequence``) needs the agent's venv (the scene is the agent's synthetic
+source's, ``pipelines/sources/synthetic.py``); the rest needs numpy only, so each side venv
+can read the sequences.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,18 +39,6 @@ FRAMES = 900  # 30 s at 30 fps
 NEW_ID_AFTER = 1  # frames out of view (more than this) before an object counts as a new one
 MIN_IN_VIEW = 0.2  # fraction of the box inside the view for the object to be in the truth
 STRIDES = (1, 2, 3)
-
-
-def load_synthetic():
-    """pipelines/synthetic.py as a module, without importing edge_agent."""
-    name = "_edge_agent_synthetic"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "pipelines" / "synthetic.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @dataclass(frozen=True)
@@ -73,60 +60,60 @@ SCENES = {
 }
 
 
-def world_spec(scene: Scene, seed: int):
-    syn = load_synthetic()
-    return syn.SceneSpec(
-        width=VIEW_W + 2 * MARGIN_X,
-        height=VIEW_H + 2 * MARGIN_Y,
+def scene_spec(scene: Scene, seed: int):
+    """The agent's synthetic scene with margins: the view is the middle of the world."""
+    from edge_agent.pipelines.sources.synthetic import SceneSpec
+
+    return SceneSpec(
+        width=VIEW_W,
+        height=VIEW_H,
         seed=seed,
         num_objects=scene.num_objects,
         min_size_frac=scene.min_size_frac,
         max_size_frac=scene.max_size_frac,
         max_speed_px=scene.max_speed_px,
+        margin_x=MARGIN_X,
+        margin_y=MARGIN_Y,
     )
 
 
 class TruthBuilder:
-    """Turns the world's per-frame truth into view-space truth with segment ids."""
+    """Turns the scene's per-frame truth (view pixels) into truth rows with pass ids."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, sizes: np.ndarray) -> None:
+        n = len(sizes)
+        self.area = np.maximum(sizes.astype(np.float64) ** 2, 1.0)  # each object's whole box
         self.seg_id = np.full(n, -1, np.int64)
         self.last_seen = np.full(n, -(10**9), np.int64)
         self.next_id = 1
 
-    def rows(self, frame: int, gt_world: np.ndarray) -> np.ndarray:
+    def rows(self, frame: int, gt: np.ndarray) -> np.ndarray:
         """(K, 8): frame, id, x1, y1, x2, y2, visibility, class."""
-        x1, y1, x2, y2 = (gt_world[:, k].astype(np.float64) for k in (1, 2, 3, 4))
-        area = np.maximum((x2 - x1) * (y2 - y1), 1.0)
-        cx1 = np.clip(x1 - MARGIN_X, 0, VIEW_W)
-        cx2 = np.clip(x2 - MARGIN_X, 0, VIEW_W)
-        cy1 = np.clip(y1 - MARGIN_Y, 0, VIEW_H)
-        cy2 = np.clip(y2 - MARGIN_Y, 0, VIEW_H)
-        inview = (cx2 - cx1) * (cy2 - cy1) / area
-        present = (inview >= MIN_IN_VIEW) & (cx2 - cx1 >= 4) & (cy2 - cy1 >= 4)
+        x1, y1, x2, y2 = (gt[:, k].astype(np.float64) for k in (1, 2, 3, 4))
+        inview = (x2 - x1) * (y2 - y1) / self.area
+        present = (inview >= MIN_IN_VIEW) & (x2 - x1 >= 4) & (y2 - y1 >= 4)
         out = []
         for i in np.flatnonzero(present):
             if self.seg_id[i] < 0 or frame - self.last_seen[i] > NEW_ID_AFTER:
                 self.seg_id[i] = self.next_id
                 self.next_id += 1
             self.last_seen[i] = frame
-            vis = float(gt_world[i, 5]) * float(inview[i])
-            out.append((frame, self.seg_id[i], cx1[i], cy1[i], cx2[i], cy2[i], vis, gt_world[i, 0]))
+            out.append((frame, self.seg_id[i], x1[i], y1[i], x2[i], y2[i], float(gt[i, 5]), gt[i, 0]))
         return np.array(out, np.float64).reshape(-1, 8)
 
 
 def render_sequence(scene: Scene, seed: int, frames: int = FRAMES, with_images: bool = False):
     """Yield (frame index, truth rows, view image or None) for one scene and seed."""
-    syn = load_synthetic()
-    spec = world_spec(scene, seed)
-    world = syn.SyntheticScene(spec)
+    from edge_agent.pipelines.sources.synthetic import SyntheticScene
+
+    spec = scene_spec(scene, seed)
+    world = SyntheticScene(spec)
     img = np.empty((spec.height, spec.width, 3), np.uint8)
     gt = np.zeros((spec.num_objects, 6), np.float32)
-    tb = TruthBuilder(spec.num_objects)
+    tb = TruthBuilder(world.sizes)
     for t in range(frames):
         world.render(t, img, gt)
-        view = img[MARGIN_Y : MARGIN_Y + VIEW_H, MARGIN_X : MARGIN_X + VIEW_W] if with_images else None
-        yield t, tb.rows(t, gt), view
+        yield t, tb.rows(t, gt), (img if with_images else None)
 
 
 # -- detections from the truth, with a detector's faults -----------------------------------
@@ -175,6 +162,17 @@ def noisy_detections(truth: np.ndarray, frames: int, rng: np.random.Generator) -
     return d[keep]
 
 
+def write_mot(path: Path, rows: np.ndarray, truth: bool) -> None:
+    """MOTChallenge text: frame (1-based), id, left, top, width, height, conf, class, vis."""
+    with path.open("w") as f:
+        for r in rows:
+            w, h = r[4] - r[2], r[5] - r[3]
+            if truth:
+                f.write(f"{int(r[0]) + 1},{int(r[1])},{r[2]:.3f},{r[3]:.3f},{w:.3f},{h:.3f},1,1,{r[6]:.3f}\n")
+            else:
+                f.write(f"{int(r[0]) + 1},{int(r[1])},{r[2]:.3f},{r[3]:.3f},{w:.3f},{h:.3f},1,-1,-1,-1\n")
+
+
 def seq_name(source: str, scene: str, seed: int) -> str:
     return f"{source}-{scene}-s{seed}"
 
@@ -217,4 +215,5 @@ __all__ = [
     "render_sequence",
     "save_sequence",
     "seq_name",
+    "write_mot",
 ]

@@ -37,6 +37,13 @@ ORDER = [
 ]
 
 
+def _candidates(rows: list[dict]) -> list[str]:
+    """The candidates scored, in ORDER, the agent's variants first."""
+    seen = {r["candidate"] for r in rows}
+    agent = sorted(c for c in seen if c == "agent" or c.startswith("agent+"))
+    return agent + [c for c in ORDER if c in seen]
+
+
 def score_all(only: list[str] | None = None) -> list[dict]:
     rows = []
     truths = {}
@@ -67,7 +74,7 @@ def tables(rows: list[dict]) -> str:
         groups[(r["source"], r["stride"], r["scene"], r["candidate"])].append(r)
     sources = sorted({r["source"] for r in rows}, key=lambda s: s != "noisy")
     scenes = sorted({r["scene"] for r in rows})
-    cands = [c for c in ORDER if any(r["candidate"] == c for r in rows)]
+    cands = _candidates(rows)
     out = []
     for source in sources:
         for stride in sorted({r["stride"] for r in rows}):
@@ -105,7 +112,7 @@ def summary(rows: list[dict]) -> str:
     """Per source: each candidate's HOTA, IDF1, MOTA, ID switches at each stride, the mean
     over scenes and seeds, ± the standard deviation over seeds of the per-seed scene mean."""
     out = []
-    cands = [c for c in ORDER if any(r["candidate"] == c for r in rows)]
+    cands = _candidates(rows)
     strides = sorted({r["stride"] for r in rows})
     for source in sorted({r["source"] for r in rows}, key=lambda s: s != "noisy"):
         seeds = sorted({r["seed"] for r in rows if r["source"] == source})

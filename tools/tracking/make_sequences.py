@@ -1,7 +1,9 @@
 """Build the measurement's sequences into $TRACKING_WORK/seqs (default /tmp/tracking/seqs).
 
-    python make_sequences.py --source noisy --seeds 1 2 3 4        # any venv with numpy + cv2
+    /work/main/.venv/bin/python make_sequences.py --source noisy --seeds 1 2 3 4
     /work/main/.venv/bin/python make_sequences.py --source detector --seeds 1 2
+
+Both in the agent's venv: the scene is its synthetic camera.
 
 ``noisy``: detections made from the truth with a detector's faults (common.noisy_detections).
 ``detector``: the bundled detector (models/shapes-det) run through the agent's own model
@@ -13,9 +15,20 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import numpy as np
-from common import FRAMES, SCENES, noisy_detections, render_sequence, save_sequence, seq_name
+from common import (
+    FRAMES,
+    SCENES,
+    SEQ_DIR,
+    load_sequence,
+    noisy_detections,
+    render_sequence,
+    save_sequence,
+    seq_name,
+    write_mot,
+)
 
 
 def build_noisy(scene_name: str, seed: int, frames: int) -> str:
@@ -29,7 +42,7 @@ def build_noisy(scene_name: str, seed: int, frames: int) -> str:
 
 
 def build_detector(scene_name: str, seed: int, frames: int, loaded) -> str:
-    from edge_agent.evaluation import detect
+    from edge_agent.checks.evaluation import detect
 
     scene = SCENES[scene_name]
     truths = []
@@ -51,12 +64,25 @@ def build_detector(scene_name: str, seed: int, frames: int, loaded) -> str:
     return f"{name}: {len(truth) / frames:.1f} truth boxes/frame, {len(dets) / frames:.1f} detections/frame"
 
 
+def write_mot_sequence(root: Path, name: str) -> None:
+    """The saved sequence's truth in MOTChallenge layout (gt.txt and seqinfo.ini), for any
+    MOT evaluator."""
+    truth, _, meta = load_sequence(SEQ_DIR / f"{name}.npz")
+    (root / name / "gt").mkdir(parents=True, exist_ok=True)
+    write_mot(root / name / "gt" / "gt.txt", truth, True)
+    (root / name / "seqinfo.ini").write_text(
+        f"[Sequence]\nname={name}\nimDir=img1\nframeRate=30\nseqLength={meta['frames']}\n"
+        "imWidth=640\nimHeight=480\nimExt=.jpg\n"
+    )
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--source", choices=["noisy", "detector"], required=True)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4])
     p.add_argument("--scenes", nargs="+", default=sorted(SCENES))
     p.add_argument("--frames", type=int, default=FRAMES)
+    p.add_argument("--mot", metavar="DIR", help="also the truth as MOTChallenge files: DIR/<name>/gt/gt.txt")
     a = p.parse_args()
     loaded = None
     if a.source == "detector":
@@ -73,6 +99,8 @@ def main() -> int:
                 else build_detector(scene, seed, a.frames, loaded)
             )
             print(f"{msg}  ({time.perf_counter() - t:.1f} s)", flush=True)
+            if a.mot:
+                write_mot_sequence(Path(a.mot), seq_name(a.source, scene, seed))
     if loaded is not None:
         loaded.close()
     return 0

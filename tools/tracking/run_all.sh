@@ -13,11 +13,13 @@ export YOLO_OFFLINE=1
 N="nice -n 10"
 
 # 1. sequences, tracker outputs, TrackEval scores
-$N $NP2 make_sequences.py --source noisy --seeds 1 2 3 4
+$N $AGENT make_sequences.py --source noisy --seeds 1 2 3 4
 $N $AGENT make_sequences.py --source detector --seeds 1 2
 $N $NP2 run_trackers.py --group np2
 $N $NP1 run_trackers.py --group np1
 $N $UL run_trackers.py --group ul
+$N $AGENT run_trackers.py --group agent
+$N $AGENT run_trackers.py --group agent --only 'agent+floor=0.1+high=0.25+new_track=0.25'
 $N $NP2 evaluate.py > "$W/accuracy-tables.md"
 $N $NP2 seq_stats.py > "$W/seq-stats.md"
 
@@ -39,3 +41,7 @@ $N $NP1 soak.py --candidate norfair --out "$W/results/soak.jsonl"
 $N $UL soak.py --candidate ul-bytetrack --out "$W/results/soak.jsonl"
 
 $NP2 summarize.py
+
+# 5. the agent itself, an hour, four cameras, tracking on (RSS and tracker cost, first and
+# last five minutes)
+$AGENT agent_soak.py --minutes 60 --out "$W/results/agent-soak.jsonl"

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from common import WORK
+from common import WORK, write_mot
 
 TRACKEVAL_COMMIT = "12c8791b303e0a0b50f753af204249e622d0281a"
 
@@ -119,17 +119,6 @@ def evaluate(truth: np.ndarray, tracks: np.ndarray, frames: list[int]) -> dict:
     }
 
 
-def _write_mot(path: Path, rows: np.ndarray, truth: bool) -> None:
-    """MOTChallenge text: frame (1-based), id, left, top, width, height, conf, class, vis."""
-    with path.open("w") as f:
-        for r in rows:
-            w, h = r[4] - r[2], r[5] - r[3]
-            if truth:
-                f.write(f"{int(r[0]) + 1},{int(r[1])},{r[2]:.3f},{r[3]:.3f},{w:.3f},{h:.3f},1,1,{r[6]:.3f}\n")
-            else:
-                f.write(f"{int(r[0]) + 1},{int(r[1])},{r[2]:.3f},{r[3]:.3f},{w:.3f},{h:.3f},1,-1,-1,-1\n")
-
-
 def check(seq_path: Path, tracks_path: Path) -> int:
     """Both paths on one sequence (stride 1): TrackEval's Evaluator on MOT files, and ours."""
     from common import load_sequence
@@ -150,8 +139,8 @@ def check(seq_path: Path, tracks_path: Path) -> int:
     (root / "gt" / "seqmaps").mkdir(parents=True, exist_ok=True)
     (root / "gt" / "seqmaps" / "SYN-train.txt").write_text("name\nseq\n")
     (gt_dir / "seqinfo.ini").write_text(f"[Sequence]\nname=seq\nseqLength={n}\nimWidth=640\nimHeight=480\n")
-    _write_mot(gt_dir / "gt" / "gt.txt", truth, True)
-    _write_mot(tr_dir / "seq.txt", tracks, False)
+    write_mot(gt_dir / "gt" / "gt.txt", truth, True)
+    write_mot(tr_dir / "seq.txt", tracks, False)
     ev_cfg = trackeval.Evaluator.get_default_eval_config()
     ev_cfg.update(
         PRINT_RESULTS=False,

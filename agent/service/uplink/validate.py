@@ -1,5 +1,5 @@
 """What the uplink accepts from the agent's stream: a hand-written check of the fields it
-uses (pipelines/schema/message-v1.schema.json describes them all; jsonschema is a test
+uses (pipelines/schema/message-v2.schema.json describes them all; jsonschema is a test
 dependency only). Anyone on the host can publish on the agent's endpoint while the agent
 is down and CURVE is off, so a message is checked before it reaches the spool: one that
 could not be published, or would break a summary, is rejected there and counted, instead

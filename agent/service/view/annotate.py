@@ -1,8 +1,11 @@
 """Drawing a frame's detections and figures on it, with OpenCV, in place on the caller's
-copy: boxes in one colour per class, label and score, and a corner stamp with the frame
-id, the end-to-end latency and whether the deadline was missed."""
+copy: boxes in one colour per class, label and score (and track id, with a trail of the
+track's recent centres), and a corner stamp with the frame id, the end-to-end latency and
+whether the deadline was missed."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 
 import cv2
 import numpy as np
@@ -31,10 +34,21 @@ def colour(class_id: int) -> tuple[int, int, int]:
     return PALETTE[class_id % len(PALETTE)]
 
 
-def annotate(image: np.ndarray, f: ViewFrame, scale: float = 1.0) -> np.ndarray:
+def annotate(
+    image: np.ndarray,
+    f: ViewFrame,
+    scale: float = 1.0,
+    trails: Mapping[int, Sequence[tuple[float, float]]] | None = None,
+) -> np.ndarray:
     """Draw ``f``'s detections (source pixels, times ``scale`` for a resized image) and its
-    stamp on ``image``; returns it. No label sits under the stamp (see ``_label_top``)."""
+    stamp on ``image``; returns it. ``trails``: by track id, its recent centres (source
+    pixels), drawn under the boxes. No label sits under the stamp (see ``_label_top``)."""
     thick = max(1, round(2 * max(image.shape[:2]) / 960))
+    for i in range(f.det_count if trails else 0):
+        points = trails.get(int(f.det_track[i]))
+        if points is not None and len(points) > 1:
+            line = np.round(np.asarray(points, np.float64) * scale).astype(np.int32)
+            cv2.polylines(image, [line], False, colour(int(f.det_class[i])), thick)
     stamp = f"frame {f.frame_id}  e2e {f.e2e_ms:.1f} ms" + ("  MISSED" if f.missed else "")
     (sw, sh), sbase = cv2.getTextSize(stamp, _FONT, 0.55, 1)
     stamp_box = (0, 0, sw + 10, sh + sbase + 8)  # x1, y1, x2, y2 (inclusive, as cv2.rectangle fills)
@@ -44,7 +58,8 @@ def annotate(image: np.ndarray, f: ViewFrame, scale: float = 1.0) -> np.ndarray:
         c = colour(cls)
         cv2.rectangle(image, (x1, y1), (x2, y2), c, thick)
         label = f.labels[cls] if 0 <= cls < len(f.labels) else str(cls)
-        text = f"{label} {f.det_score[i]:.2f}"
+        track = int(f.det_track[i])
+        text = f"{label} #{track} {f.det_score[i]:.2f}" if track > 0 else f"{label} {f.det_score[i]:.2f}"
         (tw, th), base = cv2.getTextSize(text, _FONT, 0.5, 1)
         w, h = tw + 4, th + base + 2
         left = max(0, min(x1, image.shape[1] - w))  # a box at the right edge keeps its label whole

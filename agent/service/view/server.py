@@ -40,6 +40,7 @@ from edge_agent.pipelines.view_tap import ViewFrame, ViewTap
 from edge_agent.service.http_endpoint import Deferred, HttpEndpoint, Request, Response
 from edge_agent.service.view.annotate import annotate
 from edge_agent.service.view.page import page
+from edge_agent.service.view.trails import Trails
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ class ViewServer:
         self.heartbeats = heartbeats
         self.taps: dict[str, ViewTap] = {}
         self.latest: dict[str, Encoded] = {}
+        self._trails: dict[str, Trails] = {}  # by source: its tracks' recent centres (the encoder's)
         self.encoded = 0  # frames drawn and encoded (shared by every client)
         self.url = ""
         self._cond = threading.Condition()
@@ -112,6 +114,7 @@ class ViewServer:
             for source in [s for s in self.taps if s not in sources]:
                 self.taps.pop(source).active = False
                 self.latest.pop(source, None)
+                self._trails.pop(source, None)
             self._cond.notify_all()
         self._wake_http()  # its streams end now
 
@@ -224,7 +227,10 @@ class ViewServer:
             image = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
         else:
             image = image.copy()
-        annotate(image, frame, scale)
+        trails = self._trails.get(source)
+        if trails is None:
+            trails = self._trails[source] = Trails()
+        annotate(image, frame, scale, trails.update(frame))
         ok, jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, self.cfg.quality])
         if not ok:
             raise RuntimeError("JPEG encoding failed")

@@ -32,7 +32,7 @@ STAGES = ("capture", "preprocess", "wait_infer", "infer", "wait_post", "postproc
 
 
 def result(source: str, seq: int, total: Any = 1.0) -> dict[str, Any]:
-    """A result as the agent publishes it (message-v1)."""
+    """A result as the agent publishes it (message-v2)."""
     latency = dict.fromkeys(STAGES, 0.1) | {"total": total}
     return {
         "schema": 1,
