@@ -9,7 +9,12 @@ way out of this script), and meanwhile:
 - scrapes /metrics every 5 s (failures counted; frames published give fps per source),
 - samples the agent's /proc/<pid>: VmRSS, Threads and open fds at 1 min, every 5 min and
   5 s before the end,
-- counts results per source and gaps in their seq numbers on a ZeroMQ subscriber.
+- counts results per source and gaps in their seq numbers on a ZeroMQ subscriber, and
+  reads each source's heartbeat for its tracker: live tracks, ids issued, tracks refused
+  and the per-frame cost since the previous beat (first and last 5 minutes compared).
+
+``--objects 12 --world-margin 0.2``: busier scenes whose objects enter and leave the view,
+so tracks start and end all along (the tracker's soak, docs/tracking.md).
 
 At the end: a table of the samples, the agent's summary (its stderr tail) and exit code;
 the samples go to OUT/samples.json, the agent's log to OUT/agent.log. Stdlib, pyzmq and the
@@ -31,6 +36,7 @@ import time
 import urllib.request
 from collections import Counter
 from pathlib import Path
+from statistics import median
 
 import zmq
 from agent_process import stop_group  # tools/, beside this script
@@ -67,15 +73,18 @@ def proc_sample(pid: int) -> dict[str, float]:
 
 
 class Results:
-    """Results per source and seq gaps, counted on a background thread."""
+    """Results per source and seq gaps, counted on a background thread; each heartbeat's
+    tracker figures kept, by source."""
 
     def __init__(self, endpoint: str) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.SUB)
         self.sock.rcvhwm, self.sock.rcvtimeo, self.sock.linger = 0, 200, 0
         self.sock.subscribe(b"det.")
+        self.sock.subscribe(b"health")
         self.sock.connect(endpoint)
         self.count: Counter[str] = Counter()
+        self.tracking: list[dict] = []  # per heartbeat of a tracking source
         self.seq = GapTracker()  # seq numbers missing per source (messages lost to us)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -86,6 +95,16 @@ class Results:
             try:
                 msg = json.loads(self.sock.recv().partition(b" ")[2])
             except zmq.Again:
+                continue
+            if msg.get("type") == "health":
+                t = msg.get("tracking")
+                if t is not None and "window" in t["cost_ms"]:
+                    w = t["cost_ms"]["window"]
+                    self.tracking.append(
+                        {"mono": time.monotonic(), "source": msg["source"], "live": t["live"]}
+                        | {"ids": t["ids_issued"], "overflow": t["overflow"], "frames": w["count"]}
+                        | {"p50_ms": w["p50"], "p99_ms": w["p99"]}
+                    )
                 continue
             self.seq.update(msg["source"], msg["seq"])
             self.count[msg["source"]] += 1
@@ -115,6 +134,28 @@ def print_report(r: dict, names: list[str]) -> None:
         "results received: "
         + ", ".join(f"{n} {r['results'].get(n, 0)} (seq gaps {r['seq_gaps'].get(n, 0)})" for n in names)
     )
+    tracking = r["tracking"]
+    if tracking:
+        end = max(b["t_s"] for b in tracking)
+        parts = {
+            "first": [b for b in tracking if b["t_s"] <= 300],
+            "last": [b for b in tracking if b["t_s"] >= end - 300],
+        }
+        for name, beats in parts.items():
+            timed = [b for b in beats if b["frames"]]
+            if not timed:
+                print(f"tracker, {name} 5 min: no frame tracked")
+                continue
+            print(
+                f"tracker, {name} 5 min: p50 {median([b['p50_ms'] for b in timed]):.3f} ms,"
+                f" p99 {median([b['p99_ms'] for b in timed]):.3f} ms (medians of the beats),"
+                f" live tracks per source at most {max(b['live'] for b in beats)}"
+            )
+        final = {b["source"]: b for b in tracking}
+        print(
+            f"track ids issued: {sum(b['ids'] for b in final.values())},"
+            f" refused (overflow): {sum(b['overflow'] for b in final.values())}"
+        )
     print("agent stderr (tail):\n  " + "\n  ".join(r["stderr_tail"]))
     print(f"agent exit code: {r['exit_code']}")
 
@@ -125,11 +166,16 @@ def main() -> int:
     p.add_argument("--out", type=Path, required=True, help="folder for config, log and samples.json")
     p.add_argument("--sources", type=int, default=4)
     p.add_argument("--fps", type=float, default=30)
+    p.add_argument("--objects", type=int, default=6, help="objects per synthetic scene")
+    p.add_argument("--world-margin", type=float, default=0.0, help="objects enter and leave the view (0..1)")
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     names = [f"cam{i}" for i in range(args.sources)]
     mport, endpoint = free_port(), f"tcp://127.0.0.1:{free_port()}"
-    sources = [{"type": "synthetic", "name": n, "fps": args.fps, "seed": i} for i, n in enumerate(names)]
+    scene = {"num_objects": args.objects, "world_margin": args.world_margin}
+    sources = [
+        {"type": "synthetic", "name": n, "fps": args.fps, "seed": i, **scene} for i, n in enumerate(names)
+    ]
     config = {  # JSON is YAML
         "device_id": "soak",
         "sources": sources,
@@ -188,6 +234,7 @@ def main() -> int:
         **{"config": config, "duration_s": args.duration, "samples": samples, "exit_code": code},
         **{"scrapes": scrapes, "scrape_failures": failures, "first_scrape_s": first_ok},
         **{"results": dict(results.count), "seq_gaps": dict(results.seq.lost)},
+        "tracking": [{"t_s": round(b.pop("mono") - t0, 1), **b} for b in results.tracking],
         "stderr_tail": (args.out / "agent.log").read_text().splitlines()[-60:],
     }
     (args.out / "samples.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -24,6 +24,7 @@ class TrackerConfig:
     new_track_score: float = 0.6  # an unmatched detection scored this starts a track
     match_iou: float = 0.2  # first stage: IoU x score must exceed this
     low_match_iou: float = 0.5  # second stage: IoU must exceed this
+    unconfirmed_iou: float = 0.3  # third stage (new tracks): IoU x score must exceed this
     confirm_frames: int = 2  # a new track gets its id after this many hits in a row
     lost_frames: float = 30.0  # a track not seen for more than this many frames ends
     per_class: bool = False  # a track takes only detections of its own class
@@ -35,6 +36,7 @@ class TrackerConfig:
         check(0 < self.new_track_score <= 1, "new_track_score", "must be within (0, 1]")
         check(0 <= self.match_iou < 1, "match_iou", "must be within [0, 1)")
         check(0 <= self.low_match_iou < 1, "low_match_iou", "must be within [0, 1)")
+        check(0 <= self.unconfirmed_iou < 1, "unconfirmed_iou", "must be within [0, 1)")
         check(1 <= self.confirm_frames <= 100, "confirm_frames", "must be within 1..100")
         check(0 <= self.lost_frames <= 10_000, "lost_frames", "must be within 0..10000")
         check(1 <= self.max_tracks <= 4096, "max_tracks", "must be within 1..4096")

@@ -1,11 +1,13 @@
 """A ByteTrack-class multi-object tracker over one source's detections.
 
 - Association in three stages (ByteTrack, with BoT-SORT's Kalman state): detections
-  scored at least ``high`` against every confirmed track, tracked or lost, on IoU fused
-  with the score; then detections in [``low``, ``high``) against the tracked ones left,
+  scored at least ``high_score`` against every confirmed track, tracked or lost, on IoU
+  fused with the score; then those in [``low_score``, ``high_score``) against the tracked
+  ones left,
   which keeps a track through an occlusion where the detector's score drops; then the new
   (tentative) tracks against the high detections left. A high detection nobody took, scored
-  at least ``new_track``, starts a tentative track, confirmed after ``confirm_hits`` hits;
+  at least ``new_track_score``, starts a tentative track, confirmed after
+  ``confirm_frames`` hits;
   a tentative track that misses a frame is dropped.
 - Constant-velocity Kalman filter on (cx, cy, w, h), each coordinate with its velocity:
   with a diagonal process and measurement noise the covariance stays block-diagonal, so
@@ -16,18 +18,18 @@
   frames, a ladder stride), and prediction, process noise and "lost for M frames" count in
   frames, not calls.
 - Bounded state, preallocated: at most ``max_tracks`` live tracks in fixed arrays; a track
-  lost for more than ``max_lost_frames`` is removed at once (nothing is kept of it), and
+  lost for more than ``lost_frames`` is removed at once (nothing is kept of it), and
   a new track beyond the cap is refused and counted (``overflow``). Ids are never reused.
 
-Costs on this project's measurement (tools/tracking): see docs/tracking.md.
+Its settings are the source's ``TrackerConfig`` (``core/source_config.py``); costs and
+accuracy measured (tools/tracking): docs/tracking.md.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from edge_agent.core.source_config import TrackerConfig
 from edge_agent.pipelines.tracking.assign import assign
 
 TENTATIVE, TRACKED, LOST = 0, 1, 2
@@ -36,26 +38,12 @@ STD_POS = 1.0 / 20
 STD_VEL = 1.0 / 160
 
 
-@dataclass(frozen=True)
-class TrackParams:
-    high: float = 0.5  # first stage: detections scored at least this
-    low: float = 0.1  # second stage: detections scored in [low, high)
-    new_track: float = 0.6  # a high detection left over starts a track if scored this
-    match_iou: float = 0.2  # first stage: IoU x score above this
-    low_match_iou: float = 0.5  # second stage: IoU above this
-    unconfirmed_iou: float = 0.3  # third stage: IoU x score above this
-    confirm_hits: int = 2
-    max_lost_frames: float = 30.0
-    per_class: bool = False  # a track only takes detections of its own class
-    max_tracks: int = 256
-
-
 class ByteTracker:
     """One source's tracks. ``update`` per frame; the arrays hold the live tracks in their
     first ``n`` rows."""
 
-    def __init__(self, params: TrackParams) -> None:
-        self.params = p = params
+    def __init__(self, config: TrackerConfig) -> None:
+        self.config = p = config
         self._match_cost = 1.0 - p.match_iou
         self._low_cost = 1.0 - p.low_match_iou
         self._unconf_cost = 1.0 - p.unconfirmed_iou
@@ -169,7 +157,7 @@ class ByteTracker:
         """One frame's detections (``xyxy`` (m, 4), ``scores``, ``classes``), ``dt`` frames
         after the previous update. Writes each detection's track id into ``out_id`` (0: not
         part of a confirmed track) and its track's age in frames into ``out_age``."""
-        p = self.params
+        p = self.config
         m = len(scores)
         out_id[:m] = 0
         out_age[:m] = 0
@@ -184,8 +172,8 @@ class ByteTracker:
         np.multiply(pos[:, 2:], 0.5, out=box[:, 2:])
         np.subtract(pos[:, :2], box[:, 2:], out=box[:, :2])
         np.add(pos[:, :2], box[:, 2:], out=box[:, 2:])
-        hi = (scores >= p.high).nonzero()[0]
-        lo = ((scores >= p.low) & (scores < p.high)).nonzero()[0]
+        hi = (scores >= p.high_score).nonzero()[0]
+        lo = ((scores >= p.low_score) & (scores < p.high_score)).nonzero()[0]
         hit, det_of = self._hit[:n], self._det_of[:n]
         hit[:] = False
         iou = _iou(box, xyxy) if n and m else None
@@ -229,7 +217,7 @@ class ByteTracker:
                 self.cls[rows] = classes[d]
                 self.hits[rows] += 1
                 self.since[rows] = 0.0
-                confirmed = rows[(state[rows] != TENTATIVE) | (self.hits[rows] >= p.confirm_hits)]
+                confirmed = rows[(state[rows] != TENTATIVE) | (self.hits[rows] >= p.confirm_frames)]
                 for i in confirmed[self.ids[confirmed] == 0]:
                     self.ids[i] = self.next_id
                     self.next_id += 1
@@ -241,12 +229,12 @@ class ByteTracker:
                 out_age[unconfirmed] = 0
             # misses: tentative tracks go, tracked ones are lost, lost ones go after M frames
             state[(state == TRACKED) & ~hit] = LOST
-            gone = ((state == TENTATIVE) & ~hit) | (self.since[:n] > p.max_lost_frames)
+            gone = ((state == TENTATIVE) & ~hit) | (self.since[:n] > p.lost_frames)
             if gone.any():
                 self._remove(~gone)
         # 4: new tentative tracks from the high detections nobody took
         if len(hi_left):
-            fresh = hi_left[scores[hi_left] >= p.new_track]
+            fresh = hi_left[scores[hi_left] >= p.new_track_score]
             if len(fresh):
                 self._add(xyxy, classes, fresh, out_id)
 
@@ -292,7 +280,7 @@ class ByteTracker:
         self.hits[new] = 1
         self.since[new] = 0.0
         self.age[new] = 0.0
-        if self.params.confirm_hits <= 1:
+        if self.config.confirm_frames <= 1:
             self.ids[new] = np.arange(self.next_id, self.next_id + k)
             self.next_id += k
             self.state[new] = TRACKED

@@ -17,34 +17,21 @@ from edge_agent.core.latency import LatencyHistogram
 from edge_agent.core.source_config import TrackerConfig
 from edge_agent.pipelines.slots import FrameSlot
 from edge_agent.pipelines.snapshot import TrackingSnapshot, frozen_copy
-from edge_agent.pipelines.tracking.bytetrack import ByteTracker, TrackParams
+from edge_agent.pipelines.tracking.bytetrack import ByteTracker
 
 log = logging.getLogger(__name__)
-
-
-def track_params(config: TrackerConfig) -> TrackParams:
-    return TrackParams(
-        high=config.high_score,
-        low=config.low_score,
-        new_track=config.new_track_score,
-        match_iou=config.match_iou,
-        low_match_iou=config.low_match_iou,
-        confirm_hits=config.confirm_frames,
-        max_lost_frames=config.lost_frames,
-        per_class=config.per_class,
-        max_tracks=config.max_tracks,
-    )
 
 
 class SourceTracker:
     """One source's tracker. Used by the thread that publishes its frames only (the post
     stage's or the inference thread's, never both at once); the heartbeat reads counts."""
 
-    def __init__(self, config: TrackerConfig, model: str, first_id: int = 1, restarts: int = 0) -> None:
+    def __init__(self, config: TrackerConfig, model: str, restarts: int = 0) -> None:
+        """Its ids start at 1: after a reload, ``Pipeline.adopt`` moves them on past every id
+        the source had in the run."""
         self.config = config
         self.model = model  # the model it tracks the detections of: another one restarts it
-        self.tracker = ByteTracker(track_params(config))
-        self.tracker.next_id = first_id
+        self.tracker = ByteTracker(config)
         self.restarts = restarts
         self.cost = LatencyHistogram()  # per frame, since it started
         # since the heartbeat last took it (a frame timed while it is taken may count in
@@ -72,7 +59,7 @@ class SourceTracker:
     def carry_on(self, config: TrackerConfig, model: str, same_source: bool = True) -> SourceTracker:
         """This source's tracker for a new config (a reload): this one, tracks kept, when its
         settings, its model and its capture (``same_source``: the source kept running) are
-        the same; else a new one whose ids go on after this one's."""
+        the same; else a new one (its ids go on: ``Pipeline.adopt``)."""
         if config == self.config and model == self.model and same_source:
             return self
         why = "its settings" if config != self.config else "its model" if model != self.model else "its input"
@@ -82,7 +69,7 @@ class SourceTracker:
             self.tracker.live,
             self.tracker.next_id,
         )
-        return SourceTracker(config, model, self.tracker.next_id, self.restarts + 1)
+        return SourceTracker(config, model, self.restarts + 1)
 
     def snapshot(self, take: bool = False) -> TrackingSnapshot:
         """``take``: with the cost since the last take (the heartbeat's)."""

@@ -9,15 +9,16 @@ import itertools
 import numpy as np
 import pytest
 
+from edge_agent.core.source_config import TrackerConfig
 from edge_agent.pipelines.tracking.assign import assign
-from edge_agent.pipelines.tracking.bytetrack import STD_POS, STD_VEL, ByteTracker, TrackParams
+from edge_agent.pipelines.tracking.bytetrack import STD_POS, STD_VEL, ByteTracker
 
 
 class Run:
     """A tracker fed frames of (boxes, scores, classes); keeps each frame's ids."""
 
     def __init__(self, **params) -> None:
-        self.t = ByteTracker(TrackParams(**params))
+        self.t = ByteTracker(TrackerConfig(**params))
         self.ids = np.zeros(64, np.int64)
         self.age = np.zeros(64, np.int32)
 
@@ -35,17 +36,17 @@ def box(x: float, y: float = 100.0, size: float = 40.0) -> list[float]:
 
 
 def test_an_object_gets_an_id_once_confirmed_and_keeps_it():
-    run = Run(confirm_hits=2)
+    run = Run(confirm_frames=2)
     first = [run.frame([box(10 + 4 * t)])[0] for t in range(10)]
     assert first[0] == 0, "not confirmed after one hit"
     assert set(first[1:]) == {1}
     assert run.age[0] == 9, "age counts frames since the first detection"
 
 
-def test_one_hit_confirms_when_confirm_hits_is_1_and_unconfirmed_tracks_have_no_age():
-    run = Run(confirm_hits=1)
+def test_one_hit_confirms_when_confirm_frames_is_1_and_unconfirmed_tracks_have_no_age():
+    run = Run(confirm_frames=1)
     assert run.frame([box(10)]) == [1] and run.age[0] == 0, "an id at the first hit"
-    slow = Run(confirm_hits=3)
+    slow = Run(confirm_frames=3)
     for t in range(2):
         assert slow.frame([box(10 + t)]) == [0] and slow.age[0] == 0, "no id, no age yet"
     assert slow.frame([box(12)]) == [1] and slow.age[0] == 2
@@ -70,12 +71,12 @@ def test_an_occlusion_the_tracker_should_bridge_keeps_the_id():
 
 
 def test_a_gap_longer_than_lost_frames_gives_a_new_id():
-    run = Run(max_lost_frames=10)
+    run = Run(lost_frames=10)
     before = {run.frame([box(100)])[0] for _ in range(5)} - {0}
     for _ in range(11):
         run.frame([])
     after = {run.frame([box(100)])[0] for _ in range(5)} - {0}
-    assert before == {1} and after == {2}, "a track lost for longer than max_lost_frames ends"
+    assert before == {1} and after == {2}, "a track lost for longer than lost_frames ends"
     assert run.t.live == 1
 
 
@@ -197,7 +198,7 @@ def test_the_kalman_filter_equals_the_full_8x8_filter():
     """The per-coordinate filter against the textbook one (x' = Fx, P' = FPF' + Q; K = PH'S^-1)
     with BoT-SORT's noise, over a noisy path with varying elapsed times."""
     rng = np.random.default_rng(0)
-    t = ByteTracker(TrackParams(max_tracks=4))
+    t = ByteTracker(TrackerConfig(max_tracks=4))
     z0 = np.array([100.0, 120.0, 40.0, 60.0])
     # two tracks: the first gets a detection every step, the second none (predicted only)
     boxes = np.array([[80.0, 90.0, 120.0, 150.0], [300.0, 300.0, 340.0, 360.0]])

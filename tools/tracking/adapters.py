@@ -74,12 +74,13 @@ class Agent:
     the detector's boxes of the detections a confirmed track took, with its id."""
 
     def __init__(self, stride: int, floor: float = 0.25, **kw) -> None:
-        from edge_agent.pipelines.tracking.bytetrack import ByteTracker, TrackParams
+        from edge_agent.core.source_config import TrackerConfig
+        from edge_agent.pipelines.tracking.bytetrack import ByteTracker
 
         # The model's score threshold: decoding keeps nothing below it (the bundled
         # detector's manifest: 0.25), so the tracker never sees those boxes.
         self.floor = floor
-        self.t = ByteTracker(TrackParams(**kw))
+        self.t = ByteTracker(TrackerConfig(**kw))
         self.dt = float(stride)
         self.ids = np.zeros(1024, np.int64)
         self.age = np.zeros(1024, np.int32)
@@ -98,12 +99,18 @@ class Agent:
         return self.t.live
 
 
+#: Short names in variant names (kept: the saved outputs are named with them).
+_ALIASES = {"high": "high_score", "low": "low_score", "new_track": "new_track_score"}
+
+
 def _agent_params(name: str) -> dict:
-    """``agent+high=0.25+per_class=1``: the agent's tracker with those settings (``floor``:
-    the model's score threshold, 0.25 unless given)."""
+    """``agent+high=0.25+per_class=1``: the agent's tracker with those settings (the
+    source's ``tracker`` keys, or their short names above; ``floor``: the model's score
+    threshold, 0.25 unless given)."""
     kw = {}
     for part in name.split("+")[1:]:
         key, value = part.split("=")
+        key = _ALIASES.get(key, key)
         kw[key] = bool(int(value)) if key == "per_class" else float(value)
     return kw
 

@@ -16,7 +16,8 @@ import time
 import numpy as np
 from bench_cost import BOX_COUNTS, WARMUP, stream
 
-from edge_agent.pipelines.tracking.bytetrack import ByteTracker, TrackParams
+from edge_agent.core.source_config import TrackerConfig
+from edge_agent.pipelines.tracking.bytetrack import ByteTracker
 
 
 def main() -> int:
@@ -33,7 +34,7 @@ def main() -> int:
     age = np.zeros(1024, np.int32)
     for r in range(a.rounds):
         for n, frames in streams.items():
-            tracker = ByteTracker(TrackParams())
+            tracker = ByteTracker(TrackerConfig())
             us = np.empty(len(frames))
             for i, (xyxy, scores, classes) in enumerate(frames):
                 t0 = time.perf_counter_ns()

@@ -44,4 +44,4 @@ $NP2 summarize.py
 
 # 5. the agent itself, an hour, four cameras, tracking on (RSS and tracker cost, first and
 # last five minutes)
-$AGENT agent_soak.py --minutes 60 --out "$W/results/agent-soak.jsonl"
+$AGENT ../soak.py --duration 3600 --objects 12 --world-margin 0.2 --out "$W/results/agent-soak"
