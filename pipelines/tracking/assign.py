@@ -1,10 +1,12 @@
 """Optimal one-to-one assignment under a cost limit, cheap in the common case.
 
-Most frames of a tracked scene are unambiguous: each track overlaps at most one detection
-well enough and each detection at most one track. Then the pairs are simply those, and
-that is the optimal assignment (nothing competes). Only when some row or column has two
-candidates is the solver (``lap.lapjv``, Jonker-Volgenant) run, on the rows and columns
-that have a candidate at all: a full 10x10 call costs about 15 us, the check 3 us.
+Taking a pair (r, c) saves ``limit - cost[r, c]`` against leaving both alone, so the best
+assignment is the one that saves most, and no assignment saves more than every row's best
+pair together. When the rows' best columns are all different, those pairs *are* an
+assignment, hence the optimal one: a scene's usual frame (each track near its own
+detection, even with other detections close by) costs an argmin and a count. Only when two
+rows want the same column is the solver (``lap.lapjv``, Jonker-Volgenant) run, on the rows
+and columns that have a candidate at all.
 """
 
 from __future__ import annotations
@@ -21,16 +23,24 @@ def assign(cost: np.ndarray, limit: float) -> tuple[np.ndarray, np.ndarray]:
     ``limit``, so a pair costing less is always worth taking)."""
     if not cost.size:
         return _NONE
+    best = cost.argmin(1)
+    rows = (cost[_arange(len(cost)), best] < limit).nonzero()[0]
+    cols = best[rows]
+    if len(cols) < 2 or np.bincount(cols).max() == 1:
+        return rows, cols
     cand = cost < limit
-    per_row = cand.sum(1)
-    per_col = cand.sum(0)
-    if per_row.max() <= 1 and per_col.max() <= 1:
-        return np.nonzero(cand)
-    rows = np.flatnonzero(per_row)
-    cols = np.flatnonzero(per_col)
-    sub = cost[np.ix_(rows, cols)]
+    rows = cand.any(1).nonzero()[0]
+    cols = cand.any(0).nonzero()[0]
+    sub = cost[rows][:, cols]
     _, x, _ = lap.lapjv(sub, extend_cost=True, cost_limit=limit)
-    r = np.flatnonzero(x >= 0)
+    r = (x >= 0).nonzero()[0]
     # a pair costing exactly the limit ties with leaving both alone, and lapjv may take it
     r = r[sub[r, x[r]] < limit]
     return rows[r], cols[x[r]]
+
+
+_RANGE = np.arange(1024)
+
+
+def _arange(n: int) -> np.ndarray:
+    return _RANGE[:n] if n <= len(_RANGE) else np.arange(n)

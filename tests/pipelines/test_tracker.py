@@ -232,3 +232,19 @@ def test_the_kalman_filter_equals_the_full_8x8_filter():
         np.testing.assert_allclose(t.p_vv[0], np.diag(p)[4:], rtol=1e-9)
     np.testing.assert_array_equal(t.pos[1], other[0])  # no velocity, never corrected: never moved
     assert (t.p_pp[1] > other[1]).all(), "its uncertainty grew with every prediction"
+
+
+def test_assign_runs_the_solver_only_when_two_rows_want_one_column(monkeypatch):
+    """Rows whose best columns differ are the optimal assignment as they stand, even with a
+    second candidate each; two rows wanting the same column go to the solver."""
+    import edge_agent.pipelines.tracking.assign as module
+
+    calls = []
+    real = module.lap.lapjv
+    monkeypatch.setattr(module.lap, "lapjv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    near = np.array([[0.1, 0.5, 1.0], [0.6, 0.2, 1.0], [1.0, 1.0, 0.9]])  # row 2: nothing below
+    rows, cols = assign(near, 0.8)
+    assert (rows.tolist(), cols.tolist()) == ([0, 1], [0, 1]) and not calls
+    rival = np.array([[0.1, 0.3], [0.2, 0.7]])  # both want column 0: 0.3 + 0.2 beats 0.1 + 0.7
+    rows, cols = assign(rival, 0.8)
+    assert sorted(zip(rows.tolist(), cols.tolist())) == [(0, 1), (1, 0)] and calls == [1]
