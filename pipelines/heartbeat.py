@@ -155,6 +155,8 @@ class HealthReporter:
             msg["power"] = self.power.snapshot()
         if lane.tracking is not None:
             msg["tracking"] = lane.tracking.as_dict()
+        if lane.analytics is not None:
+            msg["analytics"] = lane.analytics.as_dict()
         change = lane.change
         if change is not None:
             msg["event"] = {

@@ -20,6 +20,7 @@ import numpy as np
 from edge_agent.core.budget_fit import DEFAULT_CAMERA_FPS
 from edge_agent.core.latency import LatencyHistogram
 from edge_agent.core.stamps import CAPTURED, INFER_END, INFER_START, PRE_START, PUBLISH, STAGES
+from edge_agent.pipelines.analytics.step import SourceAnalytics
 from edge_agent.pipelines.deadline import DROP_REASONS, DeadlineMonitor
 from edge_agent.pipelines.publish import MessageBuilder
 from edge_agent.pipelines.slots import FrameSlot, ModelBuffers
@@ -165,6 +166,7 @@ class Lane:
         self.seq = 0
         self.view_tap: ViewTap | None = None  # the live view's, when enabled
         self.tracker: SourceTracker | None = None  # the source's tracker, when it has one
+        self.analytics: SourceAnalytics | None = None  # its zones and lines, when it has any
         self.error: str | None = None  # why the source ended early, if it did
         self._stale_seen = source.stale  # the source's stale count already accounted
         self._stride_count = 0
@@ -280,6 +282,8 @@ class Lane:
         if self.tracker is not None and old.tracker is not None:
             same = self.source is old.source  # not reopened: its capture settings are the same
             self.tracker = old.tracker.carry_on(self.tracker.config, self.tracker.model, same)
+        if self.analytics is not None and old.analytics is not None:
+            self.analytics = old.analytics.carry_on(self.analytics)
 
     def snapshot(self, now_ns: int, take: bool = False) -> LaneSnapshot:
         """The lane at ``now_ns``; ``take``: with what is handed out once (the heartbeat's):
@@ -303,6 +307,7 @@ class Lane:
             frame_period_ms=self.frame_period_ms(),
             deadline=self.monitor.snapshot(now_ns),
             tracking=self.tracker.snapshot(take) if self.tracker is not None else None,
+            analytics=self.analytics.snapshot() if self.analytics is not None else None,
             window=stats.take_window() if take else None,
             change=self.monitor.take_change() if take else None,
         )

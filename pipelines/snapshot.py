@@ -59,6 +59,26 @@ class Counts:
 
 
 @dataclass(frozen=True)
+class AnalyticsSnapshot:
+    """A source's counts by zone or line and label, as the heartbeat and metrics show them."""
+
+    zones: dict[str, dict[str, Any]]
+    lines: dict[str, dict[str, Any]]
+    events: int
+    overflow: int
+    cost: LatencyHistogram
+
+    def as_dict(self) -> dict:
+        return {
+            "zones": self.zones,
+            "lines": self.lines,
+            "events": self.events,
+            "overflow": self.overflow,
+            "cost_ms": self.cost.summary_ms(),
+        }
+
+
+@dataclass(frozen=True)
 class TrackingSnapshot:
     """A source's tracker as the heartbeat shows it."""
 
@@ -111,6 +131,7 @@ class LaneSnapshot:
     frame_period_ms: float | None  # a live source's frame interval; None for a file
     deadline: DeadlineSnapshot
     tracking: TrackingSnapshot | None = None  # its tracker's, when it has one
+    analytics: AnalyticsSnapshot | None = None  # its zones' and lines', when it has any
     # Handed out once, to the heartbeat (``Pipeline.snapshot(take=True)``), else None: the
     # latencies since the last take, and the oldest ladder change not reported yet.
     window: LatencyHistogram | None = None

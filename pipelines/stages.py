@@ -325,6 +325,8 @@ class PostStage:
                 st[POST_END] = time.monotonic_ns()
                 builder = lane.builder
                 message = builder.build(slot, lane.seq, slot.profile.name)
+                if lane.analytics is not None:
+                    message["analytics"] = lane.analytics.counter.block()
                 st[PUBLISH] = time.monotonic_ns()
                 message["latency_ms"] = builder.latencies(slot)
                 message["deadline_missed"] = missed = lane.monitor.late(int(st[PUBLISH] - st[CAPTURED]))

@@ -5,7 +5,8 @@ and the ONNX Runtime options a backend config runs a model with."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import fields, replace
+from dataclasses import MISSING, Field, fields, replace
+from typing import Any
 
 from edge_agent.core.config import (
     AgentConfig,
@@ -20,7 +21,11 @@ from edge_agent.core.source_config import SCHEDULING_FIELDS, SourceConfig
 
 def capture_part(src: SourceConfig) -> SourceConfig:
     """A source's config without its scheduling settings: what needs a reopen to change."""
-    return replace(src, **{f.name: f.default for f in fields(src) if f.name in SCHEDULING_FIELDS})
+    return replace(src, **{f.name: _default(f) for f in fields(src) if f.name in SCHEDULING_FIELDS})
+
+
+def _default(f: Field) -> Any:
+    return f.default_factory() if f.default is MISSING and f.default_factory is not MISSING else f.default
 
 
 def model_at(cfg: AgentConfig, path: str, manifest: str = "") -> ModelConfig:

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
+from edge_agent.core.analytics_config import AnalyticsConfig
 from edge_agent.core.configload import check, path_field
 from edge_agent.core.names import NAME_RULE, name_ok
 from edge_agent.core.reloads import LANE, MODELS, marked_fields, reloads
@@ -61,9 +62,17 @@ class _SourceBase:
     manifest: str = path_field("file", reload=(LANE, MODELS))  # its manifest; empty: beside it
     # Its tracker: a change restarts it at a reload (ids go on); any other change keeps its tracks.
     tracker: TrackerConfig = field(default_factory=TrackerConfig, metadata=reloads(LANE))
+    # Zones and lines counted on its tracks: a change keeps the tracks, and the counts of
+    # the zones and lines whose definition stayed the same.
+    analytics: AnalyticsConfig = field(default_factory=AnalyticsConfig, metadata=reloads(LANE))
 
     def __post_init__(self) -> None:
         check(name_ok(self.name), "name", f"{NAME_RULE} (it is a topic)")
+        check(
+            self.tracker.enabled or not self.analytics.enabled,
+            "analytics",
+            "zones and lines count tracks: this source's tracker is off (tracker.type: none)",
+        )
         check(-1000 <= self.priority <= 1000, "priority", "must be within -1000..1000")
         check(0 <= self.budget_ms <= 60_000, "budget_ms", "must be within 0..60000 (0: deadline.budget_ms)")
         check(0 <= self.max_fps <= 1000, "max_fps", "must be within 0..1000 (0: no cap)")
@@ -101,6 +110,8 @@ class SyntheticSourceConfig(_SourceBase):
         check(0 <= self.fps <= 1000, "fps", "must be within 0..1000")
         check(0 <= self.num_objects <= 64, "num_objects", "must be within 0..64")
         check(0 <= self.noise_sigma <= 100, "noise_sigma", "must be within 0..100")
+        outside = self.analytics.outside(self.width, self.height)
+        check(outside is None, "analytics", outside or "")
 
 
 @dataclass(frozen=True)

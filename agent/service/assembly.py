@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from dataclasses import replace
 from typing import Any
 
 from edge_agent.core.config import AgentConfig
+from edge_agent.core.configload import ConfigError, Problem
 from edge_agent.core.plan import model_at, model_batches, source_models, with_batch
 from edge_agent.core.source_config import SourceConfig
 from edge_agent.models.manifest import ModelError
+from edge_agent.pipelines.analytics.step import AnalyticsStep, SourceAnalytics
 from edge_agent.pipelines.deadline import DeadlineMonitor
 from edge_agent.pipelines.lane import Lane
 from edge_agent.pipelines.model import LoadedModel, load_model
@@ -42,6 +45,10 @@ class Assembly:
 
     def __init__(self, max_frames: int = 0) -> None:
         self.max_frames = max_frames
+        # This run of the agent (its heartbeats' and events'): track ids and event numbers
+        # are unique within a run and source, so a new run_id tells a consumer they start
+        # again (a restart; a reload keeps it).
+        self.run_id = uuid.uuid4().hex[:16]
 
     def load_profiles(self, cfg: AgentConfig) -> tuple[dict[str, ModelBuffers], dict[str, LoadedModel]]:
         """Load every model the config names (the ladder's and the sources' own too) and
@@ -112,9 +119,12 @@ class Assembly:
         """What runs on every decoded frame before its result is published, in order (a
         tracker per source, then analytics on its tracks), for each pipeline ``cfg``
         builds (at start and at every reload). Nothing when no source tracks."""
+        steps: list[PostStep] = []
         if any(src.tracker.enabled for src in cfg.source_list()):
-            return [TrackStep()]
-        return []
+            steps.append(TrackStep())
+        if any(src.analytics.enabled for src in cfg.source_list()):
+            steps.append(AnalyticsStep())
+        return steps
 
     def pipeline(
         self,
@@ -151,9 +161,23 @@ class Assembly:
                     self.max_frames,
                 )
             )
-        for src, lane in zip(cfg.source_list(), lanes):
+        for key, (src, lane) in zip(source_keys(cfg), zip(cfg.source_list(), lanes)):
             if src.tracker.enabled:
                 lane.tracker = SourceTracker(src.tracker, lane.primary.model.resolved.path)
+            if src.analytics.enabled:
+                labels = lane.primary.model.manifest.labels
+                check_labels(src, labels, f"{key}.analytics")
+                lane.analytics = SourceAnalytics(
+                    src.analytics,
+                    labels,
+                    src.tracker.lost_frames,
+                    2 * src.tracker.max_tracks,
+                    src.name,
+                    cfg.device_id,
+                    self.run_id,
+                    publisher.send,
+                    publisher.encode,
+                )
         if view is not None:
             for lane in lanes:
                 lane.view_tap = view.tap(lane.name, cfg.model.max_detections)
@@ -166,8 +190,30 @@ class Assembly:
         return pipeline
 
 
+def source_keys(cfg: AgentConfig) -> list[str]:
+    """Each source's key path in the config (``sources[i]``, or ``source``)."""
+    return [f"sources[{i}]" for i in range(len(cfg.sources))] or ["source"]
+
+
 def budget_settings(cfg: AgentConfig) -> dict[str, str]:
     """By source name, the key that sets its budget: its own ``budget_ms``, else the deadline's."""
-    keys = {f"sources[{i}].budget_ms": s for i, s in enumerate(cfg.sources)}
-    keys = keys or {"source.budget_ms": cfg.source}
-    return {s.name: key if s.budget_ms else "deadline.budget_ms" for key, s in keys.items()}
+    return {
+        s.name: f"{key}.budget_ms" if s.budget_ms else "deadline.budget_ms"
+        for key, s in zip(source_keys(cfg), cfg.source_list())
+    }
+
+
+def check_labels(src: SourceConfig, labels: tuple[str, ...], key: str) -> None:
+    """A zone or line that counts a label the source's model does not have: a config error
+    (raised at start, and by a reload, which then keeps the running config)."""
+    problems = []
+    for kind, items in (("zones", src.analytics.zones), ("lines", src.analytics.lines)):
+        for i, item in enumerate(items):
+            unknown = [name for name in item.labels if name not in labels]
+            if unknown:
+                message = (
+                    f"label {', '.join(map(repr, unknown))} is not one of the model's ({', '.join(labels)})"
+                )
+                problems.append(Problem("config", 0, 0, f"{key}.{kind}[{i}].labels", message))
+    if problems:
+        raise ConfigError(problems)

@@ -79,6 +79,7 @@ class AgentCollector:
             return
         snap = pipeline.snapshot()
         yield from self._per_lane(snap.lanes)
+        yield from self._analytics(snap.lanes)
         batches = CounterMetricFamily(
             "edge_agent_inference_batches", "Inference batches run, by size (frames)", labels=["size"]
         )
@@ -171,6 +172,48 @@ class AgentCollector:
         if live:
             yield from (f["up"], f["fails"])
         yield from (f[k] for k in ("in_flight", "stage", "e2e", "budget", "miss", "step"))
+
+    @staticmethod
+    def _analytics(lanes: tuple[LaneSnapshot, ...]):
+        """Zones and lines, by source and label (only when a source has any)."""
+        if not any(lane.analytics is not None for lane in lanes):
+            return
+        objects = GaugeMetricFamily(
+            "edge_agent_zone_objects", "Tracks inside the zone now", labels=["source", "zone", "label"]
+        )
+        entries = CounterMetricFamily(
+            "edge_agent_zone_entries", "Tracks that entered the zone", labels=["source", "zone", "label"]
+        )
+        exits = CounterMetricFamily(
+            "edge_agent_zone_exits",
+            "Tracks that left the zone (or ended in it)",
+            labels=["source", "zone", "label"],
+        )
+        dwell = HistogramMetricFamily(
+            "edge_agent_zone_dwell_seconds", "Time in the zone, per exit", labels=["source", "zone"]
+        )
+        crossings = CounterMetricFamily(
+            "edge_agent_line_crossings",
+            "Line crossings, once per track and direction",
+            labels=["source", "line", "direction", "label"],
+        )
+        for lane in lanes:
+            a = lane.analytics
+            if a is None:
+                continue
+            for zone, z in a.zones.items():
+                for label, n in z["entered"].items():  # a label once seen stays, at 0 when none is inside
+                    objects.add_metric([lane.name, zone, label], z["objects"].get(label, 0))
+                    entries.add_metric([lane.name, zone, label], n)
+                for label, n in z["exited"].items():
+                    exits.add_metric([lane.name, zone, label], n)
+                d = z["dwell_s"]
+                dwell.add_metric([lane.name, zone], list(d["buckets"].items()), d["sum"])
+            for line, counts in a.lines.items():
+                for direction in ("in", "out"):
+                    for label, n in counts[direction].items():
+                        crossings.add_metric([lane.name, line, direction, label], n)
+        yield from (objects, entries, exits, dwell, crossings)
 
     @staticmethod
     def _power(power: Any):

@@ -104,6 +104,7 @@ class Agent:
                 self.pipeline, self.publisher, cfg.device_id, cfg.publish.health_interval_s, self.power
             )
             self.health.config_hash = config_hash(cfg)
+            self.health.run_id = self.assembly.run_id
         except BaseException:
             self.close_models()  # nothing started: the sessions go back
             raise

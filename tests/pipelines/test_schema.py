@@ -71,7 +71,7 @@ def test_schema_is_valid_draft_2020_12(schema):
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert schema["$id"] and schema["title"]
     assert "msgpack" in schema["description"] and "ignore unknown fields" in schema["description"]
-    assert {r["$ref"] for r in schema["oneOf"]} == {"#/$defs/result", "#/$defs/health"}
+    assert {r["$ref"] for r in schema["oneOf"]} == {"#/$defs/result", "#/$defs/health", "#/$defs/event"}
 
 
 def test_schema_names_exactly_the_code_stages_and_drop_reasons(schema):

@@ -1,0 +1,1 @@
+"""Zones, lines, dwell and events on a source's tracks."""

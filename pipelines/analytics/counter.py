@@ -1,0 +1,343 @@
+"""One source's zone and line counting over its confirmed tracks, and the events it raises.
+
+The rules, each a guard against a count that is wrong:
+
+- Only detections of confirmed tracks count (a track id): a flickering box that never
+  became a track is never counted.
+- A track's side of a line, and whether it is inside a zone, change only after its anchor
+  was observed on the new side ``min_frames`` processed frames in a row: a box jittering
+  on a border is not counted back and forth.
+- A crossing needs a known side before it: a line's side is known only while the anchor
+  projects onto the segment (not beyond its ends), so walking round a line's end is no
+  crossing. It counts once per track and direction.
+- State is per track id and kept while the track is lost: a track recovered after an
+  occlusion does not enter or cross again. A track not seen for longer than its tracker
+  keeps lost tracks has ended: if it was inside a zone it exits (``reason: lost``).
+- Times come from the frames' capture times: an entry is dated by the first frame inside,
+  an exit by the first frame outside, so dwell is exact to a frame period at any frame rate
+  or stride.
+
+State lives in arrays of ``capacity`` rows (one per track, sorted by id: ids only grow in
+a run, so a new track is appended), with the same cost per frame whatever happened before.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edge_agent.core.analytics_config import AnalyticsConfig
+from edge_agent.pipelines.analytics.geometry import Geometry
+
+#: Dwell histogram buckets (seconds, upper bounds; Prometheus ``le``), the last +Inf.
+DWELL_BUCKETS_S = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+IN, OUT = 0, 1  # a line's directions, as indexed in its counts
+_DIRECTION = {1: "in", -1: "out"}
+
+
+class Counter:
+    """A source's zones and lines (``config``) over tracks of the model's ``labels``.
+    ``lost_frames``: the tracker's (a track unseen for longer has ended)."""
+
+    def __init__(
+        self, config: AnalyticsConfig, labels: tuple[str, ...], lost_frames: float, capacity: int
+    ) -> None:
+        self.config = config
+        self.labels = labels
+        self.zone_names = tuple(z.name for z in config.zones)
+        self.line_names = tuple(ln.name for ln in config.lines)
+        self.expire_frames = lost_frames + 1
+        self.geometry: Geometry | None = None  # for the frame size, at the first frame
+        n_cls = max(len(labels), 1)
+        nz, nl = len(config.zones), len(config.lines)
+        self.capacity = cap = capacity
+        # per track row (sorted by track id)
+        self.n = 0
+        self.ids = np.zeros(cap, np.int64)
+        self.last_seen = np.zeros(cap, np.int64)  # frame id
+        self.seen_t = np.zeros(cap)  # its capture time
+        self.z_in = np.zeros((cap, nz), bool)  # settled: inside
+        self.z_run = np.zeros((cap, nz), np.int64)  # frames in a row observed otherwise
+        self.z_run_t = np.zeros((cap, nz))  # capture time of that run's first frame
+        self.z_enter_t = np.zeros((cap, nz))  # capture time of the first frame inside
+        self.z_step = np.zeros((cap, nz), np.int64)  # dwell steps passed while inside
+        self.z_cls = np.zeros((cap, nz), np.int64)  # its label when it entered (counted under it)
+        self.l_side = np.zeros((cap, nl), np.int8)  # settled: +1 in side, -1 out side, 0 unknown
+        self.l_pend = np.zeros((cap, nl), np.int8)  # the side observed otherwise
+        self.l_run = np.zeros((cap, nl), np.int64)  # frames in a row on it
+        self.l_run_t = np.zeros((cap, nl))  # capture time of that run's first frame
+        self.l_done = np.zeros((cap, nl, 2), bool)  # counted: in, out
+        # counts, by label
+        self.objects = np.zeros((nz, n_cls), np.int64)  # inside now
+        self.entered = np.zeros((nz, n_cls), np.int64)
+        self.exited = np.zeros((nz, n_cls), np.int64)
+        self.crossed = np.zeros((nl, 2, n_cls), np.int64)  # [line, in/out, label]
+        self.dwell_hist = np.zeros((nz, len(DWELL_BUCKETS_S) + 1), np.int64)
+        self.dwell_sum = np.zeros(nz)
+        self.events = 0  # raised since it started
+        self.overflow = 0  # tracks not followed: more at once than ``capacity``
+        self._refused_to = 0  # the highest id refused so far (each refused track counted once)
+        self.version = 0  # moves on with every change of a count (the message block's cache)
+        self._block: dict | None = None
+        self._block_version = -1
+
+    # -- per frame -----------------------------------------------------------------------
+
+    def update(
+        self,
+        xyxy: np.ndarray,
+        classes: np.ndarray,
+        track_ids: np.ndarray,
+        frame_id: int,
+        t: float,
+        width: int,
+        height: int,
+        out: list[dict],
+    ) -> None:
+        """One frame's detections (source pixels) and their track ids (0: none), captured
+        at ``t`` (s). Appends the events raised to ``out``."""
+        geo = self.geometry
+        if geo is None or geo.width != width or geo.height != height:
+            geo = self.geometry = Geometry(self.config, width, height, self.labels)
+        self._expire(frame_id, t, out)
+        sel = (track_ids > 0).nonzero()[0]
+        if not len(sel):
+            return
+        ids = track_ids[sel]
+        rows = self._rows(ids, frame_id)
+        if rows is None:
+            return
+        keep = rows >= 0
+        if not keep.all():  # beyond capacity: not followed
+            sel, ids, rows = sel[keep], ids[keep], rows[keep]
+        boxes = xyxy[sel]
+        cls = classes[sel].astype(np.int64)
+        np.clip(cls, 0, self.objects.shape[1] - 1, out=cls)
+        known = classes[sel] < len(self.labels)
+        self.last_seen[rows] = frame_id
+        self.seen_t[rows] = t
+        if len(self.zone_names):
+            inside = geo.inside(boxes)
+            inside &= geo.z_labels[cls]
+            inside &= known[:, None]
+            self._zones(rows, inside, cls, ids, frame_id, t, out)
+        if len(self.line_names):
+            side = geo.sides(boxes)
+            side *= geo.l_labels[cls] & known[:, None]
+            self._lines(rows, side, cls, ids, frame_id, t, out)
+
+    def _zones(self, rows, inside, cls, ids, frame_id, t, out) -> None:
+        cur = self.z_in[rows]
+        run = self.z_run[rows]
+        other = inside != cur
+        run += 1
+        run *= other  # a frame on the settled side ends the run
+        started = run == 1
+        if started.any():
+            run_t = self.z_run_t[rows]
+            run_t[started] = t
+            self.z_run_t[rows] = run_t
+        geo = self.geometry
+        flip = run >= geo.z_min
+        if flip.any():
+            run[flip] = 0
+            self._zone_flips(rows, flip, inside, cls, ids, frame_id, out)
+        self.z_run[rows] = run
+        # dwell steps of the tracks inside
+        settled = self.z_in[rows]
+        if settled.any() and geo.z_dwell.shape[1] > 1:
+            step = self.z_step[rows]
+            due = geo.z_dwell[np.arange(len(geo.z_min)), step]  # (k, Z): each one's next step
+            spent = t - self.z_enter_t[rows]
+            fire = settled & (spent >= due)
+            if fire.any():
+                for i, z in zip(*fire.nonzero()):
+                    out.append(
+                        self._event("dwell", "zone", int(z), int(ids[i]), int(cls[i]), frame_id, t)
+                        | {
+                            "entered_unix_s": float(self.z_enter_t[rows[i], z]),
+                            "threshold_s": float(due[i, z]),
+                        }
+                    )
+                    self.events += 1
+                step[fire] += 1
+                self.z_step[rows] = step
+
+    def _zone_flips(self, rows, flip, inside, cls, ids, frame_id, out) -> None:
+        for i, z in zip(*flip.nonzero()):
+            r, c, tid = rows[i], cls[i], int(ids[i])
+            at = float(self.z_run_t[r, z])
+            if inside[i, z]:
+                self.z_in[r, z] = True
+                self.z_enter_t[r, z] = at
+                self.z_step[r, z] = 0
+                self.z_cls[r, z] = c
+                self.objects[z, c] += 1
+                self.entered[z, c] += 1
+                out.append(self._event("enter", "zone", int(z), tid, int(c), frame_id, at))
+            else:
+                out.append(self._exit(r, int(z), tid, frame_id, at, "left"))
+            self.events += 1
+        self.version += 1
+
+    def _exit(self, r: int, z: int, tid: int, frame_id: int, at: float, reason: str) -> dict:
+        """Track row ``r`` leaves zone ``z``: counted under the label it entered with (a
+        detector may name a half-hidden object otherwise)."""
+        self.z_in[r, z] = False
+        c = int(self.z_cls[r, z])
+        dwell = max(0.0, at - float(self.z_enter_t[r, z]))
+        self.objects[z, c] -= 1
+        self.exited[z, c] += 1
+        self.dwell_hist[z, np.searchsorted(DWELL_BUCKETS_S, dwell)] += 1
+        self.dwell_sum[z] += dwell
+        self.version += 1
+        return self._event("exit", "zone", z, tid, c, frame_id, at) | {
+            "entered_unix_s": float(self.z_enter_t[r, z]),
+            "dwell_s": round(dwell, 4),
+            "reason": reason,
+        }
+
+    def _lines(self, rows, side, cls, ids, frame_id, t, out) -> None:
+        cur = self.l_side[rows]
+        pend = self.l_pend[rows]
+        run = self.l_run[rows]
+        cur[side == 0] = 0  # off the segment: no side known
+        band = side == 2  # on neither side: the run so far neither grows nor ends
+        moving = (side != 0) & (side != cur) & ~band
+        grown = np.where(side == pend, run + 1, 1)
+        run = np.where(band, run, grown * moving)
+        pend = np.where(band, pend, side * moving).astype(np.int8)
+        started = run == 1
+        if started.any():
+            run_t = self.l_run_t[rows]
+            run_t[started] = t
+            self.l_run_t[rows] = run_t
+        flip = run >= self.geometry.l_min
+        if flip.any():
+            for i, k in zip(*flip.nonzero()):
+                r, new = rows[i], int(side[i, k])
+                was = int(cur[i, k])
+                cur[i, k] = new
+                run[i, k] = 0
+                if not was:
+                    continue  # the first side known: nothing crossed
+                d = IN if new > 0 else OUT
+                if self.l_done[r, k, d]:
+                    continue  # once per track and direction
+                self.l_done[r, k, d] = True
+                self.crossed[k, d, cls[i]] += 1
+                self.version += 1
+                self.events += 1
+                at = float(self.l_run_t[r, k])  # the first frame on the new side
+                event = self._event("cross", "line", int(k), int(ids[i]), int(cls[i]), frame_id, at)
+                out.append(event | {"direction": _DIRECTION[new]})
+        self.l_side[rows] = cur
+        self.l_pend[rows] = pend
+        self.l_run[rows] = run
+
+    def _event(self, kind: str, what: str, k: int, tid: int, c: int, frame_id: int, t: float) -> dict:
+        names = self.zone_names if what == "zone" else self.line_names
+        return {
+            "kind": kind,
+            what: names[k],
+            "track_id": tid,
+            "label": self.labels[c] if c < len(self.labels) else str(c),
+            "class_id": c,
+            "frame_id": frame_id,
+            "at_unix_s": t,
+        }
+
+    # -- track rows ----------------------------------------------------------------------
+
+    def _rows(self, ids: np.ndarray, frame_id: int) -> np.ndarray | None:
+        """Each id's row (-1: no room), new tracks appended (ids only grow in a run)."""
+        n = self.n
+        live = self.ids[:n]
+        pos = np.searchsorted(live, ids)
+        found = pos < n
+        found[found] = live[pos[found]] == ids[found]
+        if found.all():
+            return pos
+        new = np.unique(ids[~found])
+        if n and new[0] < live[-1]:  # an id below a live one: not from this run's tracker
+            self._reset_rows()
+            return self._rows(ids, frame_id)
+        room = self.capacity - n
+        if len(new) > room:
+            refused = new[room:]
+            self.overflow += int((refused > self._refused_to).sum())  # ids grow: once each
+            self._refused_to = max(self._refused_to, int(refused[-1]))
+            new = new[:room]
+        k = len(new)
+        if k:
+            self._clear(slice(n, n + k))
+            self.ids[n : n + k] = new
+            self.last_seen[n : n + k] = frame_id
+            self.n = n + k
+        live = self.ids[: self.n]
+        pos = np.searchsorted(live, ids)
+        pos[pos >= self.n] = 0
+        pos[live[pos] != ids] = -1
+        return pos
+
+    def _clear(self, rows: slice) -> None:
+        for a in self._track_arrays():
+            a[rows] = 0
+
+    def _track_arrays(self) -> tuple[np.ndarray, ...]:
+        return (
+            self.ids, self.last_seen, self.seen_t, self.z_in, self.z_run, self.z_run_t, self.z_enter_t,
+            self.z_step, self.z_cls, self.l_side, self.l_pend, self.l_run, self.l_run_t, self.l_done,
+        )  # fmt: skip
+
+    def _reset_rows(self) -> None:
+        """Forget every track (their zones' occupants are taken out, uncounted as exits):
+        the ids restarted below the live ones, which only a new run's tracker does."""
+        for r in range(self.n):
+            for z in self.z_in[r].nonzero()[0]:
+                self.objects[z, self.z_cls[r, z]] -= 1
+        self.n = 0
+        self.version += 1
+
+    def _expire(self, frame_id: int, t: float, out: list[dict]) -> None:
+        """Tracks unseen for longer than their tracker keeps them have ended: out of their
+        zones (an exit, ``reason: lost``, dated by the last frame they were seen in)."""
+        n = self.n
+        if not n:
+            return
+        gone = (frame_id - self.last_seen[:n]) > self.expire_frames
+        if not gone.any():
+            return
+        for r in gone.nonzero()[0]:
+            for z in self.z_in[r].nonzero()[0]:
+                at = float(self.seen_t[r])
+                out.append(self._exit(r, int(z), int(self.ids[r]), frame_id, at, "lost"))
+                self.events += 1
+        keep = ~gone
+        k = int(keep.sum())
+        for a in self._track_arrays():
+            a[:k] = a[:n][keep]
+        self.n = k
+
+    # -- readers -------------------------------------------------------------------------
+
+    def block(self) -> dict:
+        """The running counts for every result message (rebuilt only when one changed)."""
+        if self._block_version != self.version or self._block is None:
+            occ, ent, ex = (
+                self.objects.sum(1).tolist(),
+                self.entered.sum(1).tolist(),
+                self.exited.sum(1).tolist(),
+            )
+            crossed = self.crossed.sum(2).tolist()
+            self._block = {
+                "zones": {
+                    name: {"objects": occ[k], "entered": ent[k], "exited": ex[k]}
+                    for k, name in enumerate(self.zone_names)
+                },
+                "lines": {
+                    name: {"in": crossed[k][IN], "out": crossed[k][OUT]}
+                    for k, name in enumerate(self.line_names)
+                },
+            }
+            self._block_version = self.version
+        return self._block

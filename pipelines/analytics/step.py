@@ -1,0 +1,151 @@
+"""A source's analytics in the frame path: ``SourceAnalytics`` (its lane's: the counter,
+its events sent on ``event.<source>``, its cost) and ``AnalyticsStep``, the post step that
+runs it after the tracker."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+
+from edge_agent.core.analytics_config import AnalyticsConfig
+from edge_agent.core.latency import LatencyHistogram
+from edge_agent.core.stamps import CAPTURED
+from edge_agent.pipelines.analytics.counter import DWELL_BUCKETS_S, IN, OUT, Counter
+from edge_agent.pipelines.slots import FrameSlot
+from edge_agent.pipelines.snapshot import AnalyticsSnapshot, frozen_copy
+
+log = logging.getLogger(__name__)
+
+EVENT_TOPIC = "event"
+
+
+class SourceAnalytics:
+    """One source's zones and lines over its tracks. Used by the thread that publishes
+    its frames only; the heartbeat reads a snapshot."""
+
+    def __init__(
+        self,
+        config: AnalyticsConfig,
+        labels: tuple[str, ...],
+        lost_frames: float,
+        capacity: int,
+        source: str,
+        device_id: str,
+        run_id: str,
+        send: Any,
+        encode: Any,
+    ) -> None:
+        """``send(topic, body)`` and ``encode(message)``: the result stream's."""
+        self.config = config
+        self.labels = labels
+        self.counter = Counter(config, labels, lost_frames, capacity)
+        self.topic = f"{EVENT_TOPIC}.{source}".encode()
+        self._head = {"schema": 2, "type": "event", "device": device_id, "source": source, "run_id": run_id}
+        self._send, self._encode = send, encode
+        self.seq = 0  # the next event's number (per source and run)
+        self.cost = LatencyHistogram()
+        self._events: list[dict] = []
+        self._unix_offset_ns = time.time_ns() - time.monotonic_ns()
+
+    def run(self, slot: FrameSlot) -> None:
+        t0 = time.perf_counter_ns()
+        n = slot.det_count
+        captured_s = (int(slot.stamps[CAPTURED]) + self._unix_offset_ns) / 1e9
+        events = self._events
+        self.counter.update(
+            slot.det_xyxy[:n],
+            slot.det_class[:n],
+            slot.det_track[:n],
+            slot.frame_id,
+            captured_s,
+            slot.geo.src_w,
+            slot.geo.src_h,
+            events,
+        )
+        if events:
+            for event in events:
+                self._publish(event)
+            events.clear()
+        self.cost.record(time.perf_counter_ns() - t0)
+
+    def _publish(self, event: dict) -> None:
+        event["at_unix_s"] = round(event["at_unix_s"], 6)
+        msg = {**self._head, "seq": self.seq, **event}
+        self.seq += 1
+        try:
+            self._send(self.topic, self._encode(msg))
+        except Exception:  # the stream's own failure: counted there, never the frame's
+            log.exception("analytics: event %d of %s not sent", msg["seq"], self.topic.decode())
+
+    def carry_on(self, new: SourceAnalytics) -> SourceAnalytics:
+        """``new`` (a reload's) with this one's event numbering, tracks and counts for the
+        zones and lines whose definition (and the model's labels) did not change."""
+        new.seq = self.seq
+        old_c, new_c = self.counter, new.counter
+        if self.labels != new.labels:
+            return new
+        zones = _kept(self.config.zones, new.config.zones)
+        lines = _kept(self.config.lines, new.config.lines)
+        n = min(old_c.n, new_c.capacity)
+        for name in ("ids", "last_seen", "seen_t"):
+            getattr(new_c, name)[:n] = getattr(old_c, name)[:n]
+        new_c.n = n
+        for a, b in zones:
+            for name in ("z_in", "z_run", "z_run_t", "z_enter_t", "z_step", "z_cls"):
+                getattr(new_c, name)[:n, b] = getattr(old_c, name)[:n, a]
+            for name in ("objects", "entered", "exited", "dwell_hist", "dwell_sum"):
+                getattr(new_c, name)[b] = getattr(old_c, name)[a]
+        for a, b in lines:
+            for name in ("l_side", "l_pend", "l_run", "l_run_t", "l_done"):
+                getattr(new_c, name)[:n, b] = getattr(old_c, name)[:n, a]
+            new_c.crossed[b] = old_c.crossed[a]
+        new_c.events = old_c.events
+        return new
+
+    def snapshot(self) -> AnalyticsSnapshot:
+        c = self.counter
+        labels = self.labels or ("0",)
+
+        def by_label(row: np.ndarray) -> dict[str, int]:
+            return {labels[i]: int(v) for i, v in enumerate(row.tolist()) if v}
+
+        zones = {
+            name: {
+                "objects": by_label(c.objects[k]),
+                "entered": by_label(c.entered[k]),
+                "exited": by_label(c.exited[k]),
+                "dwell_s": {
+                    "count": int(c.dwell_hist[k].sum()),
+                    "sum": round(float(c.dwell_sum[k]), 3),
+                    "buckets": dict(
+                        zip([*map(str, DWELL_BUCKETS_S), "+Inf"], np.cumsum(c.dwell_hist[k]).tolist())
+                    ),
+                },
+            }
+            for k, name in enumerate(c.zone_names)
+        }
+        lines = {
+            name: {"in": by_label(c.crossed[k, IN]), "out": by_label(c.crossed[k, OUT])}
+            for k, name in enumerate(c.line_names)
+        }
+        return AnalyticsSnapshot(zones, lines, c.events, c.overflow, frozen_copy(self.cost))
+
+
+def _kept(old: tuple, new: tuple) -> list[tuple[int, int]]:
+    """(old index, new index) of the items defined the same in both (by name)."""
+    at = {item.name: (i, item) for i, item in enumerate(old)}
+    return [
+        (at[item.name][0], j) for j, item in enumerate(new) if item.name in at and at[item.name][1] == item
+    ]
+
+
+class AnalyticsStep:
+    """The post step: the frame's source's analytics, if it has any (after ``TrackStep``)."""
+
+    def run(self, slot: FrameSlot, lane) -> None:
+        analytics = lane.analytics
+        if analytics is not None:
+            analytics.run(slot)
