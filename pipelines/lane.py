@@ -167,6 +167,7 @@ class Lane:
         self.view_tap: ViewTap | None = None  # the live view's, when enabled
         self.tracker: SourceTracker | None = None  # the source's tracker, when it has one
         self.analytics: SourceAnalytics | None = None  # its zones and lines, when it has any
+        self.keeps_pixels = False  # each frame's image copied into its slot (event snapshots)
         self.error: str | None = None  # why the source ended early, if it did
         self._stale_seen = source.stale  # the source's stale count already accounted
         self._stride_count = 0

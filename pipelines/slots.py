@@ -49,6 +49,7 @@ class FrameSlot:
         "index",
         "io",
         "lane",
+        "pixels",
         "pool",
         "profile",
         "source",
@@ -70,6 +71,9 @@ class FrameSlot:
         self.stamps = np.zeros(N_STAMPS, np.int64)
         self.source = ""
         self.frame: SourceFrame | None = None  # the source's frame read into it, until its next read
+        # a copy of the frame's image that outlives the source's next read (kept only for a
+        # source whose events save snapshots: ``keep_pixels``)
+        self.pixels: np.ndarray | None = None
         self.frame_id = -1
         # The inference time expected for the batch it runs in (the scheduler's estimate
         # when it formed the batch; 0: none), which admission judges it by.
@@ -84,6 +88,12 @@ class FrameSlot:
         # none) and the track's age in frames.
         self.det_track = np.zeros(max_det, np.int64)
         self.det_track_age = np.zeros(max_det, np.int32)
+
+    def keep_pixels(self, image: np.ndarray) -> None:
+        """Copy ``image`` into ``pixels`` (allocated once per frame size)."""
+        if self.pixels is None or self.pixels.shape != image.shape:
+            self.pixels = np.empty_like(image)
+        np.copyto(self.pixels, image)
 
 
 class SlotPool:

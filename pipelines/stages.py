@@ -178,6 +178,8 @@ class CaptureStage:
             log.exception("pipeline: preprocessing failed for frame %d of %s", slot.frame_id, lane.name)
             lane.drop(slot, "error")
             return False
+        if lane.keeps_pixels:  # an event of this frame may save a snapshot after the next read
+            slot.keep_pixels(slot.frame.image)  # type: ignore[union-attr]
         slot.stamps[PRE_END] = time.monotonic_ns()
         tap = lane.view_tap
         # Someone watches: this frame's pixels, if one is due (the source's image stays
@@ -326,7 +328,7 @@ class PostStage:
                 builder = lane.builder
                 message = builder.build(slot, lane.seq, slot.profile.name)
                 if lane.analytics is not None:
-                    message["analytics"] = lane.analytics.counter.block()
+                    message["analytics"] = lane.analytics.block()
                 st[PUBLISH] = time.monotonic_ns()
                 message["latency_ms"] = builder.latencies(slot)
                 message["deadline_missed"] = missed = lane.monitor.late(int(st[PUBLISH] - st[CAPTURED]))
@@ -339,7 +341,7 @@ class PostStage:
             tap = lane.view_tap
             if tap is not None and tap.active:
                 try:
-                    tap.offer_result(slot, missed, lane.tracker is not None)
+                    tap.offer_result(slot, missed, lane.tracker is not None, lane.analytics)
                 except Exception:  # the view must never fail a frame that is already published
                     log.exception("view: the frame's detections could not be handed over")
             # Accounted only once the message is out, so a frame is never both sent and dropped.

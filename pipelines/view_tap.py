@@ -9,17 +9,58 @@ detections and latency beside it and swaps it with the ready buffer (two buffers
 pixels and detections always belong together). The view's thread copies the ready frame
 under the lock, then draws and encodes on its own time. A frame dropped after its pixels
 were taken is simply never ready: the next due frame replaces it.
+
+A lane with zones and lines also hands its frame their shapes in source pixels (``Shapes``,
+built once per config and frame size) and its running counts (the counter's block, a dict
+replaced, never changed, when a count moves): references, no copy per frame.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from edge_agent.core.analytics_config import AnalyticsConfig, Point
 from edge_agent.core.stamps import CAPTURED, PUBLISH
+
+if TYPE_CHECKING:
+    from edge_agent.pipelines.analytics.step import SourceAnalytics
+
+
+class ZoneShape(NamedTuple):
+    name: str
+    points: np.ndarray  # (n, 2) float, source pixels, the polygon's corners in order
+
+
+class LineShape(NamedTuple):
+    name: str
+    points: np.ndarray  # (2, 2) float, source pixels: from, to
+    in_side: str  # "left" or "right", facing from the first point to the second
+
+
+class Shapes(NamedTuple):
+    """A source's zones and lines for the view to draw, in its frames' pixels."""
+
+    zones: tuple[ZoneShape, ...]
+    lines: tuple[LineShape, ...]
+
+
+def shapes_of(config: AnalyticsConfig, width: int, height: int) -> Shapes:
+    """``config``'s zones and lines in the pixels of a ``width`` x ``height`` frame:
+    fractions scaled, pixels as they are (as the counter's geometry takes them)."""
+    k = (float(width), float(height)) if config.units == "fraction" else (1.0, 1.0)
+
+    def px(points: tuple[Point, ...]) -> np.ndarray:
+        a = np.array(points, float) * k
+        a.setflags(write=False)  # shared with the view's thread
+        return a
+
+    zones = tuple(ZoneShape(z.name, px(z.points)) for z in config.zones)
+    lines = tuple(LineShape(ln.name, px(ln.points), ln.in_side) for ln in config.lines)
+    return Shapes(zones, lines)
 
 
 class ViewFrame:
@@ -37,6 +78,8 @@ class ViewFrame:
         self.labels: tuple[str, ...] | list[str] = ()
         self.e2e_ms = 0.0
         self.missed = False
+        self.shapes: Shapes | None = None  # the source's zones and lines (None: no analytics)
+        self.counts: dict | None = None  # their running counts (the counter's block)
 
     def take_pixels(self, image: np.ndarray) -> None:
         h, w = image.shape[:2]
@@ -54,6 +97,7 @@ class ViewFrame:
         self.det_track[:n] = other.det_track[:n]
         self.det_count, self.labels = n, other.labels
         self.frame_id, self.e2e_ms, self.missed = other.frame_id, other.e2e_ms, other.missed
+        self.shapes, self.counts = other.shapes, other.counts  # never changed once handed over
 
 
 class ViewTap:
@@ -72,6 +116,12 @@ class ViewTap:
         self._next_ns = 0
         self._lock = threading.Lock()
         self._wake = wake  # the view thread's: a frame is ready on some tap
+        self._shapes: Shapes | None = None  # the zones and lines of ...
+        self._shapes_for: tuple[AnalyticsConfig | None, int, int] = (
+            None,
+            0,
+            0,
+        )  # ... this config and frame size
 
     # -- the frame path (only while active) -------------------------------------------
 
@@ -88,9 +138,12 @@ class ViewTap:
             self._pending = frame.frame_id
             self.captures += 1
 
-    def offer_result(self, slot: Any, missed: bool, lane_tracks: bool = False) -> None:
+    def offer_result(
+        self, slot: Any, missed: bool, lane_tracks: bool = False, analytics: SourceAnalytics | None = None
+    ) -> None:
         """Post stage: the frame whose pixels were taken is published; its detections
-        (``lane_tracks``: with their track ids, the lane's tracker wrote them)."""
+        (``lane_tracks``: with their track ids, the lane's tracker wrote them) and, given
+        the lane's ``analytics`` (a ``SourceAnalytics``), its zones, lines and counts."""
         if slot.frame_id != self._pending:
             return
         with self._lock:
@@ -109,10 +162,24 @@ class ViewTap:
             f.frame_id = slot.frame_id
             f.e2e_ms = (int(slot.stamps[PUBLISH]) - int(slot.stamps[CAPTURED])) / 1e6
             f.missed = missed
+            if analytics is None:
+                f.shapes = f.counts = None
+            else:
+                f.shapes = self._shapes_at(analytics.config, f.width, f.height)
+                f.counts = analytics.counter.block()
             self._filling, self._ready = self._ready, f
             self._pending = -1
             self.ready_seq += 1
         self._wake.set()
+
+    def _shapes_at(self, config: AnalyticsConfig, width: int, height: int) -> Shapes:
+        """The shapes for this config and size: built again only when either changed (a
+        reload's new config, a camera's new size), so a frame allocates nothing for them."""
+        cfg, w, h = self._shapes_for
+        if self._shapes is None or cfg is not config or w != width or h != height:
+            self._shapes = shapes_of(config, width, height)
+            self._shapes_for = (config, width, height)
+        return self._shapes
 
     # -- the view's thread --------------------------------------------------------------
 

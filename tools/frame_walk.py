@@ -29,6 +29,7 @@ import threading
 import time
 
 from edge_agent.core.config import AgentConfig, MetricsConfig, PublishConfig
+from edge_agent.core.analytics_config import AnalyticsConfig, LineConfig, ZoneConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.pipelines.stages import FrameQueue
 from edge_agent.service.runner import Agent
@@ -141,16 +142,23 @@ def typical(walks: list[list[Hop]]) -> tuple[list[Hop], int, int]:
     return list(best), n, sum(seen.values())
 
 
+ZONES = AnalyticsConfig(
+    zones=(ZoneConfig(name="left", points=((0, 0), (0.5, 0), (0.5, 1), (0, 1))),),
+    lines=(LineConfig(name="door", points=((0.5, 0), (0.5, 1))),),
+)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--queued", action="store_true", help="every frame through the post thread")
     ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--zones", action="store_true", help="with a zone and a line (the analytics step)")
     a = ap.parse_args()
     if sys.version_info < (3, 11):
         sys.exit("frame_walk needs Python 3.11 or later (code objects' co_qualname)")
     cfg = AgentConfig(
         device_id="walk",
-        source=SyntheticSourceConfig(fps=20, seed=1),
+        source=SyntheticSourceConfig(fps=20, seed=1, analytics=ZONES if a.zones else AnalyticsConfig()),
         publish=PublishConfig(endpoint="tcp://127.0.0.1:*", wait_for_subscribers=0),
         metrics=MetricsConfig(enabled=False),
     )

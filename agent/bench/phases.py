@@ -108,6 +108,12 @@ def tracker_ms(stats: LaneSnapshot) -> dict[str, float] | None:
     return hist_ms(stats.tracking.cost) if stats.tracking is not None else None
 
 
+def analytics_ms(stats: LaneSnapshot) -> dict[str, float] | None:
+    """The source's zones' and lines' time per frame (part of the postprocess stage); None
+    when it has none (no step runs)."""
+    return hist_ms(stats.analytics.cost) if stats.analytics is not None else None
+
+
 def slowest_thread_ms(stats: LaneSnapshot) -> float:
     """Mean busy time per frame of the busiest stage thread: the pipeline's throughput bound."""
     st = stats.stages

@@ -67,8 +67,8 @@ def _budget_line(b: dict[str, Any]) -> str:
     )
 
 
-def _tracker(phase: dict[str, Any]) -> str:
-    t = phase["tracker_ms"]
+def _step(phase: dict[str, Any], key: str) -> str:
+    t = phase[key]
     return "off (no step runs)" if t is None else _pq(t)
 
 
@@ -84,7 +84,8 @@ def _phase_lines(r: dict[str, Any]) -> list[str]:
     lines = [
         f"sequential, per frame     {_pq(seq['per_frame_ms'])}   {seq['throughput_fps']:.1f} fps",
         f"  of which inference      p50 {infer:8.3f} ms",
-        f"  of which tracker        {_tracker(seq)}",
+        f"  of which tracker        {_step(seq, 'tracker_ms')}",
+        f"  of which analytics      {_step(seq, 'analytics_ms')}",
         f"pipelined, saturated      {pipe['throughput_fps']:.1f} fps"
         f" = {pipe['gain_over_sequential']}x sequential; slowest stage"
         f" thread {pipe['slowest_thread_ms']:.3f} ms/frame, {pipe['efficiency']:.0%} of its bound",
@@ -182,9 +183,10 @@ def _live_detail_lines(live: dict[str, Any], budget: dict[str, Any]) -> list[str
     ]
     for name, st in live["stages"].items():
         lines.append(f"{name:<14}{st['p50_ms']:9.3f}{st['p99_ms']:9.3f}{st['share']:8.1%}")
-    track = live["tracker_ms"]
-    if track is not None:
-        lines.append(f"{'  tracker':<14}{track['p50']:9.3f}{track['p99']:9.3f}  (in postprocess)")
+    for key, name in (("tracker_ms", "tracker"), ("analytics_ms", "analytics")):
+        step = live[key]
+        if step is not None:
+            lines.append(f"{'  ' + name:<14}{step['p50']:9.3f}{step['p99']:9.3f}  (in postprocess)")
     for name, h in live["end_to_end_ms_by_profile"].items():
         if len(live["end_to_end_ms_by_profile"]) > 1:
             lines.append(f"published by {name:<12} {h['count']:5d} frames, end to end {_pq(h)}")

@@ -28,6 +28,7 @@ from edge_agent.bench.phases import (
     adapted_vs_original,
     adapter_prefix,
     alone_and_sequential,
+    analytics_ms,
     detections_summary,
     hist_ms,
     host_load,
@@ -420,6 +421,7 @@ def _sequential_section(seq: SequentialRun, seq_fps: float, seq_overhead: dict[s
         "throughput_fps": round(seq_fps, 2),
         "stages": stage_table(seq.stats),
         "tracker_ms": tracker_ms(seq.stats),
+        "analytics_ms": analytics_ms(seq.stats),
         "overhead_ms": hist_ms(seq.stats.overhead),
         "overhead_with_adapter_ms": seq_overhead,
         "detections_per_frame": detections_summary(seq.detections),
@@ -465,6 +467,7 @@ def _live_section(
         "detections_per_frame": detections_summary(live.detections),
         "stages": stage_table(live_stats),
         "tracker_ms": tracker_ms(live_stats),
+        "analytics_ms": analytics_ms(live_stats),
         "backend_parts_ms": {k: hist_ms(h) for k, h in live_stats.backend_parts.items()},
         "counts": live_stats.counts.as_dict(),
         "ladder": {

@@ -6,10 +6,10 @@ states it)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
-from edge_agent.core.configload import check
+from edge_agent.core.configload import check, path_field
 from edge_agent.core.names import NAME_RULE, name_ok
 
 Point = tuple[float, float]
@@ -87,7 +87,7 @@ class LineConfig(_Counted):
     in_side: Literal["left", "right"] = "left"
     # a dead band each side of the line, as a fraction of the box's height: an anchor in it
     # is on neither side (a box swaying on the line never starts a run on the other side)
-    band: float = 0.1
+    band: float = 0.05
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -98,6 +98,28 @@ class LineConfig(_Counted):
 
 
 @dataclass(frozen=True)
+class SnapshotConfig:
+    """The annotated frame of each event as a JPEG in ``dir`` (empty: off, and no cost),
+    named by the event; the oldest files go when there are more than ``max_files`` or
+    more than ``max_mib`` of them. While on, each frame of the source is copied once (the
+    event is known only after inference, when the camera has moved on)."""
+
+    dir: str = path_field("path")
+    max_files: int = 500
+    max_mib: float = 200.0
+    jpeg_quality: int = 85
+
+    def __post_init__(self) -> None:
+        check(1 <= self.max_files <= 1_000_000, "max_files", "must be within 1..1000000")
+        check(0.1 <= self.max_mib <= 1_000_000, "max_mib", "must be within 0.1..1000000")
+        check(10 <= self.jpeg_quality <= 100, "jpeg_quality", "must be within 10..100")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.dir)
+
+
+@dataclass(frozen=True)
 class AnalyticsConfig:
     """A source's zones and lines; coordinates in ``units``: ``fraction`` of the frame's
     width and height, or source ``pixels``."""
@@ -105,6 +127,7 @@ class AnalyticsConfig:
     units: Literal["fraction", "pixels"] = "fraction"
     zones: tuple[ZoneConfig, ...] = ()
     lines: tuple[LineConfig, ...] = ()
+    snapshots: SnapshotConfig = field(default_factory=SnapshotConfig)
 
     def __post_init__(self) -> None:
         check(len(self.zones) <= MAX_ITEMS, "zones", f"at most {MAX_ITEMS} zones")

@@ -135,6 +135,7 @@ class Assembly:
         power: Any = None,
         view: Any = None,
         advise: bool = True,
+        snapshots: Any = None,
     ) -> Pipeline:
         """The lanes of ``cfg`` on ``sources`` and ``profiles``, results on ``publisher``
         (``power``: for the messages' throttled flag; ``view``: the live view's server,
@@ -178,6 +179,9 @@ class Assembly:
                     publisher.send,
                     publisher.encode,
                 )
+                if src.analytics.snapshots.enabled and snapshots is not None:
+                    lane.analytics.snapshots = snapshots
+                    lane.keeps_pixels = True
         if view is not None:
             for lane in lanes:
                 lane.view_tap = view.tap(lane.name, cfg.model.max_detections)

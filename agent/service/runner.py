@@ -31,6 +31,7 @@ from edge_agent.pipelines.sources.base import Source
 from edge_agent.power.manager import PowerManager
 from edge_agent.service.assembly import Assembly
 from edge_agent.service.reloading import Prepared, Reloader
+from edge_agent.service.snapshots import SnapshotService
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class Agent:
         self.power: PowerManager | None = None
         self.metrics: Any = None
         self.view: Any = None  # the live view's server, when enabled
+        self.snapshots = SnapshotService()  # event snapshots (a thread once the first is taken)
         self._parts = Parts()  # what start() started, stopped in reverse
         self._undrained: list[Pipeline] = []  # replaced by a reload with a stage stuck
         self._breaker_trips = 0  # Agent.recover's escalation since the last config change
@@ -169,7 +171,9 @@ class Agent:
         """``cfg``'s pipeline on ``sources`` and ``profiles``, on this agent's stream, power
         and view (``Assembly.pipeline``)."""
         assert self.publisher is not None
-        return self.assembly.pipeline(cfg, sources, profiles, self.publisher, self.power, self.view, advise)
+        return self.assembly.pipeline(
+            cfg, sources, profiles, self.publisher, self.power, self.view, advise, self.snapshots
+        )
 
     # -- reload -------------------------------------------------------------------------
 
@@ -287,6 +291,7 @@ class Agent:
             # Stops after the pipeline drained and before the socket closes: the final
             # heartbeat holds the final counts.
             self._parts.start(_FinalBeat(self))
+            self._parts.start(self.snapshots)  # stops after the pipeline: the last ones written
             for source in self.sources.values():
                 self._parts.start(source)
             self._wait_for_subscribers(interrupt)

@@ -42,7 +42,10 @@ class SourceAnalytics:
         self.config = config
         self.labels = labels
         self.counter = Counter(config, labels, lost_frames, capacity)
+        self.source = source
         self.topic = f"{EVENT_TOPIC}.{source}".encode()
+        # the agent's snapshot writer (``offer``) when this source saves event snapshots
+        self.snapshots: Any = None
         self._head = {"schema": 2, "type": "event", "device": device_id, "source": source, "run_id": run_id}
         self._send, self._encode = send, encode
         self.seq = 0  # the next event's number (per source and run)
@@ -66,12 +69,14 @@ class SourceAnalytics:
             events,
         )
         if events:
-            for event in events:
-                self._publish(event)
+            sent = [self._publish(event) for event in events]
             events.clear()
+            if self.snapshots is not None and slot.pixels is not None:
+                self.snapshots.offer(self.source, self.config.snapshots, slot, sent)
         self.cost.record(time.perf_counter_ns() - t0)
 
-    def _publish(self, event: dict) -> None:
+    def _publish(self, event: dict) -> dict:
+        """Sends ``event`` as a message (numbered); returns the message."""
         event["at_unix_s"] = round(event["at_unix_s"], 6)
         msg = {**self._head, "seq": self.seq, **event}
         self.seq += 1
@@ -79,6 +84,11 @@ class SourceAnalytics:
             self._send(self.topic, self._encode(msg))
         except Exception:  # the stream's own failure: counted there, never the frame's
             log.exception("analytics: event %d of %s not sent", msg["seq"], self.topic.decode())
+        return msg
+
+    def block(self) -> dict:
+        """The running counts for the frame's result message."""
+        return self.counter.block()
 
     def carry_on(self, new: SourceAnalytics) -> SourceAnalytics:
         """``new`` (a reload's) with this one's event numbering, tracks and counts for the

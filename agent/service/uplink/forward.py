@@ -1,10 +1,15 @@
 """What the uplink sends up, decided per message: small policies behind one interface.
 
 The uplink reads the agent's ZeroMQ stream (results on ``det.<source>``, heartbeats on
-``health``) and asks a :class:`Forwarder` what to publish. A policy answers with
-``(subtopic, payload)`` pairs; the caller prefixes ``<prefix>/<device>/`` and owns health.
-Policies are chosen by name from :data:`FORWARDERS` through :func:`make_forwarder`, so a
-new one is a class and a line, and the uplink's loop never changes.
+``health``, zone and line events on ``event.<source>``) and asks a :class:`Forwarder` what
+to publish. A policy answers with ``(subtopic, payload)`` pairs; the caller prefixes
+``<prefix>/<device>/`` and owns health. Policies are chosen by name from :data:`FORWARDERS`
+through :func:`make_forwarder`, so a new one is a class and a line, and the uplink's loop
+never changes.
+
+The policies thin out results. Events are not thinned: :class:`WithEvents` adds every one,
+unchanged and in order, to whatever a policy sends (``uplink.events``), and no policy caps
+or summarises them away (a summary counts them besides).
 
 Times are the caller's: ``now_s`` schedules (the monotonic clock, or Unix seconds when no
 ``wall_s`` is given) and ``wall_s``, the wall clock at that moment, stamps what is sent, so
@@ -19,7 +24,23 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
-from edge_agent.service.uplink.validate import finite_number
+from edge_agent.service.uplink.summary import Interval, analytics_block, nearest_rank
+from edge_agent.service.uplink.validate import EVENT_PREFIX
+
+__all__ = [
+    "FORWARDERS",
+    "Counts",
+    "ForwardAll",
+    "ForwardNone",
+    "ForwardWithDetections",
+    "Forwarder",
+    "Summarize",
+    "WithEvents",
+    "event_source",
+    "make_forwarder",
+    "nearest_rank",
+    "result_source",
+]
 
 Message = tuple[str, dict[str, Any]]
 
@@ -101,6 +122,12 @@ def result_source(topic: str, body: dict[str, Any], prefix: str = RESULT_PREFIX)
     return body.get("source") or topic[len(prefix) :]
 
 
+def event_source(topic: str) -> str | None:
+    """The source of an event message (None for anything else); the uplink has checked
+    that the body names the same one."""
+    return topic[len(EVENT_PREFIX) :] if topic.startswith(EVENT_PREFIX) else None
+
+
 class ForwardAll(Forwarder):
     """Every result, body unchanged, on ``det/<source>``: full fidelity, full bandwidth."""
 
@@ -124,84 +151,40 @@ class ForwardWithDetections(ForwardAll):
         return bool(body.get("detections"))
 
 
-class _Window:
-    """One source's open summary interval and what carries across intervals."""
+class ForwardNone(Forwarder):
+    """No result goes up (the device's health does, and the events with ``WithEvents``)."""
 
-    __slots__ = (
-        "device",
-        "end_s",
-        "first_seq",
-        "frames",
-        "hb_dropped",
-        "heartbeat",
-        "labels",
-        "last_seq",
-        "latencies",
-        "missed",
-        "origin_s",
-        "prev_dropped",
-        "seq",
-        "start_s",
-        "throttled",
-    )
+    def offer(
+        self, topic: str, body: dict[str, Any], now_s: float, wall_s: float | None = None
+    ) -> list[Message]:
+        return []
 
-    def __init__(self, now_s: float, interval_s: float) -> None:
-        self.origin_s = self.start_s = now_s
-        self.end_s = now_s + interval_s
-        self.device: Any = None
-        self.seq = 0  # the next summary's number
-        # counts.dropped of the latest heartbeat before this interval (at first: the first one)
-        self.prev_dropped: int | None = None
-        self.reset()
 
-    def reset(self) -> None:
-        self.frames = 0
-        self.first_seq: int | None = None
-        self.last_seq: int | None = None
-        self.labels: dict[str, int] = {}
-        self.latencies: list[float] = []
-        self.missed = 0
-        self.throttled = False
-        self.heartbeat = False
-        self.hb_dropped: int | None = None
+class WithEvents(Forwarder):
+    """``inner``'s messages and, besides, every event on ``event/<source>``, the body
+    unchanged, in the order read: no cap (``max_rate_hz`` is ``inner``'s, for results) and
+    no summary stands in for an event, since each one counts. ``inner`` sees the events
+    too (a summary counts them)."""
 
-    def add_result(self, body: dict[str, Any]) -> None:
-        self.frames += 1
-        seq = body.get("seq")
-        if self.first_seq is None:
-            self.first_seq = seq
-        self.last_seq = seq
-        labels = self.labels
-        for det in body.get("detections") or ():
-            label = str(det.get("label", det.get("class_id")))
-            labels[label] = labels.get(label, 0) + 1
-        latency = body.get("latency_ms")
-        total = latency.get("total") if isinstance(latency, dict) else None
-        # Only numbers: one odd value would make every later sort() of this window raise.
-        if finite_number(total):
-            self.latencies.append(total)
-        if body.get("deadline_missed"):
-            self.missed += 1
-        if body.get("throttled"):
-            self.throttled = True
+    def __init__(self, inner: Forwarder) -> None:
+        super().__init__(0.0, inner.result_prefix[:-1])
+        self.inner = inner
+        self.rate_limited = inner.rate_limited  # events are never capped: the count is inner's
 
-    def add_heartbeat(self, body: dict[str, Any]) -> None:
-        self.heartbeat = True
-        dropped = (body.get("counts") or {}).get("dropped")
-        if dropped is not None:
-            self.hb_dropped = dropped
-            if self.prev_dropped is None:  # the first heartbeat ever is the baseline
-                self.prev_dropped = dropped
-        if (body.get("power") or {}).get("throttled"):
-            self.throttled = True
+    def offer(
+        self, topic: str, body: dict[str, Any], now_s: float, wall_s: float | None = None
+    ) -> list[Message]:
+        out = self.inner.offer(topic, body, now_s, wall_s)
+        source = event_source(topic)
+        if source is not None:
+            out.append(("event/" + source, body))
+        return out
 
-    def dropped(self) -> int:
-        """Drops reported over this interval; a counter that went down (the agent restarted)
-        counts from zero again, so drops since the restart are not lost."""
-        now, before = self.hb_dropped, self.prev_dropped
-        if now is None or before is None:  # no heartbeat in this interval
-            return 0
-        return now - before if now >= before else now
+    def flush(self, now_s: float, final: bool = False, wall_s: float | None = None) -> list[Message]:
+        return self.inner.flush(now_s, final, wall_s)
+
+    def forget(self, source: str, now_s: float, wall_s: float | None = None) -> list[Message]:
+        return self.inner.forget(source, now_s, wall_s)
 
 
 def _offset(now_s: float, wall_s: float | None) -> float:
@@ -209,20 +192,15 @@ def _offset(now_s: float, wall_s: float | None) -> float:
     return 0.0 if wall_s is None else wall_s - now_s
 
 
-def nearest_rank(ordered: list[float], q: int) -> float:
-    """The ``q``-th percentile (integer 1..100) of sorted values by nearest rank: the smallest
-    value with at least q % of the values at or below it (numpy's ``method="inverted_cdf"``).
-    Always one of the values, so it is exact, not interpolated."""
-    return ordered[max(1, -(-len(ordered) * q // 100)) - 1]
-
-
 class Summarize(Forwarder):
     """One message per source per ``interval_s`` on ``summary/<source>``: a bounded uplink
-    whatever the frame rate, with every result counted in exactly one summary.
+    whatever the frame rate, with every result and every event counted in exactly one
+    summary (events by kind, zone and line), and the latest running counts of the source's
+    zones and lines (``analytics``: the last result's of the interval, None without one).
 
-    Intervals are aligned to the arrival of the source's first message (result or heartbeat).
-    An interval with neither results nor heartbeats sends nothing; one with only heartbeats
-    sends ``frames: 0``. A summary is due once ``now_s`` reaches its interval's end, either
+    Intervals are aligned to the arrival of the source's first message (result, heartbeat
+    or event). An interval in which nothing arrived sends nothing; one with only heartbeats
+    or events sends ``frames: 0``. A summary is due once ``now_s`` reaches its interval's end, either
     from ``flush`` or from the next ``offer`` of that source.
 
     ``interval_s`` is the cap: ``max_rate_hz`` does not apply to summaries (dropping one
@@ -236,29 +214,29 @@ class Summarize(Forwarder):
         if not interval_s > 0:
             raise ValueError(f"summary interval_s must be > 0, not {interval_s!r}")
         self.interval_s = float(interval_s)
-        self._windows: dict[str, _Window] = {}
+        self._windows: dict[str, Interval] = {}
 
     def offer(
         self, topic: str, body: dict[str, Any], now_s: float, wall_s: float | None = None
     ) -> list[Message]:
-        source = result_source(topic, body, self.result_prefix)
+        if topic == HEALTH_TOPIC:
+            source, add = body.get("source"), Interval.add_heartbeat
+        elif (source := event_source(topic)) is not None:
+            add = Interval.add_event
+        else:
+            source, add = result_source(topic, body, self.result_prefix), Interval.add_result
         if source is None:
-            source = body.get("source") if topic == HEALTH_TOPIC else None
-            if source is None:
-                return []
+            return []
         out: list[Message] = []
         win = self._windows.get(source)
         if win is None:
-            win = self._windows[source] = _Window(now_s, self.interval_s)
+            win = self._windows[source] = Interval(now_s, self.interval_s)
         else:
             self._close_due(source, win, now_s, out, _offset(now_s, wall_s))
         device = body.get("device")
         if device is not None:
             win.device = device
-        if topic == HEALTH_TOPIC:
-            win.add_heartbeat(body)
-        else:
-            win.add_result(body)
+        add(win, body)
         return out
 
     def flush(self, now_s: float, final: bool = False, wall_s: float | None = None) -> list[Message]:
@@ -266,7 +244,7 @@ class Summarize(Forwarder):
         offset = _offset(now_s, wall_s)
         for source, win in self._windows.items():
             self._close_due(source, win, now_s, out, offset)
-            if final and (win.frames or win.heartbeat):
+            if final and win.busy():
                 self._emit(source, win, now_s, out, offset)
                 win.start_s = now_s
         return out
@@ -278,16 +256,16 @@ class Summarize(Forwarder):
         if win is not None:
             offset = _offset(now_s, wall_s)
             self._close_due(source, win, now_s, out, offset)
-            if win.frames or win.heartbeat:
+            if win.busy():
                 self._emit(source, win, now_s, out, offset)
         return out
 
-    def _close_due(self, source: str, win: _Window, now_s: float, out: list[Message], offset: float) -> None:
+    def _close_due(self, source: str, win: Interval, now_s: float, out: list[Message], offset: float) -> None:
         """Emit the open interval if ``now_s`` is past its end and move to the one holding
         ``now_s`` (skipping intervals in which nothing arrived)."""
         if now_s < win.end_s:
             return
-        if win.frames or win.heartbeat:
+        if win.busy():
             self._emit(source, win, win.end_s, out, offset)
         step = self.interval_s
         k = math.floor((now_s - win.origin_s) / step)
@@ -296,7 +274,7 @@ class Summarize(Forwarder):
         win.start_s = win.origin_s + k * step
         win.end_s = win.origin_s + (k + 1) * step
 
-    def _emit(self, source: str, win: _Window, end_s: float, out: list[Message], offset: float) -> None:
+    def _emit(self, source: str, win: Interval, end_s: float, out: list[Message], offset: float) -> None:
         """Close the interval ``[win.start_s, end_s)`` into a summary, stamped ``offset``
         seconds later (the wall clock's lead on the scheduling clock now)."""
         dropped = win.dropped()
@@ -307,7 +285,7 @@ class Summarize(Forwarder):
         win.reset()
 
     def _payload(
-        self, source: str, win: _Window, end_s: float, dropped: int, offset: float
+        self, source: str, win: Interval, end_s: float, dropped: int, offset: float
     ) -> dict[str, Any]:
         span = end_s - win.start_s
         if span > self.interval_s - _EPS_S or span <= 0:
@@ -335,6 +313,8 @@ class Summarize(Forwarder):
             "deadline_missed": win.missed,
             "dropped": dropped,
             "throttled": win.throttled,
+            "analytics": analytics_block(win.analytics),
+            "events": win.events.as_dict(),
         }
 
 
@@ -344,16 +324,23 @@ FORWARDERS: dict[str, Callable[[float, float, str, str], Forwarder]] = {
     "all": lambda interval_s, max_rate_hz, topic, run: ForwardAll(max_rate_hz, topic),
     "with_detections": lambda interval_s, max_rate_hz, topic, run: ForwardWithDetections(max_rate_hz, topic),
     "summary": lambda interval_s, max_rate_hz, topic, run: Summarize(interval_s, topic, run),
+    "none": lambda interval_s, max_rate_hz, topic, run: ForwardNone(max_rate_hz, topic),
 }
 
 
 def make_forwarder(
-    kind: str, interval_s: float, max_rate_hz: float, result_topic: str = "det", run: str = ""
+    kind: str,
+    interval_s: float,
+    max_rate_hz: float,
+    result_topic: str = "det",
+    run: str = "",
+    events: bool = False,
 ) -> Forwarder:
-    """The policy named ``kind``; ``interval_s`` and ``run`` matter to ``summary`` only,
-    ``max_rate_hz`` to the others."""
+    """The policy named ``kind``, with every event besides when ``events`` (:class:`WithEvents`);
+    ``interval_s`` and ``run`` matter to ``summary`` only, ``max_rate_hz`` to the others."""
     factory = FORWARDERS.get(kind)
     if factory is None:
         known = ", ".join(sorted(FORWARDERS))
         raise ValueError(f"unknown uplink forward policy {kind!r} (known: {known})")
-    return factory(interval_s, max_rate_hz, result_topic, run)
+    policy = factory(interval_s, max_rate_hz, result_topic, run)
+    return WithEvents(policy) if events else policy

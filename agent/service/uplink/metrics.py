@@ -14,6 +14,8 @@ _COUNTERS = {
     "dropped": "Messages dropped from a full spool, oldest first (kept across restarts)",
     "rate_limited": "Messages not sent because of uplink.max_rate_hz",
     "stream_gaps": "Results the agent's socket dropped before the uplink read them (seq gaps)",
+    "events": "Zone and line events read from the agent's stream (valid ones)",
+    "event_gaps": "Events the agent's socket dropped before the uplink read them (seq gaps in a run)",
     "lost": "Messages read from the stream but not spooled (the spool failed, e.g. a full disk)",
     "reconnects": "Connections to the broker after the first",
     "connect_failures": "Failed attempts to connect to the broker",

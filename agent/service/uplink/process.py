@@ -10,6 +10,9 @@ socket drops for a slow subscriber instead of waiting for it.
 The device's health (``<prefix>/<device>/health``, retained) is the latest heartbeat of
 each source folded into one message with the uplink's own counters, sent at most every
 ``uplink.health_interval_s`` and only while connected (an old health is worth nothing).
+It also says how many zone and line events each source had since the health before it
+(``events``, over ``events_interval_s``): what `fleet status` shows without reading every
+device's events.
 """
 
 from __future__ import annotations
@@ -25,10 +28,10 @@ import zmq
 
 from edge_agent import __version__, client
 from edge_agent.core.config import AgentConfig
-from edge_agent.service.uplink.forward import Message, make_forwarder
+from edge_agent.service.uplink.forward import Message, event_source, make_forwarder
 from edge_agent.service.uplink.link import Link, LinkError
 from edge_agent.service.uplink.spool import Spool
-from edge_agent.service.uplink.validate import MAX_FRAME_BYTES, message_problem
+from edge_agent.service.uplink.validate import EVENT_PREFIX, frame_problem, message_problem
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +58,15 @@ class Uplink:
         p = cfg.publish
         if p.curve_server_key and not self.up.curve_client_cert:
             raise LinkError("the stream uses CURVE (publish.curve_server_key): set uplink.curve_client_cert")
+        if p.topic + "." == EVENT_PREFIX:
+            raise LinkError(
+                f"publish.topic {p.topic!r} is the topic of the zone and line events: results and "
+                "events would be one stream; choose another publish.topic"
+            )
         self.spool = Spool(self.up.spool_path, int(self.up.spool_max_mib * 1024 * 1024))
         try:
             self.link = Link(self.up, cfg.device_id, self.spool)
-            topics = (p.topic + ".", "health")
+            topics = (p.topic + ".", "health", EVENT_PREFIX)
             self._sock = client.connect(
                 client.stream_endpoint(p.endpoint),
                 topics,
@@ -76,17 +84,25 @@ class Uplink:
         # summaries, and their stamps follow the step at once.
         run = f"{int(time.time()):x}"
         self.forwarder = make_forwarder(
-            self.up.forward, self.up.interval_s, self.up.max_rate_hz, p.topic, run
+            self.up.forward, self.up.interval_s, self.up.max_rate_hz, p.topic, run, events=self.up.events
         )
         self.received = 0
         self.spooled = 0
         self.lost = 0  # read from the stream but not spooled (the spool failed: a full disk)
         self.invalid = 0  # read from the stream but not what the schema allows: dropped
         self.gaps = client.GapTracker()  # results the agent's socket dropped before the uplink read them
+        self.events = 0  # valid events read (forwarded when uplink.events, counted by summaries)
+        # Events of one run the agent's socket dropped before the uplink read them: a gap in
+        # seq within a source's run (a new run_id numbers from 0 again).
+        self.event_gaps = client.GapTracker()
+        self._event_runs: dict[str, str] = {}  # each source's latest run_id
+        self._events_since: dict[str, int] = {}  # events per source since the last health sent
+        self._events_since_at = time.monotonic()
         self.beats: dict[str, dict[str, Any]] = {}  # the latest heartbeat per source
         self.models: dict[str, str] = {}  # the model of each source's latest result
         self._recent: collections.OrderedDict[str, None] = collections.OrderedDict()  # LRU first
         self._gaps_forgotten = 0  # stream gaps of the sources forgotten
+        self._event_gaps_forgotten = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_health = 0.0
@@ -102,12 +118,13 @@ class Uplink:
         self._thread = threading.Thread(target=self._receive_loop, name="uplink-recv", daemon=True)
         self._thread.start()
         log.info(
-            "uplink: %s -> %s as %s/%s (forward: %s; spool %s, %d messages waiting)",
+            "uplink: %s -> %s as %s/%s (forward: %s, events: %s; spool %s, %d messages waiting)",
             client.stream_endpoint(p.endpoint),
             self.up.broker,
             self.up.prefix,
             self.device_id,
             self.up.forward,
+            "every one" if self.up.events else "counted in summaries only",
             self.up.spool_path,
             self.spool.count,
         )
@@ -210,13 +227,18 @@ class Uplink:
             try:
                 if self.link.publish_now("health", _encode(self.health()), retain=True):
                     self._connects_seen = connects
+                    # The next health counts the events from here: each event is in one
+                    # health sent (a health not sent leaves its events to the next one).
+                    self._events_since = {}
+                    self._events_since_at = now
             except Exception:
                 log.exception("uplink: the health could not be sent")
 
     def _take(self, frame: bytes) -> list[tuple[str, dict[str, Any]]]:
         self.received += 1
-        if len(frame) > MAX_FRAME_BYTES:
-            return self._reject(f"{len(frame)} bytes, over {MAX_FRAME_BYTES}")
+        too_big = frame_problem(frame)
+        if too_big is not None:
+            return self._reject(too_big)
         try:
             topic, body = client.decode(frame)
         except Exception as e:  # not JSON nor msgpack, nested too deep, not UTF-8
@@ -232,11 +254,22 @@ class Uplink:
         if topic == "health":
             out = self._touch(body["source"])
             self.beats[body["source"]] = body
+        elif (source := event_source(topic)) is not None:
+            out = self._touch(source)
+            self._count_event(source, body)
         elif topic.startswith(prefix):
             out = self._touch(topic[len(prefix) :])
             self.gaps.update(topic, body["seq"])
             self.models[topic[len(prefix) :]] = body.get("model", "")
         return out + self.forwarder.offer(topic, body, time.monotonic(), wall_s=time.time())
+
+    def _count_event(self, source: str, body: dict[str, Any]) -> None:
+        self.events += 1
+        self._events_since[source] = self._events_since.get(source, 0) + 1
+        if self._event_runs.get(source) != body["run_id"]:  # a new run numbers from 0 again
+            self._event_runs[source] = body["run_id"]
+            self.event_gaps.last.pop(source, None)
+        self.event_gaps.update(source, body["seq"])
 
     def _touch(self, source: str) -> list[Message]:
         """Mark ``source`` the most recently seen; past _MAX_SOURCES, forget the least
@@ -259,6 +292,11 @@ class Uplink:
         self._gaps_forgotten += self.gaps.lost.pop(topic, 0)  # stream_gaps never goes down
         self.gaps.last.pop(topic, None)
         self.gaps.joined.pop(topic, None)
+        self._event_gaps_forgotten += self.event_gaps.lost.pop(source, 0)
+        self.event_gaps.last.pop(source, None)
+        self.event_gaps.joined.pop(source, None)
+        self._event_runs.pop(source, None)
+        self._events_since.pop(source, None)
         return self.forwarder.forget(source, time.monotonic(), wall_s=time.time())
 
     def _source_problem(self, topic: str, body: dict[str, Any], prefix: str) -> str | None:
@@ -292,6 +330,8 @@ class Uplink:
             "dropped": self.spool.dropped,
             "rate_limited": self.forwarder.rate_limited.total,
             "stream_gaps": sum(self.gaps.lost.values()) + self._gaps_forgotten,
+            "events": self.events,
+            "event_gaps": sum(self.event_gaps.lost.values()) + self._event_gaps_forgotten,
             "lost": self.lost,
             "reconnects": max(0, c.connects - 1),
             "connect_failures": c.connect_failures,
@@ -318,14 +358,19 @@ class Uplink:
             "model": ", ".join(sorted(set(self.models.values()))),
             "throttled": any((b.get("power") or {}).get("throttled", False) for b in beats.values()),
             "power_mode": "; ".join(power.get("applied") or []) or power.get("backend", ""),
-            "sources": {name: _source_health(b) for name, b in sorted(beats.items())},
+            "sources": {
+                name: _source_health(b, self._events_since.get(name)) for name, b in sorted(beats.items())
+            },
+            # the span the sources' "events" cover: since the health sent before this one
+            "events_interval_s": round(time.monotonic() - self._events_since_at, 1),
             "uplink": self.counters(),
         }
 
 
-def _source_health(beat: dict[str, Any]) -> dict[str, Any]:
+def _source_health(beat: dict[str, Any], events: int | None) -> dict[str, Any]:
+    """A source's line of the health; ``events``: its events since the last health sent."""
     window = (beat.get("latency_ms") or {}).get("window") or {}
-    return {
+    out = {
         "fps": beat.get("fps", 0.0),
         "e2e_p50_ms": window.get("p50"),
         "e2e_p99_ms": window.get("p99"),
@@ -334,3 +379,6 @@ def _source_health(beat: dict[str, Any]) -> dict[str, Any]:
         "counts": beat.get("counts", {}),
         "error": (beat.get("source_state") or {}).get("error"),
     }
+    if events is not None or "analytics" in beat:  # a source without zones or lines has no count
+        out["events"] = events or 0
+    return out

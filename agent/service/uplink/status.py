@@ -1,6 +1,13 @@
 """`edge-agent fleet status`: every device's retained ``status`` and ``health`` on the
 broker, as one table. Nothing is polled on the devices: a device that died shows as
-offline through its Last Will, with the last health it sent."""
+offline through its Last Will, with the last health it sent.
+
+The ``events`` column is the zone and line events of the device's sources over the span
+its health covers (``events_interval_s``, since the health before it), as the uplink
+counted them: the retained health is the one message per device this view reads, so it
+needs no subscription to every device's events (a fleet's firehose), and it shows them
+whatever ``forward`` and ``events`` the device's uplink has. ``-``: no source has zones or
+lines (or the uplink is older than the count)."""
 
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ COLUMNS = (
     ("fps", 7),
     ("e2e p99", 8),
     ("miss", 6),
+    ("events", 9),
     ("throttled", 9),
     ("power", 14),
 )
@@ -117,7 +125,7 @@ class FleetView:
 
 #: A device clock this far ahead of ours is not believed (it would never go stale).
 _FUTURE_S = 300.0
-_NUMBERS = ("ts_unix_s", "health_interval_s", "agent_silent_s", "agent_silent_after_s")
+_NUMBERS = ("ts_unix_s", "health_interval_s", "agent_silent_s", "agent_silent_after_s", "events_interval_s")
 _STRINGS = ("model", "config_hash", "version", "power_mode")
 
 
@@ -127,6 +135,9 @@ def _source_problem(name: str, s: Any) -> str | None:
     for key in ("fps", "miss_rate", "e2e_p99_ms"):
         if key in s and not (finite_number(s[key]) or (key == "e2e_p99_ms" and s[key] is None)):
             return f"sources.{name}.{key} is not a number"
+    events = s.get("events", 0)
+    if not (isinstance(events, int) and not isinstance(events, bool) and events >= 0):
+        return f"sources.{name}.events is not a count"
     return None
 
 
@@ -166,6 +177,8 @@ def invalid_row(device: str, why: str) -> dict[str, Any]:
         "fps": None,
         "e2e_p99_ms": None,
         "miss_rate": None,
+        "events": None,
+        "events_interval_s": None,
         "throttled": None,
         "power_mode": "",
         "sources": [],
@@ -195,6 +208,7 @@ def row(device: str, status: str, health: dict[str, Any], now_unix: float) -> di
         elif (health.get("agent_silent_s") or 0) > health.get("agent_silent_after_s", 5):
             status = "silent"  # the uplink is up, the agent's stream is not
     p99s = [s["e2e_p99_ms"] for s in sources.values() if s.get("e2e_p99_ms") is not None]
+    counted = [s["events"] for s in sources.values() if "events" in s]
     return {
         "device": device,
         "status": status,
@@ -205,6 +219,8 @@ def row(device: str, status: str, health: dict[str, Any], now_unix: float) -> di
         "fps": round(sum(s.get("fps", 0.0) for s in sources.values()), 2),
         "e2e_p99_ms": max(p99s) if p99s else None,
         "miss_rate": max((s.get("miss_rate", 0.0) for s in sources.values()), default=None),
+        "events": sum(counted) if counted else None,
+        "events_interval_s": health.get("events_interval_s") if counted else None,
         "throttled": health.get("throttled"),
         "power_mode": health.get("power_mode", ""),
         "sources": sorted(sources),
@@ -235,6 +251,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         drift = "*" if r["device"] in odd else ""
         throttled = "-" if r["throttled"] is None else ("yes" if r["throttled"] else "no")
         miss = "-" if r["miss_rate"] is None else f"{r['miss_rate']:.1%}"
+        events = num(r["events"], "d")
+        if r["events"] is not None and r["events_interval_s"] is not None:
+            events += f"/{r['events_interval_s']:.0f}s"  # over the span the health covers
         texts = [
             r["device"],
             r["status"],
@@ -245,6 +264,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             num(r["fps"], ".1f"),
             num(r["e2e_p99_ms"], ".1f"),
             miss,
+            events,
             throttled,
             r["power_mode"] or "-",
         ]

@@ -3,7 +3,9 @@ uses (pipelines/schema/message-v2.schema.json describes them all; jsonschema is 
 dependency only). Anyone on the host can publish on the agent's endpoint while the agent
 is down and CURVE is off, so a message is checked before it reaches the spool: one that
 could not be published, or would break a summary, is rejected there and counted, instead
-of blocking everything queued behind it.
+of blocking everything queued behind it. An event goes up whole and is counted by the
+summaries, so every field ``$defs/event`` requires is checked, and its size is bounded
+before it is decoded (:func:`frame_problem`).
 """
 
 from __future__ import annotations
@@ -11,13 +13,34 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from edge_agent.core.names import MAX_NAME, level_problem
+from edge_agent.core.analytics_config import MAX_ITEMS
+from edge_agent.core.names import MAX_NAME, level_problem, name_ok
 
-__all__ = ["MAX_FRAME_BYTES", "MAX_NAME", "finite_number", "message_problem", "name_problem"]
+__all__ = [
+    "EVENT_KINDS",
+    "EVENT_PREFIX",
+    "MAX_EVENT_BYTES",
+    "MAX_FRAME_BYTES",
+    "MAX_NAME",
+    "finite_number",
+    "frame_problem",
+    "message_problem",
+    "name_problem",
+]
 
 #: A stream frame larger than this is rejected before it is decoded (a result with the most
 #: detections a model gives is tens of kB).
 MAX_FRAME_BYTES = 1 << 20
+
+#: The agent's zone and line events are on ``event.<source>`` (whatever ``publish.topic`` is).
+EVENT_PREFIX = "event."
+#: An event frame larger than this is rejected before it is decoded: the agent's are about
+#: 300 bytes, and each is forwarded whole, so a bloated one must not reach the spool.
+MAX_EVENT_BYTES = 16 << 10
+EVENT_KINDS = ("enter", "exit", "cross", "dwell")
+_ZONE_KINDS = ("enter", "exit", "dwell")
+#: A label is the model's (its manifest's) text, not a topic level: any string up to this.
+_MAX_LABEL = 1024
 
 #: Why a source name cannot be an MQTT topic level (None when it can): the config's rule
 #: for names (edge_agent.core.names), so every source the config takes passes here.
@@ -62,7 +85,7 @@ def _result_problem(body: dict[str, Any]) -> str | None:
     for key, ok in checks:
         if not _opt(body, key, ok):
             return f"{key} has the wrong type"
-    return None
+    return _block_problem(body["analytics"]) if "analytics" in body else None
 
 
 def _summary_ok(v: Any) -> bool:
@@ -101,6 +124,76 @@ def _health_problem(body: dict[str, Any]) -> str | None:
     return None
 
 
+def _block_problem(block: Any) -> str | None:
+    """A result's ``analytics``: running counts per zone and line (summaries carry the latest)."""
+    if not isinstance(block, dict):
+        return "analytics is not an object"
+    fields = {"zones": ("objects", "entered", "exited"), "lines": ("in", "out")}
+    for part, counts in fields.items():
+        items = block.get(part)
+        if not isinstance(items, dict) or len(items) > MAX_ITEMS:
+            return f"analytics.{part} is not an object of at most {MAX_ITEMS} entries"
+        for name, item in items.items():
+            if not name_ok(name):
+                return f"analytics.{part} has a name the config would refuse"
+            if not isinstance(item, dict) or not all(_count(item.get(k)) for k in counts):
+                return f"analytics.{part}.{name} lacks a count of {', '.join(counts)}"
+    return None
+
+
+def _event_problem(body: dict[str, Any]) -> str | None:
+    """An event as message-v2's ``$defs/event`` describes it (unknown keys pass: the frame
+    bound covers them, and a newer agent's field must not cost every event)."""
+    if body.get("schema") != 2 or body.get("type") != "event":
+        return "not schema 2 and type event"
+    run = body.get("run_id")
+    if not isinstance(run, str) or not run or len(run) > MAX_NAME or not run.isprintable():
+        return "run_id is not a printable string of 1..128 characters"
+    checks = (
+        ("seq", _count),
+        ("frame_id", _count),
+        ("class_id", _count),
+        ("track_id", lambda v: _count(v) and v >= 1),
+        ("at_unix_s", finite_number),
+        ("device", _is(str)),
+        ("label", lambda v: isinstance(v, str) and len(v) <= _MAX_LABEL),
+    )
+    for key, ok in checks:
+        if not ok(body.get(key)):
+            return f"{key} is missing or has the wrong type"
+    kind = body.get("kind")
+    if kind not in EVENT_KINDS:
+        return f"kind is not one of {', '.join(EVENT_KINDS)}"
+    own, other = ("zone", "line") if kind in _ZONE_KINDS else ("line", "zone")
+    if not name_ok(body.get(own)) or other in body:
+        return f"a {kind} event names one {own} (a name the config takes) and no {other}"
+    if kind == "cross" and body.get("direction") not in ("in", "out"):
+        return "a cross event's direction is not in or out"
+    needs = {"exit": ("entered_unix_s", "dwell_s", "reason"), "dwell": ("entered_unix_s", "threshold_s")}
+    missing = [k for k in needs.get(kind, ()) if k not in body]
+    if missing:
+        return f"a {kind} event without {', '.join(missing)}"
+    optional = (
+        ("entered_unix_s", finite_number),
+        ("threshold_s", finite_number),
+        ("dwell_s", lambda v: finite_number(v) and v >= 0),
+        ("reason", lambda v: v in ("left", "lost")),
+        ("direction", lambda v: v in ("in", "out")),
+    )
+    for key, ok in optional:
+        if not _opt(body, key, ok):
+            return f"{key} has the wrong type"
+    return None
+
+
+def frame_problem(frame: bytes) -> str | None:
+    """Why a stream frame is refused before it is decoded (None when it is not): its size."""
+    limit = MAX_EVENT_BYTES if frame.startswith(EVENT_PREFIX.encode()) else MAX_FRAME_BYTES
+    if len(frame) > limit:
+        return f"{len(frame)} bytes, over {limit}"
+    return None
+
+
 def message_problem(topic: str, body: Any, result_prefix: str) -> str | None:
     """Why the uplink must not take this stream message (None when it may)."""
     if not isinstance(body, dict):
@@ -109,6 +202,12 @@ def message_problem(topic: str, body: Any, result_prefix: str) -> str | None:
         source = body.get("source")
         problem = name_problem(source)
         return f"source {problem}" if problem else _health_problem(body)
+    if topic.startswith(EVENT_PREFIX):
+        source = topic[len(EVENT_PREFIX) :]
+        problem = name_problem(source)
+        if problem is None and body.get("source") != source:
+            problem = "differs between the topic and the body"  # an event names its source
+        return f"source {problem}" if problem else _event_problem(body)
     if not topic.startswith(result_prefix):
         return None  # not forwarded: nothing to check
     source = body.get("source", topic[len(result_prefix) :])

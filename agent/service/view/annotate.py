@@ -1,16 +1,17 @@
 """Drawing a frame's detections and figures on it, with OpenCV, in place on the caller's
-copy: boxes in one colour per class, label and score (and track id, with a trail of the
-track's recent centres), and a corner stamp with the frame id, the end-to-end latency and
-whether the deadline was missed."""
+copy: the source's zones and lines with their counts, under the boxes in one colour per
+class, label and score (and track id, with a trail of the track's recent centres), and a
+corner stamp with the frame id, the end-to-end latency and whether the deadline was missed."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import cv2
 import numpy as np
 
-from edge_agent.pipelines.view_tap import ViewFrame
+from edge_agent.pipelines.view_tap import Shapes, ViewFrame
 
 #: BGR, one per class id (cycled): saturated and far apart, readable on most scenes.
 PALETTE = (
@@ -27,6 +28,10 @@ PALETTE = (
     (236, 24, 0),
     (255, 56, 132),
 )
+#: BGR, zones' and lines' (cycled, each their own): apart from the class colours above.
+ZONE_COLOURS = ((0, 255, 255), (255, 0, 255), (255, 255, 0))
+LINE_COLOURS = ((255, 255, 255), (160, 255, 160))
+ZONE_FILL = 0.15  # a zone's fill's opacity: the scene stays visible under it
 _FONT = cv2.FONT_HERSHEY_SIMPLEX
 
 
@@ -42,16 +47,20 @@ def annotate(
 ) -> np.ndarray:
     """Draw ``f``'s detections (source pixels, times ``scale`` for a resized image) and its
     stamp on ``image``; returns it. ``trails``: by track id, its recent centres (source
-    pixels), drawn under the boxes. No label sits under the stamp (see ``_label_top``)."""
+    pixels), drawn under the boxes, as are the zones and lines (``f.shapes``, if any), whose
+    names and counts go over the boxes. No label sits under the stamp (see ``_label_top``)."""
     thick = max(1, round(2 * max(image.shape[:2]) / 960))
+    stamp = f"frame {f.frame_id}  e2e {f.e2e_ms:.1f} ms" + ("  MISSED" if f.missed else "")
+    (sw, sh), sbase = cv2.getTextSize(stamp, _FONT, 0.55, 1)
+    stamp_box = (0, 0, sw + 10, sh + sbase + 8)  # x1, y1, x2, y2 (inclusive, as cv2.rectangle fills)
+    tags: Sequence[Tag] = ()
+    if f.shapes is not None:
+        tags = draw_analytics(image, f.shapes, f.counts or {}, scale, thick)
     for i in range(f.det_count if trails else 0):
         points = trails.get(int(f.det_track[i]))
         if points is not None and len(points) > 1:
             line = np.round(np.asarray(points, np.float64) * scale).astype(np.int32)
             cv2.polylines(image, [line], False, colour(int(f.det_class[i])), thick)
-    stamp = f"frame {f.frame_id}  e2e {f.e2e_ms:.1f} ms" + ("  MISSED" if f.missed else "")
-    (sw, sh), sbase = cv2.getTextSize(stamp, _FONT, 0.55, 1)
-    stamp_box = (0, 0, sw + 10, sh + sbase + 8)  # x1, y1, x2, y2 (inclusive, as cv2.rectangle fills)
     for i in range(f.det_count):
         cls = int(f.det_class[i])
         x1, y1, x2, y2 = (round(float(v) * scale) for v in f.det_xyxy[i])
@@ -66,6 +75,8 @@ def annotate(
         top = _label_top(left, max(0, y1 - h), w, h, stamp_box)
         cv2.rectangle(image, (left, top), (left + w, top + h), c, -1)
         cv2.putText(image, text, (left + 2, top + th + 1), _FONT, 0.5, (255, 255, 255), 1, cv2.LINE_AA)
+    for tag in tags:
+        draw_tag(image, tag, stamp_box)
     cv2.rectangle(image, stamp_box[:2], (stamp_box[2], stamp_box[3]), (0, 0, 0), -1)
     ink = (0, 0, 255) if f.missed else (255, 255, 255)
     cv2.putText(image, stamp, (5, sh + 4), _FONT, 0.55, ink, 1, cv2.LINE_AA)
@@ -79,3 +90,88 @@ def _label_top(left: int, top: int, w: int, h: int, stamp: tuple[int, int, int, 
     if left <= sx2 and left + w >= sx1 and top <= sy2 and top + h >= sy1:
         return sy2 + 1
     return top
+
+
+def zone_colour(k: int) -> tuple[int, int, int]:
+    return ZONE_COLOURS[k % len(ZONE_COLOURS)]
+
+
+def line_colour(k: int) -> tuple[int, int, int]:
+    return LINE_COLOURS[k % len(LINE_COLOURS)]
+
+
+#: A zone's or line's name and counts, to be drawn: text, its box's top-left, colour.
+Tag = tuple[str, tuple[int, int], tuple[int, int, int]]
+
+
+def draw_analytics(
+    image: np.ndarray, shapes: Shapes, counts: Mapping[str, Any], scale: float, thick: int
+) -> list[Tag]:
+    """Draw each zone (outline and a faint fill) and each line (segment and an arrow toward
+    its ``in`` side) of ``shapes`` (source pixels, times ``scale``) on ``image``; returns
+    their tags (name and counts: ``counts`` is the counter's block, a name missing is 0)
+    for the caller to draw over the boxes with ``draw_tag``, so the counts stay readable."""
+    tags: list[Tag] = []
+    polys = [np.round(z.points * scale).astype(np.int32) for z in shapes.zones]
+    for k, poly in enumerate(polys):
+        _fill(image, poly, zone_colour(k))  # every fill first: no tint over an outline
+    for k, (z, poly) in enumerate(zip(shapes.zones, polys)):
+        c = zone_colour(k)
+        cv2.polylines(image, [poly], True, c, thick + 1)  # thicker than a box's: told apart
+        n = counts.get("zones", {}).get(z.name, {})
+        text = f"{z.name} objects {n.get('objects', 0)} entered {n.get('entered', 0)}"
+        text += f" exited {n.get('exited', 0)}"
+        corner = poly[np.argmin(poly.sum(1))]  # the corner nearest the image's top-left
+        tags.append((text, (int(corner[0]) + thick + 3, int(corner[1]) + thick + 3), c))
+    for k, ln in enumerate(shapes.lines):
+        c = line_colour(k)
+        a, b = ln.points * scale
+        cv2.line(image, _pt(a), _pt(b), c, thick + 1)
+        d = (b - a) / max(float(np.hypot(*(b - a))), 1e-9)
+        # facing a -> b with y down, the left side is (dy, -dx) (the counter's convention)
+        normal = np.array((d[1], -d[0]) if ln.in_side == "left" else (-d[1], d[0]))
+        mid, arrow = (a + b) / 2, 14 + 10 * thick
+        cv2.arrowedLine(image, _pt(mid), _pt(mid + normal * arrow), c, thick + 1, tipLength=0.4)
+        n = counts.get("lines", {}).get(ln.name, {})
+        text = f"{ln.name} in {n.get('in', 0)} out {n.get('out', 0)}"
+        w, h = _tag_size(text)
+        # on the out side, clear of the arrow: its centre that far along the normal that its
+        # nearer edge is a few pixels off the line
+        centre = mid - normal * (6 + abs(normal[0]) * w / 2 + abs(normal[1]) * h / 2)
+        tags.append((text, (round(centre[0] - w / 2), round(centre[1] - h / 2)), c))
+    return tags
+
+
+def _pt(p: np.ndarray) -> tuple[int, int]:
+    return round(float(p[0])), round(float(p[1]))
+
+
+def _fill(image: np.ndarray, poly: np.ndarray, c: tuple[int, int, int]) -> None:
+    """Tint a zone: blended over the rectangle it spans only, not the whole frame (the
+    blend is most of what drawing a zone costs)."""
+    x1, y1 = np.maximum(poly.min(0), 0)
+    x2, y2 = np.minimum(poly.max(0) + 1, image.shape[1::-1])
+    if x2 <= x1 or y2 <= y1:
+        return
+    roi = image[y1:y2, x1:x2]
+    tinted = roi.copy()
+    cv2.fillPoly(tinted, [poly - (x1, y1)], c)
+    cv2.addWeighted(tinted, ZONE_FILL, roi, 1 - ZONE_FILL, 0, dst=roi)
+
+
+def _tag_size(text: str) -> tuple[int, int]:
+    """The width and height of ``draw_tag``'s box around ``text``."""
+    (tw, th), base = cv2.getTextSize(text, _FONT, 0.5, 1)
+    return tw + 6, th + base + 4
+
+
+def draw_tag(image: np.ndarray, tag: Tag, stamp: tuple[int, int, int, int]) -> None:
+    """A tag's ``text`` in its colour ``c`` on black (readable on any scene, and unlike a
+    box's label), its box's top-left at ``at``, moved into the image where it would stick out and below
+    the ``stamp`` where it would sit under it."""
+    text, at, c = tag
+    w, h = _tag_size(text)
+    left = max(0, min(at[0], image.shape[1] - w))
+    top = _label_top(left, max(0, min(at[1], image.shape[0] - h)), w, h, stamp)
+    cv2.rectangle(image, (left, top), (left + w, top + h), (0, 0, 0), -1)
+    cv2.putText(image, text, (left + 3, top + h - 5), _FONT, 0.5, c, 1, cv2.LINE_AA)

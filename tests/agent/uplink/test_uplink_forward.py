@@ -258,6 +258,8 @@ def test_a_summary_is_due_at_the_interval_end_from_flush_or_the_next_offer():
             "deadline_missed": 0,
             "dropped": 0,
             "throttled": False,
+            "analytics": None,
+            "events": {"total": 0, "by_kind": {}, "zones": {}, "lines": {}, "other": 0},
         },
     )
     assert fwd.flush(T0 + 1.5) == []
@@ -414,7 +416,7 @@ def test_flush_jitter_never_trips_a_cap_equal_to_the_interval():
 
 
 def test_the_registry_names_the_policies():
-    assert set(FORWARDERS) == {"all", "with_detections", "summary"}
+    assert set(FORWARDERS) == {"all", "with_detections", "summary", "none"}
     for kind in FORWARDERS:
         assert isinstance(make_forwarder(kind, 1.0, 0), Forwarder)
 

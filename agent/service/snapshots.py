@@ -1,0 +1,180 @@
+"""Event snapshots: the annotated frame of a zone's or line's event as a JPEG, written off
+the frame path into a bounded folder.
+
+The post stage hands over a frame with events (``offer``): its pixels (the slot's copy,
+``FrameSlot.pixels``) and detections go into one of ``POOL`` preallocated frames, or the
+frame is dropped and counted when all are busy; nothing else happens on the frame path.
+The writer thread draws it as the live view does (``view.annotate``), encodes it once and
+writes it under each event's name, atomically (a temporary file renamed). Per folder the
+files it wrote are kept within ``max_files`` and ``max_mib``, the oldest deleted first,
+counting what an earlier run left there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import cv2
+
+from edge_agent.core.analytics_config import SnapshotConfig
+from edge_agent.pipelines.view_tap import ViewFrame
+from edge_agent.service.view.annotate import annotate
+
+log = logging.getLogger(__name__)
+
+POOL = 4  # frames waiting to be written at most; more are dropped and counted
+#: What this writer names its files (and so what it may delete): time, source, event seq.
+NAME = re.compile(r"^\d{8}T\d{6}\.\d{3}Z_[A-Za-z0-9_-]+_\d+_[a-z]+_[A-Za-z0-9_-]+(_(in|out))?_t\d+\.jpg$")
+
+
+@dataclass
+class _Job:
+    frame: ViewFrame
+    source: str
+    config: SnapshotConfig
+    events: list[dict]
+
+
+class _Folder:
+    """The files written in one folder, oldest first, with their sizes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.files: deque[tuple[str, int]] = deque()
+        self.bytes = 0
+        os.makedirs(path, exist_ok=True)
+        found = []
+        with os.scandir(path) as it:
+            for entry in it:
+                if NAME.match(entry.name) and entry.is_file(follow_symlinks=False):
+                    found.append((entry.stat().st_mtime_ns, entry.name, entry.stat().st_size))
+        for _t, name, size in sorted(found):
+            self.files.append((name, size))
+            self.bytes += size
+
+    def add(self, name: str, size: int, config: SnapshotConfig) -> None:
+        self.files.append((name, size))
+        self.bytes += size
+        limit = int(config.max_mib * 2**20)
+        while self.files and (len(self.files) > config.max_files or self.bytes > limit):
+            old, old_size = self.files.popleft()
+            self.bytes -= old_size
+            with contextlib.suppress(FileNotFoundError):  # removed by someone else
+                os.unlink(os.path.join(self.path, old))
+
+
+class SnapshotService:
+    """The agent's snapshot writer (one thread, started with the first snapshot)."""
+
+    def __init__(self) -> None:
+        self.written = 0  # files
+        self.dropped = 0  # frames with events not written: the pool was full, or writing failed
+        self._free: list[ViewFrame] = []
+        self._made = 0
+        self._jobs: deque[_Job] = deque()
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._folders: dict[str, _Folder] = {}
+
+    # -- the frame path ------------------------------------------------------------------
+
+    def offer(self, source: str, config: SnapshotConfig, slot: Any, events: list[dict]) -> None:
+        """The post stage: ``slot`` (its ``pixels`` kept) had ``events``."""
+        with self._cond:
+            if self._stop:
+                return
+            if self._free:
+                frame = self._free.pop()
+            elif self._made < POOL:
+                self._made += 1
+                frame = ViewFrame(len(slot.det_score))
+            else:
+                self.dropped += 1
+                return
+        n = min(slot.det_count, len(frame.det_score))
+        frame.take_pixels(slot.pixels)
+        frame.det_xyxy[:n] = slot.det_xyxy[:n]
+        frame.det_score[:n] = slot.det_score[:n]
+        frame.det_class[:n] = slot.det_class[:n]
+        frame.det_track[:n] = slot.det_track[:n]
+        frame.det_count = n
+        frame.labels = slot.profile.model.manifest.labels
+        frame.frame_id = slot.frame_id
+        with self._cond:
+            self._jobs.append(_Job(frame, source, config, [dict(e) for e in events]))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="snapshots", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    # -- its thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs and not self._stop:
+                    self._cond.wait()
+                if not self._jobs:
+                    return
+                job = self._jobs.popleft()
+            try:
+                self._write(job)
+            except Exception:  # a full disk, a folder removed: counted, the agent goes on
+                log.exception("snapshots: frame %d of %s not written", job.frame.frame_id, job.source)
+                self.dropped += 1
+            with self._cond:
+                self._free.append(job.frame)
+
+    def _write(self, job: _Job) -> None:
+        f = job.frame
+        image = annotate(f.image[: f.height, : f.width], f)
+        ok, jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, job.config.jpeg_quality])
+        if not ok:
+            raise RuntimeError("JPEG encoding failed")
+        folder = self._folders.get(job.config.dir)
+        if folder is None:
+            folder = self._folders[job.config.dir] = _Folder(job.config.dir)
+        data = jpeg.tobytes()
+        for event in job.events:
+            name = file_name(job.source, event)
+            tmp = os.path.join(folder.path, f".{name}.tmp")
+            with open(tmp, "wb") as out:
+                out.write(data)
+            os.replace(tmp, os.path.join(folder.path, name))
+            folder.add(name, len(data), job.config)
+            self.written += 1
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        pass  # the thread starts with the first snapshot: nothing runs while none is taken
+
+    def stop(self, timeout_s: float = 2.0) -> bool:
+        """Write what is queued (within ``timeout_s``), then end the thread."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is None:
+            return True
+        thread.join(timeout_s)
+        return not thread.is_alive()
+
+
+def file_name(source: str, event: dict) -> str:
+    """``20261202T070312.345Z_cam0_17_cross_door_in_t42.jpg``: when, which source and
+    event (its seq), what, where, which track."""
+    at = float(event["at_unix_s"])
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(at)) + f".{int(at * 1000) % 1000:03d}Z"
+    where = event.get("zone") or event.get("line")
+    direction = f"_{event['direction']}" if "direction" in event else ""
+    return f"{stamp}_{source}_{event['seq']}_{event['kind']}_{where}{direction}_t{event['track_id']}.jpg"

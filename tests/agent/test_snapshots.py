@@ -1,0 +1,138 @@
+"""Event snapshots: JPEGs of the annotated frame named by their events, in a folder kept
+within its caps (files and bytes, oldest first, an earlier run's files counted, nobody
+else's touched), written off the frame path with a bounded queue; nothing while off."""
+
+from __future__ import annotations
+
+import os
+import threading
+from types import SimpleNamespace
+
+import cv2
+import numpy as np
+from conftest import free_endpoint, started, wait_until
+from helpers import Subscriber
+
+from edge_agent.core.analytics_config import AnalyticsConfig, LineConfig, SnapshotConfig, ZoneConfig
+from edge_agent.core.config import AgentConfig, PublishConfig
+from edge_agent.core.source_config import SyntheticSourceConfig
+from edge_agent.service.runner import Agent
+from edge_agent.service.snapshots import NAME, POOL, SnapshotService, file_name
+
+
+def slot(frame_id: int = 7, value: int = 90, noise: bool = False) -> SimpleNamespace:
+    pixels = np.full((120, 160, 3), value, np.uint8)
+    if noise:  # a JPEG of noise is large: the byte cap has something to cut
+        pixels = np.random.default_rng(frame_id).integers(0, 255, (300, 300, 3), np.uint8)
+    return SimpleNamespace(
+        pixels=pixels,
+        det_count=1,
+        det_xyxy=np.array([[20, 20, 80, 90]], np.float32),
+        det_score=np.array([0.9], np.float32),
+        det_class=np.array([1], np.int32),
+        det_track=np.array([42], np.int64),
+        frame_id=frame_id,
+        profile=SimpleNamespace(model=SimpleNamespace(manifest=SimpleNamespace(labels=("a", "b")))),
+    )
+
+
+def event(seq: int, kind: str = "cross", at: float = 1_796_000_000.25) -> dict:
+    e = {"seq": seq, "kind": kind, "track_id": 42, "at_unix_s": at}
+    return e | ({"line": "door", "direction": "in"} if kind == "cross" else {"zone": "hall"})
+
+
+def test_a_snapshot_is_the_annotated_frame_named_by_its_event(tmp_path):
+    service = SnapshotService()
+    assert service._thread is None, "no thread until a snapshot is taken"
+    cfg = SnapshotConfig(dir=str(tmp_path / "snaps"))
+    service.offer("cam0", cfg, slot(), [event(3), event(4, "enter")])
+    assert service.stop(5.0)
+    names = sorted(os.listdir(tmp_path / "snaps"))
+    assert names == sorted([file_name("cam0", event(3)), file_name("cam0", event(4, "enter"))])
+    assert "_cam0_3_cross_door_in_t42.jpg" in names[0] and names[0].startswith("2026")
+    assert all(NAME.match(n) for n in names)
+    image = cv2.imread(str(tmp_path / "snaps" / names[0]))
+    assert image.shape == (120, 160, 3)
+    # the box was drawn on the flat grey frame: some pixels along its edge are not grey
+    edge = image[20:90, 20:22].astype(int)
+    assert (np.abs(edge - 90).max(axis=2) > 40).any()
+    assert service.written == 2 and service.dropped == 0
+
+
+def test_the_folder_keeps_within_its_caps_oldest_first_and_leaves_other_files(tmp_path):
+    folder = tmp_path / "snaps"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine")
+    old = folder / file_name("cam0", event(0, at=1_700_000_000.0))  # an earlier run's
+    old.write_bytes(b"x" * 10)
+    service = SnapshotService()
+    cfg = SnapshotConfig(dir=str(folder), max_files=3)
+    for i in range(1, 6):
+        service.offer("cam0", cfg, slot(i), [event(i, at=1_796_000_000.0 + i)])
+        wait_until(lambda i=i: service.written == i, 10, message=f"snapshot {i}")
+    assert service.stop(5.0)
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".jpg"))
+    assert [n.split("_")[2] for n in names] == ["3", "4", "5"], names
+    assert (folder / "notes.txt").read_text() == "mine", "a file it did not write is never deleted"
+    assert not old.exists(), "the earlier run's file counted and went first"
+    # bytes: files of noise over 50 KiB each under a 0.1 MiB cap: one at a time
+    service = SnapshotService()
+    tight = SnapshotConfig(dir=str(folder), max_files=100, max_mib=0.1)
+    for i in (9, 10):
+        service.offer("cam0", tight, slot(i, noise=True), [event(i, at=1_796_000_100.0 + i)])
+        wait_until(lambda i=i: service.written == i - 8, 10, message=f"snapshot {i}")
+    assert service.stop(5.0)
+    left = [n for n in os.listdir(folder) if n.endswith(".jpg")]
+    assert [n.split("_")[2] for n in left] == ["10"] and os.path.getsize(folder / left[0]) > 50 * 1024
+
+
+def test_a_busy_writer_drops_and_counts_instead_of_blocking_the_frame_path(tmp_path, monkeypatch):
+    import edge_agent.service.snapshots as module
+
+    gate = threading.Event()
+    real = module.annotate
+
+    def slow(image, frame):
+        gate.wait(10)
+        return real(image, frame)
+
+    monkeypatch.setattr(module, "annotate", slow)
+    service = SnapshotService()
+    cfg = SnapshotConfig(dir=str(tmp_path))
+    for i in range(POOL + 3):
+        service.offer("cam0", cfg, slot(i), [event(i)])  # returns at once: the writer waits
+    assert service.dropped == 3
+    gate.set()
+    assert service.stop(10.0)
+    assert service.written == POOL
+
+
+def agent_config(tmp_path, snapshots: SnapshotConfig) -> AgentConfig:
+    analytics = AnalyticsConfig(
+        zones=(ZoneConfig(name="left", points=((0, 0), (0.5, 0), (0.5, 1), (0, 1)), min_frames=2),),
+        lines=(LineConfig(name="door", points=((0.5, 0), (0.5, 1)), min_frames=2),),
+        snapshots=snapshots,
+    )
+    source = SyntheticSourceConfig(fps=60, seed=3, num_objects=8, world_margin=0.1, analytics=analytics)
+    return AgentConfig(source=source, publish=PublishConfig(endpoint=free_endpoint(), wait_for_subscribers=1))
+
+
+def test_an_agent_saves_a_snapshot_per_event_and_nothing_while_off(tmp_path):
+    folder = tmp_path / "events"
+    cfg = agent_config(tmp_path, SnapshotConfig(dir=str(folder)))
+    sub = Subscriber(cfg.publish.endpoint, "event.", keep_all=True)
+    with started(Agent(cfg), sub, clean=True) as agent:
+        wait_until(lambda: len(sub.messages) >= 4, 60, message="four events")
+        assert agent.pipeline._lanes[0].keeps_pixels
+    events = {(m["seq"], m["kind"]) for m in sub.messages}
+    written = {(int(n.split("_")[2]), n.split("_")[3]) for n in os.listdir(folder)}
+    assert written and written <= events | {(s, k) for s, k in written if s >= len(sub.messages)}
+    assert {s for s, _ in events} - {s for s, _ in written} <= {m["seq"] for m in sub.messages[-2:]}
+    # off: no copy of any frame
+    off = agent_config(tmp_path, SnapshotConfig())
+    with started(Agent(off), clean=True) as agent:
+        lane = agent.pipeline._lanes[0]
+        wait_until(lambda: lane.stats.counts().on_time + lane.stats.counts().late >= 10, 30, message="frames")
+        assert not lane.keeps_pixels and lane.analytics.snapshots is None
+        slots = lane.primary.pools[lane.name].slots
+        assert all(s.pixels is None for s in slots)
