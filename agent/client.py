@@ -11,8 +11,9 @@
 Each ZeroMQ frame is ``<topic> <body>``; the body is JSON, or msgpack when the agent
 publishes with ``publish.encoding: msgpack`` (told apart by its first byte). The schema
 is ``pipelines/schema/message-v2.schema.json`` (version 2 added the tracker's fields to
-version 1's); fields may be added within a version, so unknown fields are kept in ``raw``
-and otherwise ignored. Messages of either version parse.
+version 1's, then the events of zones and lines on ``event.<source>``); fields may be added
+within a version, so unknown fields are kept in ``raw`` and otherwise ignored. Messages of
+either version parse.
 """
 
 from __future__ import annotations
@@ -59,6 +60,26 @@ class Health:
     raw: dict[str, Any] = field(repr=False)
 
 
+@dataclass(frozen=True)
+class Event:
+    """A zone's or line's event (docs/analytics.md): ``kind`` enter, exit, cross or dwell,
+    ``where`` the zone's or line's name, ``direction`` in or out for a crossing."""
+
+    topic: str
+    source: str
+    seq: int  # per source and run (``run_id``): a gap is lost events, a repeat a duplicate
+    run_id: str
+    kind: str
+    where: str
+    direction: str | None
+    track_id: int
+    label: str
+    frame_id: int
+    at_unix_s: float
+    gap: int
+    raw: dict[str, Any] = field(repr=False)
+
+
 def decode(frame: bytes) -> tuple[str, dict[str, Any]]:
     """Split a stream frame into its topic and decoded body (JSON or msgpack)."""
     topic, _, body = frame.partition(b" ")
@@ -69,10 +90,26 @@ def decode(frame: bytes) -> tuple[str, dict[str, Any]]:
     return topic.decode(), msgpack.unpackb(body, raw=False)
 
 
-def parse(topic: str, body: dict[str, Any], gap: int = 0) -> Result | Health:
+def parse(topic: str, body: dict[str, Any], gap: int = 0) -> Result | Health | Event:
     if body.get("type") == "health":
         return Health(
             topic, float(body.get("fps", 0.0)), body.get("counts", {}), bool(body.get("final")), body
+        )
+    if body.get("type") == "event":
+        return Event(
+            topic,
+            body["source"],
+            int(body["seq"]),
+            str(body["run_id"]),
+            body["kind"],
+            body.get("zone") or body.get("line") or "",
+            body.get("direction"),
+            int(body["track_id"]),
+            body["label"],
+            int(body["frame_id"]),
+            float(body["at_unix_s"]),
+            gap,
+            body,
         )
     dets = tuple(
         Detection(

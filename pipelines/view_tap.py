@@ -116,12 +116,9 @@ class ViewTap:
         self._next_ns = 0
         self._lock = threading.Lock()
         self._wake = wake  # the view thread's: a frame is ready on some tap
-        self._shapes: Shapes | None = None  # the zones and lines of ...
-        self._shapes_for: tuple[AnalyticsConfig | None, int, int] = (
-            None,
-            0,
-            0,
-        )  # ... this config and frame size
+        # the zones and lines of the config and frame size in ``_shapes_for`` (the post stage's)
+        self._shapes: Shapes | None = None
+        self._shapes_for: tuple[AnalyticsConfig | None, int, int] = (None, 0, 0)
 
     # -- the frame path (only while active) -------------------------------------------
 

@@ -31,6 +31,15 @@ def _format_result(msg: Any) -> str:
     return f"{msg.source} seq={msg.seq}{gap} frame={msg.frame_id} e2e={e2e:.2f}ms{late} {dets}"
 
 
+def _format_event(msg: Any) -> str:
+    gap = f" (lost {msg.gap})" if msg.gap else ""
+    where = f"{msg.where} {msg.direction}" if msg.direction else msg.where
+    extra = msg.raw.get("dwell_s") if msg.kind == "exit" else msg.raw.get("threshold_s")
+    extra = f" after {extra:g} s" if isinstance(extra, (int, float)) else ""
+    what = f"{msg.kind} {where} {msg.label}#{msg.track_id}{extra}"
+    return f"{msg.source} event {msg.seq}{gap}: {what} frame={msg.frame_id}"
+
+
 def _joined(gaps: Any, topic: str) -> str:
     seq = gaps.joined.get(topic, 0)
     return f"joined at seq {seq}" + (f": {seq} earlier not received" if seq else "")
@@ -39,7 +48,7 @@ def _joined(gaps: Any, topic: str) -> str:
 def cmd_listen(args: argparse.Namespace) -> int:
     import zmq
 
-    from edge_agent.client import GapTracker, Health, connect, decode, parse
+    from edge_agent.client import Event, GapTracker, Health, connect, decode, parse
 
     topics = tuple(args.topic or [""])
     sock = connect(args.endpoint, topics, args.server_key, args.client_cert)
@@ -66,7 +75,7 @@ def cmd_listen(args: argparse.Namespace) -> int:
             msg = parse(topic, body, gaps.update(topic, int(body["seq"])) if "seq" in body else 0)
             count += 1
             if args.stats:
-                if not isinstance(msg, Health):
+                if not isinstance(msg, (Health, Event)):
                     per_topic.setdefault(topic, []).append(msg.latency_ms.get("total", 0.0))
                 if t_last - t_start >= 1.0:
                     _print_stats(per_topic, gaps, t_last - t_start)
@@ -107,7 +116,7 @@ def _print_stats(per_topic: dict[str, list[float]], gaps: Any, elapsed_s: float)
 
 def _print_message(args: argparse.Namespace, topic: str, body: Any, msg: Any, gaps: Any, first: bool) -> None:
     """One received message as JSON, a health line or a result line (after a join note)."""
-    from edge_agent.client import Health
+    from edge_agent.client import Event, Health
 
     if args.json:
         print(json.dumps(body), flush=True)
@@ -121,7 +130,7 @@ def _print_message(args: argparse.Namespace, topic: str, body: Any, msg: Any, ga
     else:
         if first and gaps.joined[topic]:
             print(f"{topic}: {_joined(gaps, topic)}", flush=True)
-        print(_format_result(msg), flush=True)
+        print(_format_event(msg) if isinstance(msg, Event) else _format_result(msg), flush=True)
 
 
 def cmd_keys(args: argparse.Namespace) -> int:

@@ -23,10 +23,14 @@ a run, so a new track is appended), with the same cost per frame whatever happen
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from edge_agent.core.analytics_config import AnalyticsConfig
 from edge_agent.pipelines.analytics.geometry import Geometry
+
+log = logging.getLogger(__name__)
 
 #: Dwell histogram buckets (seconds, upper bounds; Prometheus ``le``), the last +Inf.
 DWELL_BUCKETS_S = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
@@ -98,6 +102,9 @@ class Counter:
         geo = self.geometry
         if geo is None or geo.width != width or geo.height != height:
             geo = self.geometry = Geometry(self.config, width, height, self.labels)
+            outside = self.config.outside(width, height)
+            if outside:  # pixels on a camera whose size the config does not state
+                log.warning("analytics: %s (that part never counts)", outside)
         self._expire(frame_id, t, out)
         sel = (track_ids > 0).nonzero()[0]
         if not len(sel):

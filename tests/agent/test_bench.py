@@ -63,6 +63,7 @@ def test_bench_json_reports_every_phase(const_model, endpoint, tmp_path):
     for phase in ("sequential", "live"):
         t = r[phase]["tracker_ms"]
         assert t["count"] > 0 and 0 < t["p50"] <= t["p99"] <= t["max"], t
+        assert r[phase]["analytics_ms"] is None, "no zones or lines: no analytics step"
 
 
 def test_bench_human_report_names_the_phases_and_says_each_on_stderr(const_model, endpoint, tmp_path):

@@ -670,7 +670,7 @@ def test_reload_kinds_come_from_the_fields_marks():
 
     rebind = ("endpoint", "send_hwm", "max_subscribers", "encoding", "curve_server_key", "curve_clients_dir")
     assert marked_fields(PublishConfig, REBIND) == rebind, "a topic change needs no new socket"
-    lane = ("priority", "budget_ms", "max_fps", "model", "manifest", "tracker")
+    lane = ("priority", "budget_ms", "max_fps", "model", "manifest", "tracker", "analytics")
     assert marked_fields(SyntheticSourceConfig, LANE) == lane
 
     def models(cfg: AgentConfig) -> frozenset:

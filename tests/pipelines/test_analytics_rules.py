@@ -351,3 +351,37 @@ def test_inside_agrees_with_ray_casting_on_a_concave_polygon():
     frac = ZoneConfig(name="c", points=tuple((x / W, y / H) for x, y in poly), anchor="center")
     got = Geometry(AnalyticsConfig(zones=(frac,)), W, H, LABELS).inside(dots)
     assert (got[:, 0] == want).all()
+
+
+def test_the_counter_keeps_nothing_per_frame_or_per_track():
+    """Tracks come and go through a zone and a line for 6,000 frames: the state stays in
+    its preallocated rows (tracemalloc: no growth between the 2,000th and the last frame,
+    no frame-sized peak), and ended tracks leave it."""
+    import tracemalloc
+
+    feed = Feed(HALL, GATE, lost_frames=5, capacity=32)
+    rng = np.random.default_rng(0)
+    xs = rng.uniform(150, 500, 40)
+
+    def frame(f: int) -> None:
+        dets = []
+        for k in range(8):  # 8 objects at a time, each a new track every 50 frames
+            tid = 1 + k + 8 * (f // 50)
+            y = 180 + (f % 50) * 4 + k
+            dets.append((box(float(xs[(k + f // 50) % 40]), float(y)), tid))
+        feed.frame(*dets)
+        feed.events.clear()
+
+    for f in range(2000):
+        frame(f)
+    tracemalloc.start()
+    mid, _ = tracemalloc.get_traced_memory()
+    tracemalloc.reset_peak()
+    for f in range(2000, 6000):
+        frame(f)
+    current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert feed.c.n <= 16, "ended tracks left the rows"
+    assert feed.c.entered.sum() > 500 and feed.c.crossed.sum() > 500
+    assert current - mid < 16 * 1024, f"grew by {current - mid} B"
+    assert peak - mid < 64 * 1024, f"peak {peak - mid} B"

@@ -5,6 +5,8 @@ counts; a reload that keeps what did not change, and one with a bad label that i
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 from dataclasses import replace
 
@@ -127,3 +129,28 @@ def test_no_zones_no_step_and_analytics_needs_the_tracker():
     assert [type(s).__name__ for s in Assembly().post_steps(with_zone)] == ["TrackStep", "AnalyticsStep"]
     with pytest.raises(ValueError, match="tracker is off"):
         SyntheticSourceConfig(tracker=TrackerConfig(type="none"), analytics=AnalyticsConfig(zones=(HALF,)))
+
+
+def test_the_client_parses_an_event_and_listen_prints_it():
+    from argparse import Namespace
+
+    from edge_agent.client import Event, GapTracker, parse
+    from edge_agent.commands.stream import _print_message
+
+    body = {
+        "schema": 2, "type": "event", "device": "d", "source": "cam0", "run_id": "r1", "seq": 4,
+        "kind": "exit", "zone": "left", "track_id": 42, "label": "person", "class_id": 0,
+        "frame_id": 90, "at_unix_s": 1796000000.5, "entered_unix_s": 1796000000.0, "dwell_s": 0.5,
+        "reason": "left",
+    }  # fmt: skip
+    assert jsonschema.Draft202012Validator(V2).is_valid(body)
+    msg = parse("event.cam0", body, 2)
+    assert isinstance(msg, Event)
+    got = (msg.kind, msg.where, msg.direction, msg.track_id, msg.seq, msg.gap)
+    assert got == ("exit", "left", None, 42, 4, 2)
+    gaps = GapTracker()
+    gaps.update("event.cam0", 4)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        _print_message(Namespace(json=False), "event.cam0", body, msg, gaps, False)
+    assert out.getvalue() == "cam0 event 4 (lost 2): exit left person#42 after 0.5 s frame=90\n"

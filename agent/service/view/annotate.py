@@ -166,9 +166,9 @@ def _tag_size(text: str) -> tuple[int, int]:
 
 
 def draw_tag(image: np.ndarray, tag: Tag, stamp: tuple[int, int, int, int]) -> None:
-    """A tag's ``text`` in its colour ``c`` on black (readable on any scene, and unlike a
-    box's label), its box's top-left at ``at``, moved into the image where it would stick out and below
-    the ``stamp`` where it would sit under it."""
+    """A tag's text in its colour on black (readable on any scene, and unlike a box's
+    label), its box's top-left where the tag says, moved into the image where it would
+    stick out and below the ``stamp`` where it would sit under it."""
     text, at, c = tag
     w, h = _tag_size(text)
     left = max(0, min(at[0], image.shape[1] - w))

@@ -8,7 +8,7 @@ of tools/analytics/measure.py, a dwell step at 5 s).
 Every variant's uplink runs at once against the one agent (each as a device of its own on
 the broker), so they all see the same frames and events. Counted after a warm-up, over
 ``--seconds``: the messages each device published under ``<prefix>/<device>/`` by kind
-(``det``, ``summary``, ``event``; the retained ``health`` and ``status`` apart) and their
+(``det``, ``summary``, ``event``, ``health``; the totals include ``status``) and their
 bytes as the spool counts them (topic + payload; MQTT adds about 8 bytes a message, TLS a
 little more). Not a test: it measures, it does not judge.
 """
@@ -144,7 +144,7 @@ def main() -> None:
         stack.enter_context(spawn(agent_command("run", "--config", str(agent_cfg), "--quiet"), stderr=log))
         names = []
         for forward, events in VARIANTS:
-            name = f"{forward.replace('_', '-')}{'+events' if events else ''}"
+            name = f"{forward.replace('_', '-')}{'-events' if events else ''}"
             names.append(name)
             cfg = config(folder, endpoint, broker, args, device=name, forward=forward, events=events)
             stack.enter_context(
@@ -162,16 +162,15 @@ def main() -> None:
         counts = counter.stop()
         span = time.monotonic() - start
     print(f"{args.seconds:g} s measured, synthetic camera at {args.fps:g} fps with {args.objects} objects")
-    heads = ("msg/s", "B/s", "det msg/s", "summary B/s", "events/s", "event B/s")
-    print(f"{'variant':24} " + " ".join(f"{h:>11}" for h in heads))
+    kinds = ("det", "summary", "event", "health")
+    heads = ["msg/s", "B/s"] + [f"{k} {u}" for k in kinds for u in ("msg/s", "B/s")]
+    print(f"{'variant':22}" + "".join(f"{h:>14}" for h in heads))
     for name in names:
         mine = {kind: v for (device, kind), v in counts.items() if device == name}
-        msgs = sum(v[0] for v in mine.values())
-        size = sum(v[1] for v in mine.values())
-        det, summ, ev = (mine.get(k, [0, 0]) for k in ("det", "summary", "event"))
-        cells = (msgs / span, size / span, det[0] / span, summ[1] / span, ev[0] / span, ev[1] / span)
-        print(f"{name:24} " + " ".join(f"{c:11.1f}" for c in cells))
-    events = next((v for (d, k), v in counts.items() if d == "none+events" and k == "event"), [0, 0])
+        cells = [sum(v[0] for v in mine.values()), sum(v[1] for v in mine.values())]
+        cells += [x for k in kinds for x in mine.get(k, [0, 0])]
+        print(f"{name:22}" + "".join(f"{c / span:14.1f}" for c in cells))
+    events = next((v for (d, k), v in counts.items() if d == "none-events" and k == "event"), [0, 0])
     if events[0]:
         print(f"an event: {events[1] / events[0]:.0f} B on average (topic + payload)")
 
