@@ -24,6 +24,7 @@ a run, so a new track is appended), with the same cost per frame whatever happen
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import numpy as np
 
@@ -36,6 +37,17 @@ log = logging.getLogger(__name__)
 DWELL_BUCKETS_S = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 IN, OUT = 0, 1  # a line's directions, as indexed in its counts
 _DIRECTION = {1: "in", -1: "out"}
+
+
+class _Seen(NamedTuple):
+    """One frame's tracked detections, as the zone and line passes take them."""
+
+    rows: np.ndarray  # each one's track row
+    cls: np.ndarray  # its class (clipped into the model's)
+    ids: np.ndarray  # its track id
+    frame_id: int
+    t: float  # capture time, s
+    out: list[dict]  # the events raised
 
 
 class Counter:
@@ -111,28 +123,29 @@ class Counter:
             return
         ids = track_ids[sel]
         rows = self._rows(ids, frame_id)
-        if rows is None:
-            return
         keep = rows >= 0
         if not keep.all():  # beyond capacity: not followed
             sel, ids, rows = sel[keep], ids[keep], rows[keep]
         boxes = xyxy[sel]
         cls = classes[sel].astype(np.int64)
         np.clip(cls, 0, self.objects.shape[1] - 1, out=cls)
-        known = classes[sel] < len(self.labels)
+        known = (classes[sel] >= 0) & (classes[sel] < len(self.labels))
         self.last_seen[rows] = frame_id
         self.seen_t[rows] = t
         if len(self.zone_names):
             inside = geo.inside(boxes)
             inside &= geo.z_labels[cls]
             inside &= known[:, None]
-            self._zones(rows, inside, cls, ids, frame_id, t, out)
+            self._zones(_Seen(rows, cls, ids, frame_id, t, out), inside)
         if len(self.line_names):
             side = geo.sides(boxes)
             side *= geo.l_labels[cls] & known[:, None]
-            self._lines(rows, side, cls, ids, frame_id, t, out)
+            self._lines(_Seen(rows, cls, ids, frame_id, t, out), side)
 
-    def _zones(self, rows, inside, cls, ids, frame_id, t, out) -> None:
+    def _zones(self, f: _Seen, inside: np.ndarray) -> None:
+        """Each tracked detection's observation (``inside``: (k, zones)) against its track's
+        settled state: runs, entries, exits, dwell steps."""
+        rows, cls, ids, frame_id, t, out = f
         cur = self.z_in[rows]
         run = self.z_run[rows]
         other = inside != cur
@@ -147,7 +160,7 @@ class Counter:
         flip = run >= geo.z_min
         if flip.any():
             run[flip] = 0
-            self._zone_flips(rows, flip, inside, cls, ids, frame_id, out)
+            self._zone_flips(f, flip, inside)
         self.z_run[rows] = run
         # dwell steps of the tracks inside
         settled = self.z_in[rows]
@@ -169,7 +182,8 @@ class Counter:
                 step[fire] += 1
                 self.z_step[rows] = step
 
-    def _zone_flips(self, rows, flip, inside, cls, ids, frame_id, out) -> None:
+    def _zone_flips(self, f: _Seen, flip: np.ndarray, inside: np.ndarray) -> None:
+        rows, cls, ids, frame_id, _t, out = f
         for i, z in zip(*flip.nonzero()):
             r, c, tid = rows[i], cls[i], int(ids[i])
             at = float(self.z_run_t[r, z])
@@ -203,7 +217,10 @@ class Counter:
             "reason": reason,
         }
 
-    def _lines(self, rows, side, cls, ids, frame_id, t, out) -> None:
+    def _lines(self, f: _Seen, side: np.ndarray) -> None:
+        """Each tracked detection's side of each line (``side``: (k, lines), see
+        ``Geometry.sides``) against its track's: runs, crossings."""
+        rows, cls, ids, frame_id, t, out = f
         cur = self.l_side[rows]
         pend = self.l_pend[rows]
         run = self.l_run[rows]
