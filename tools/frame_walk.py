@@ -28,8 +28,8 @@ import sys
 import threading
 import time
 
-from edge_agent.core.config import AgentConfig, MetricsConfig, PublishConfig
 from edge_agent.core.analytics_config import AnalyticsConfig, LineConfig, ZoneConfig
+from edge_agent.core.config import AgentConfig, MetricsConfig, PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.pipelines.stages import FrameQueue
 from edge_agent.service.runner import Agent

@@ -164,6 +164,11 @@ class PublishConfig:
         )
         check("://" in self.endpoint, "endpoint", "expected a ZeroMQ endpoint like tcp://host:port")
         check(name_ok(self.topic), "topic", NAME_RULE)
+        # "event.<source>" carries a source's events and "health" the heartbeats on the same
+        # socket: results under either would be read as the other by every subscriber
+        check(
+            self.topic not in ("event", "health"), "topic", "'event' and 'health' are the stream's own topics"
+        )
         check(self.send_hwm >= 1, "send_hwm", "must be >= 1")
         check(1 <= self.max_subscribers <= 1000, "max_subscribers", "must be within 1..1000")
 

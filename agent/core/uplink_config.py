@@ -38,8 +38,9 @@ class UplinkConfig:
     prefix: str = "edge-agent"  # topics: <prefix>/<device>/{det,summary,event}/<source>, health, status
     forward: Literal["all", "with_detections", "summary", "none"] = "summary"
     # Every event of the sources' zones and lines on event/<source>, whatever `forward`
-    # is: through the spool, never rate-capped or summarised (about 1 kB/s for 4.5 events/s,
-    # nothing for a source without zones or lines: docs/fleet.md).
+    # is: through the spool, never rate-capped or summarised (about 280 B an event, 1.2 kB/s
+    # on the synthetic camera's busy scene; nothing for a source without zones or lines:
+    # docs/fleet.md).
     events: bool = True
     interval_s: float = 1.0  # one summary per source per interval
     max_rate_hz: float = 0.0  # at most this many results a second per topic (0: no cap; not events)

@@ -77,6 +77,7 @@ class SnapshotService:
     def __init__(self) -> None:
         self.written = 0  # files
         self.dropped = 0  # frames with events not written: the pool was full, or writing failed
+        self.failed = 0  # of which writing failed
         self._free: list[ViewFrame] = []
         self._made = 0
         self._jobs: deque[_Job] = deque()
@@ -129,8 +130,15 @@ class SnapshotService:
             try:
                 self._write(job)
             except Exception:  # a full disk, a folder removed: counted, the agent goes on
-                log.exception("snapshots: frame %d of %s not written", job.frame.frame_id, job.source)
                 self.dropped += 1
+                self.failed += 1
+                if self.failed in (1, 10) or self.failed % 1000 == 0:  # not a line per event
+                    log.exception(
+                        "snapshots: frame %d of %s not written (%d failures)",
+                        job.frame.frame_id,
+                        job.source,
+                        self.failed,
+                    )
             with self._cond:
                 self._free.append(job.frame)
 

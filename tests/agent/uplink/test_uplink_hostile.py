@@ -180,6 +180,9 @@ def test_one_malformed_health_shows_as_invalid_and_the_rest_of_the_fleet_prints(
         "future": json.dumps(good_health(now) | {"ts_unix_s": 1e18, "last_heartbeat_unix_s": 1e18}).encode(),
         "nested": b"[" * 100_000 + b"]" * 100_000,
         "fps-str": json.dumps(good_health(now) | {"sources": {"c": {"fps": "fast"}}}).encode(),
+        "events-str": json.dumps(
+            good_health(now) | {"sources": {"c": {"fps": 1.0, "events": "many"}}}
+        ).encode(),
     }
     messages = {f"edge-agent/{d}/health": p for d, p in bad.items()}
     messages["edge-agent/good/health"] = json.dumps(good_health(now)).encode()

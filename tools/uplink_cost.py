@@ -3,7 +3,7 @@ bytes a second on a real Mosquitto, for one agent on the synthetic camera with z
 lines (the embedded default's model and camera, its tracker on; the two zones and two lines
 of tools/analytics/measure.py, a dwell step at 5 s).
 
-    .venv/bin/python tests/agent/uplink/measure_cost.py [--seconds 60] [--objects 6] [--fps 30]
+    .venv/bin/python tools/uplink_cost.py [--seconds 60] [--objects 6] [--fps 30]
 
 Every variant's uplink runs at once against the one agent (each as a device of its own on
 the broker), so they all see the same frames and events. Counted after a warm-up, over
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: conftest, broker, helpers
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the tests' broker and helpers
 
 import paho.mqtt.client as mqtt
 from broker import Mosquitto
