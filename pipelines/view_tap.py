@@ -19,48 +19,15 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from edge_agent.core.analytics_config import AnalyticsConfig, Point
 from edge_agent.core.stamps import CAPTURED, PUBLISH
 
 if TYPE_CHECKING:
+    from edge_agent.pipelines.analytics.geometry import Shapes
     from edge_agent.pipelines.analytics.step import SourceAnalytics
-
-
-class ZoneShape(NamedTuple):
-    name: str
-    points: np.ndarray  # (n, 2) float, source pixels, the polygon's corners in order
-
-
-class LineShape(NamedTuple):
-    name: str
-    points: np.ndarray  # (2, 2) float, source pixels: from, to
-    in_side: str  # "left" or "right", facing from the first point to the second
-
-
-class Shapes(NamedTuple):
-    """A source's zones and lines for the view to draw, in its frames' pixels."""
-
-    zones: tuple[ZoneShape, ...]
-    lines: tuple[LineShape, ...]
-
-
-def shapes_of(config: AnalyticsConfig, width: int, height: int) -> Shapes:
-    """``config``'s zones and lines in the pixels of a ``width`` x ``height`` frame:
-    fractions scaled, pixels as they are (as the counter's geometry takes them)."""
-    k = (float(width), float(height)) if config.units == "fraction" else (1.0, 1.0)
-
-    def px(points: tuple[Point, ...]) -> np.ndarray:
-        a = np.array(points, float) * k
-        a.setflags(write=False)  # shared with the view's thread
-        return a
-
-    zones = tuple(ZoneShape(z.name, px(z.points)) for z in config.zones)
-    lines = tuple(LineShape(ln.name, px(ln.points), ln.in_side) for ln in config.lines)
-    return Shapes(zones, lines)
 
 
 class ViewFrame:
@@ -78,6 +45,7 @@ class ViewFrame:
         self.labels: tuple[str, ...] | list[str] = ()
         self.e2e_ms = 0.0
         self.missed = False
+        self.caption = ""  # the corner stamp's text instead of the frame's figures (a snapshot's)
         self.shapes: Shapes | None = None  # the source's zones and lines (None: no analytics)
         self.counts: dict | None = None  # their running counts (the counter's block)
 
@@ -97,6 +65,7 @@ class ViewFrame:
         self.det_track[:n] = other.det_track[:n]
         self.det_count, self.labels = n, other.labels
         self.frame_id, self.e2e_ms, self.missed = other.frame_id, other.e2e_ms, other.missed
+        self.caption = other.caption
         self.shapes, self.counts = other.shapes, other.counts  # never changed once handed over
 
 
@@ -116,9 +85,6 @@ class ViewTap:
         self._next_ns = 0
         self._lock = threading.Lock()
         self._wake = wake  # the view thread's: a frame is ready on some tap
-        # the zones and lines of the config and frame size in ``_shapes_for`` (the post stage's)
-        self._shapes: Shapes | None = None
-        self._shapes_for: tuple[AnalyticsConfig | None, int, int] = (None, 0, 0)
 
     # -- the frame path (only while active) -------------------------------------------
 
@@ -162,21 +128,12 @@ class ViewTap:
             if analytics is None:
                 f.shapes = f.counts = None
             else:
-                f.shapes = self._shapes_at(analytics.config, f.width, f.height)
-                f.counts = analytics.counter.block()
+                f.shapes = analytics.shapes(f.width, f.height)
+                f.counts = analytics.block()
             self._filling, self._ready = self._ready, f
             self._pending = -1
             self.ready_seq += 1
         self._wake.set()
-
-    def _shapes_at(self, config: AnalyticsConfig, width: int, height: int) -> Shapes:
-        """The shapes for this config and size: built again only when either changed (a
-        reload's new config, a camera's new size), so a frame allocates nothing for them."""
-        cfg, w, h = self._shapes_for
-        if self._shapes is None or cfg is not config or w != width or h != height:
-            self._shapes = shapes_of(config, width, height)
-            self._shapes_for = (config, width, height)
-        return self._shapes
 
     # -- the view's thread --------------------------------------------------------------
 

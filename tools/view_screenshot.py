@@ -6,15 +6,17 @@ Runs an agent on its embedded default (synthetic camera, bundled detector) with 
 on, two zones and a line (fractions of the frame), waits until every zone has seen an entry
 and the line a crossing (from the heartbeat, ``/api/health``) and it has run ``--settle-s``
 (counts of a few passes, not of the first), then has headless Chromium render the view's
-page (``CHROMIUM``, else ``chromium`` or ``chromium-browser`` on PATH). A shot during which
-the agent missed frames (the browser's own load on a small machine shows in the page's
-figures) is taken again, up to ``--tries``. Its ports are free ones, so it runs beside an
-agent already on the defaults.
+page (``CHROMIUM``, else ``chromium`` or ``chromium-browser`` on PATH), niced, and once
+its start is over (its load on a small machine would show in the page's figures). A shot
+during which the agent still missed frames is taken again, up to ``--tries``. Its ports
+are free ones, so it runs beside an agent already on the defaults.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import http.server
 import json
 import os
 import shutil
@@ -22,8 +24,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -34,6 +38,7 @@ from edge_agent.core.config import AgentConfig, MetricsConfig, ViewConfig
 from edge_agent.service.runner import Agent
 
 REPO = Path(__file__).resolve().parents[1]
+BROWSER_START_S = 3.0  # the browser's start, its load spent, before it asks for the page
 ANALYTICS = AnalyticsConfig(
     zones=(
         ZoneConfig(name="shelf", points=((0.06, 0.14), (0.42, 0.14), (0.42, 0.55), (0.06, 0.55))),
@@ -78,11 +83,42 @@ def missed(beat: dict) -> int:
     return counts.get("late", 0) + sum(counts.get("dropped_by_reason", {}).values())
 
 
-def screenshot(url: str, out: Path, size: tuple[int, int], timeout_s: float) -> None:
-    """Chromium renders ``url`` into ``out`` (PNG); its whole process group ended after."""
+@contextlib.contextmanager
+def delayed(url: str, delay_s: float, then: Callable[[], object]) -> Iterator[str]:
+    """A URL that redirects to ``url`` ``delay_s`` after it was asked for, calling ``then``
+    first: the browser's start (a burst of load on a small machine) is over before the page
+    takes its figures (a pending request holds the browser's virtual time)."""
+
+    class Redirect(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            time.sleep(delay_s)
+            then()
+            self.send_response(302)
+            self.send_header("Location", url)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    thread = threading.Thread(target=server.serve_forever, name="redirect")
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5.0)
+
+
+def screenshot(
+    url: str, out: Path, size: tuple[int, int], timeout_s: float, loads: Callable[[], object]
+) -> None:
+    """Chromium renders ``url`` into ``out`` (PNG), ``loads()`` called just before it asks
+    for the page; its whole process group ended after."""
     # niced: the page shows the agent's figures, which the browser's own load would spoil
     nice = ["nice", "-n", "10"] if shutil.which("nice") else []
-    with tempfile.TemporaryDirectory() as profile:
+    with tempfile.TemporaryDirectory() as profile, delayed(url, BROWSER_START_S, loads) as start_url:
         args = [
             *nice,
             chromium(),
@@ -98,7 +134,7 @@ def screenshot(url: str, out: Path, size: tuple[int, int], timeout_s: float) -> 
             "--virtual-time-budget=5000",  # the page's stream and first heartbeats come in
             f"--window-size={size[0]},{size[1]}",
             f"--screenshot={out}",
-            url,
+            start_url,
         ]
         proc = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
@@ -141,15 +177,15 @@ def main() -> None:
                 sys.exit(f"view_screenshot: no entry in every zone and crossing within {args.wait_s:g} s")
             time.sleep(0.5)
         args.out.parent.mkdir(parents=True, exist_ok=True)
+        before: list[int] = []  # frames missed when the browser asked for the page
         for attempt in range(1, args.tries + 1):
-            before = missed(heartbeat(url))
             args.out.unlink(missing_ok=True)
-            screenshot(url, args.out, size, 120.0)
+            screenshot(url, args.out, size, 120.0, lambda: before.append(missed(heartbeat(url))))
             time.sleep(1.5)  # the heartbeat after the shot (one a second)
-            late = missed(heartbeat(url)) - before
+            late = missed(heartbeat(url)) - before[-1]
             if late <= 2:
                 break
-            # the page shows the browser's own load (a busy machine), not the agent's figures
+            # the page would show the machine's load (the browser's), not the agent's figures
             again = "taking it again" if attempt < args.tries else "kept as it is"
             print(f"view_screenshot: {late} frames missed while the browser ran (try {attempt}): {again}")
     finally:

@@ -88,8 +88,10 @@ class SnapshotService:
 
     # -- the frame path ------------------------------------------------------------------
 
-    def offer(self, source: str, config: SnapshotConfig, slot: Any, events: list[dict]) -> None:
-        """The post stage: ``slot`` (its ``pixels`` kept) had ``events``."""
+    def offer(self, analytics: Any, slot: Any, events: list[dict]) -> None:
+        """The post stage: ``slot`` (its ``pixels`` kept) had ``events`` of a source's
+        ``analytics`` (a ``SourceAnalytics``: its name, settings, zones, lines and counts)."""
+        config: SnapshotConfig = analytics.config.snapshots
         with self._cond:
             if self._stop:
                 return
@@ -110,8 +112,15 @@ class SnapshotService:
         frame.det_count = n
         frame.labels = slot.profile.model.manifest.labels
         frame.frame_id = slot.frame_id
+        frame.shapes = analytics.shapes(frame.width, frame.height)
+        frame.counts = analytics.block()
+        first = events[0]
+        where = " ".join(str(first[k]) for k in ("zone", "line", "direction") if k in first)
+        frame.caption = f"frame {slot.frame_id}  {first['kind']} {where}  #{first['track_id']}"
+        if len(events) > 1:
+            frame.caption += f"  (+{len(events) - 1})"
         with self._cond:
-            self._jobs.append(_Job(frame, source, config, [dict(e) for e in events]))
+            self._jobs.append(_Job(frame, analytics.source, config, [dict(e) for e in events]))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="snapshots", daemon=True)
                 self._thread.start()

@@ -1,12 +1,49 @@
-"""A source's zones and lines as arrays in source pixels, for the tests over every tracked
-detection at once: which anchors are inside which polygons (crossing number over padded
-edges), and on which side of which segment, if within its extent."""
+"""A source's zones and lines in source pixels: as shapes (what the live view and the event
+snapshots draw) and as arrays for the tests over every tracked detection at once (which
+anchors are inside which polygons, by crossing number over all edges; on which side of
+which segment, if alongside it)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
-from edge_agent.core.analytics_config import ANCHORS, AnalyticsConfig
+from edge_agent.core.analytics_config import ANCHORS, AnalyticsConfig, Point
+
+
+class ZoneShape(NamedTuple):
+    name: str
+    points: np.ndarray  # (n, 2) float, source pixels, the polygon's corners in order
+
+
+class LineShape(NamedTuple):
+    name: str
+    points: np.ndarray  # (2, 2) float, source pixels: from, to
+    in_side: str  # "left" or "right", facing from the first point to the second
+
+
+class Shapes(NamedTuple):
+    """A source's zones and lines in its frames' pixels (read-only arrays: the view's
+    thread draws them)."""
+
+    zones: tuple[ZoneShape, ...]
+    lines: tuple[LineShape, ...]
+
+
+def shapes_of(config: AnalyticsConfig, width: int, height: int) -> Shapes:
+    """``config``'s zones and lines in the pixels of a ``width`` x ``height`` frame:
+    fractions scaled, pixels as they are (as the counter's geometry takes them)."""
+    k = (float(width), float(height)) if config.units == "fraction" else (1.0, 1.0)
+
+    def px(points: tuple[Point, ...]) -> np.ndarray:
+        a = np.array(points, float) * k
+        a.setflags(write=False)  # shared with the view's thread
+        return a
+
+    zones = tuple(ZoneShape(z.name, px(z.points)) for z in config.zones)
+    lines = tuple(LineShape(ln.name, px(ln.points), ln.in_side) for ln in config.lines)
+    return Shapes(zones, lines)
 
 
 class Geometry:
@@ -15,7 +52,7 @@ class Geometry:
 
     def __init__(self, config: AnalyticsConfig, width: int, height: int, labels: tuple[str, ...]) -> None:
         self.width, self.height = width, height
-        sx, sy = (float(width), float(height)) if config.units == "fraction" else (1.0, 1.0)
+        self.shapes = shapes_of(config, width, height)
         zones, lines = config.zones, config.lines
         n_cls = max(len(labels), 1)
         # zones: every edge (i -> i+1) of every polygon, with the zone it belongs to and that
@@ -25,8 +62,8 @@ class Geometry:
         self.kinds = np.array([ANCHORS[a] for a in kinds], float).reshape(-1, 2)
         self.kinds_m = _anchor_matrix(self.kinds)
         edges = []
-        for k, z in enumerate(zones):
-            pts = np.array(z.points, float) * (sx, sy)
+        for k, (z, shape) in enumerate(zip(zones, self.shapes.zones)):
+            pts = shape.points
             for p0, p1 in zip(pts, np.roll(pts, -1, axis=0)):
                 if p0[1] != p1[1]:  # a horizontal edge is never crossed by the ray
                     edges.append((k, *p0, *p1, kinds.index(z.anchor)))
@@ -44,7 +81,7 @@ class Geometry:
         for k, z in enumerate(zones):
             self.z_dwell[k, : len(z.dwell_s)] = z.dwell_s
         # lines: a -> b, the side "in" is +1
-        pts = np.array([ln.points for ln in lines], float).reshape(-1, 2, 2) * (sx, sy)
+        pts = np.array([shape.points for shape in self.shapes.lines], float).reshape(-1, 2, 2)
         self.la, self.lb = pts[:, 0], pts[:, 1]
         self.l_dir = self.lb - self.la
         self.l_len2 = (self.l_dir**2).sum(1)

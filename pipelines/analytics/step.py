@@ -14,6 +14,7 @@ from edge_agent.core.analytics_config import AnalyticsConfig
 from edge_agent.core.latency import LatencyHistogram
 from edge_agent.core.stamps import CAPTURED
 from edge_agent.pipelines.analytics.counter import DWELL_BUCKETS_S, IN, OUT, Counter
+from edge_agent.pipelines.analytics.geometry import Shapes, shapes_of
 from edge_agent.pipelines.slots import FrameSlot
 from edge_agent.pipelines.snapshot import AnalyticsSnapshot, frozen_copy
 
@@ -72,7 +73,7 @@ class SourceAnalytics:
             sent = [self._publish(event) for event in events]
             events.clear()
             if self.snapshots is not None and slot.pixels is not None:
-                self.snapshots.offer(self.source, self.config.snapshots, slot, sent)
+                self.snapshots.offer(self, slot, sent)
         self.cost.record(time.perf_counter_ns() - t0)
 
     def _publish(self, event: dict) -> dict:
@@ -89,6 +90,14 @@ class SourceAnalytics:
     def block(self) -> dict:
         """The running counts for the frame's result message."""
         return self.counter.block()
+
+    def shapes(self, width: int, height: int) -> Shapes:
+        """The zones and lines in the pixels of a ``width`` x ``height`` frame (the
+        counter's, once it saw a frame that size)."""
+        geo = self.counter.geometry
+        if geo is not None and (geo.width, geo.height) == (width, height):
+            return geo.shapes
+        return shapes_of(self.config, width, height)
 
     def carry_on(self, new: SourceAnalytics) -> SourceAnalytics:
         """``new`` (a reload's) with this one's event numbering, tracks and counts for the

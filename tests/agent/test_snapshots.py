@@ -16,24 +16,34 @@ from helpers import Subscriber
 from edge_agent.core.analytics_config import AnalyticsConfig, LineConfig, SnapshotConfig, ZoneConfig
 from edge_agent.core.config import AgentConfig, PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
+from edge_agent.pipelines.analytics.step import SourceAnalytics
 from edge_agent.service.runner import Agent
 from edge_agent.service.snapshots import NAME, POOL, SnapshotService, file_name
 
 
 def slot(frame_id: int = 7, value: int = 90, noise: bool = False) -> SimpleNamespace:
-    pixels = np.full((120, 160, 3), value, np.uint8)
+    pixels = np.full((480, 640, 3), value, np.uint8)
     if noise:  # a JPEG of noise is large: the byte cap has something to cut
         pixels = np.random.default_rng(frame_id).integers(0, 255, (300, 300, 3), np.uint8)
     return SimpleNamespace(
         pixels=pixels,
         det_count=1,
-        det_xyxy=np.array([[20, 20, 80, 90]], np.float32),
+        det_xyxy=np.array([[20, 20, 60, 90]], np.float32),
         det_score=np.array([0.9], np.float32),
         det_class=np.array([1], np.int32),
         det_track=np.array([42], np.int64),
         frame_id=frame_id,
         profile=SimpleNamespace(model=SimpleNamespace(manifest=SimpleNamespace(labels=("a", "b")))),
     )
+
+
+HALL = ZoneConfig(name="hall", points=((0.5, 0.1), (0.9, 0.1), (0.9, 0.9), (0.5, 0.9)))
+
+
+def source(snapshots: SnapshotConfig) -> SourceAnalytics:
+    """A source's analytics (one zone on the right half) whose events save snapshots."""
+    config = AnalyticsConfig(zones=(HALL,), snapshots=snapshots)
+    return SourceAnalytics(config, ("a", "b"), 30, 64, "cam0", "dev", "run", lambda *a: None, lambda m: b"")
 
 
 def event(seq: int, kind: str = "cross", at: float = 1_796_000_000.25) -> dict:
@@ -45,17 +55,20 @@ def test_a_snapshot_is_the_annotated_frame_named_by_its_event(tmp_path):
     service = SnapshotService()
     assert service._thread is None, "no thread until a snapshot is taken"
     cfg = SnapshotConfig(dir=str(tmp_path / "snaps"))
-    service.offer("cam0", cfg, slot(), [event(3), event(4, "enter")])
+    service.offer(source(cfg), slot(), [event(3), event(4, "enter")])
     assert service.stop(5.0)
     names = sorted(os.listdir(tmp_path / "snaps"))
     assert names == sorted([file_name("cam0", event(3)), file_name("cam0", event(4, "enter"))])
     assert "_cam0_3_cross_door_in_t42.jpg" in names[0] and names[0].startswith("2026")
     assert all(NAME.match(n) for n in names)
     image = cv2.imread(str(tmp_path / "snaps" / names[0]))
-    assert image.shape == (120, 160, 3)
+    assert image.shape == (480, 640, 3)
     # the box was drawn on the flat grey frame: some pixels along its edge are not grey
-    edge = image[20:90, 20:22].astype(int)
+    edge = image[30:90, 20:22].astype(int)
     assert (np.abs(edge - 90).max(axis=2) > 40).any()
+    # and the zone (x 320..576 of the 640 px frame): its left edge, not the grey beside it
+    assert (np.abs(image[200:300, 319:322].astype(int) - 90).max(axis=2) > 40).all()
+    assert (np.abs(image[200:300, 280:300].astype(int) - 90).max(axis=2) < 20).all()
     assert service.written == 2 and service.dropped == 0
 
 
@@ -68,7 +81,7 @@ def test_the_folder_keeps_within_its_caps_oldest_first_and_leaves_other_files(tm
     service = SnapshotService()
     cfg = SnapshotConfig(dir=str(folder), max_files=3)
     for i in range(1, 6):
-        service.offer("cam0", cfg, slot(i), [event(i, at=1_796_000_000.0 + i)])
+        service.offer(source(cfg), slot(i), [event(i, at=1_796_000_000.0 + i)])
         wait_until(lambda i=i: service.written == i, 10, message=f"snapshot {i}")
     assert service.stop(5.0)
     names = sorted(n for n in os.listdir(folder) if n.endswith(".jpg"))
@@ -79,7 +92,7 @@ def test_the_folder_keeps_within_its_caps_oldest_first_and_leaves_other_files(tm
     service = SnapshotService()
     tight = SnapshotConfig(dir=str(folder), max_files=100, max_mib=0.1)
     for i in (9, 10):
-        service.offer("cam0", tight, slot(i, noise=True), [event(i, at=1_796_000_100.0 + i)])
+        service.offer(source(tight), slot(i, noise=True), [event(i, at=1_796_000_100.0 + i)])
         wait_until(lambda i=i: service.written == i - 8, 10, message=f"snapshot {i}")
     assert service.stop(5.0)
     left = [n for n in os.listdir(folder) if n.endswith(".jpg")]
@@ -100,7 +113,7 @@ def test_a_busy_writer_drops_and_counts_instead_of_blocking_the_frame_path(tmp_p
     service = SnapshotService()
     cfg = SnapshotConfig(dir=str(tmp_path))
     for i in range(POOL + 3):
-        service.offer("cam0", cfg, slot(i), [event(i)])  # returns at once: the writer waits
+        service.offer(source(cfg), slot(i), [event(i)])  # returns at once: the writer waits
     assert service.dropped == 3
     gate.set()
     assert service.stop(10.0)

@@ -5,6 +5,7 @@ snapshot. Real OpenCV drawing, asserted on pixels; a real agent over real HTTP."
 from __future__ import annotations
 
 import threading
+import urllib.request
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -18,12 +19,12 @@ from edge_agent.core.analytics_config import AnalyticsConfig, LineConfig, ZoneCo
 from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig, ViewConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.core.stamps import CAPTURED, PUBLISH
-from edge_agent.pipelines.analytics.geometry import Geometry
+from edge_agent.pipelines.analytics.geometry import Geometry, shapes_of
 from edge_agent.pipelines.analytics.step import SourceAnalytics
 from edge_agent.pipelines.backends.base import IOSet
 from edge_agent.pipelines.slots import FrameSlot
 from edge_agent.pipelines.sources.base import SourceFrame
-from edge_agent.pipelines.view_tap import ViewFrame, ViewTap, shapes_of
+from edge_agent.pipelines.view_tap import ViewFrame, ViewTap
 from edge_agent.service.view.annotate import annotate, colour, line_colour, zone_colour
 
 W, H = 320, 240
@@ -151,26 +152,22 @@ def through_tap(tap: ViewTap, slot: FrameSlot, analytics, size: tuple[int, int] 
     return into
 
 
+def analytics_of(config: AnalyticsConfig) -> SourceAnalytics:
+    """A lane's analytics (its events sent nowhere: the tap reads its config and counter)."""
+    return SourceAnalytics(config, ("a",), 30, 64, "cam0", "dev", "run", lambda t, b: None, lambda m: b"")
+
+
 def test_the_tap_hands_the_view_the_zones_lines_and_counts_of_the_lane():
     config = AnalyticsConfig(zones=(SQUARE,), lines=(DOWN,))
-    analytics = SourceAnalytics(
-        config, ("a",), 30, 64, "cam0", "dev", "run", lambda t, b: None, lambda m: b""
-    )
+    analytics = analytics_of(config)
     tap = ViewTap("cam0", 10.0, 4, threading.Event())
     box = [(150.0, 100.0, 170.0, 150.0)]  # its anchor (160, 150): inside the square
     slot = lane_slot(1, box, [7])
     analytics.run(slot)  # the post stage: analytics, then the message, then the tap
     first = through_tap(tap, slot, analytics)
-    assert [z.name for z in first.shapes.zones] == ["sq"] and [ln.name for ln in first.shapes.lines] == [
-        "door"
-    ]
-    assert first.shapes.zones[0].points.tolist() == [[80, 60], [240, 60], [240, 180], [80, 180]], (
-        "source pixels"
-    )
-    assert (
-        first.shapes.lines[0].points.tolist() == [[160, 48], [160, 192]]
-        and first.shapes.lines[0].in_side == "left"
-    )
+    (zone,), (line,) = first.shapes.zones, first.shapes.lines
+    assert zone.name == "sq" and zone.points.tolist() == [[80, 60], [240, 60], [240, 180], [80, 180]]
+    assert line.name == "door" and line.points.tolist() == [[160, 48], [160, 192]] and line.in_side == "left"
     assert first.counts is analytics.counter.block(), "the counter's block itself, no copy"
     assert first.counts["zones"]["sq"] == {"objects": 1, "entered": 1, "exited": 0}
     # Same config and size: the same shapes, not built again; the counts as they are now.
@@ -184,8 +181,7 @@ def test_the_tap_hands_the_view_the_zones_lines_and_counts_of_the_lane():
     bigger = through_tap(tap, lane_slot(3, [], []), analytics, (640, 480))
     assert bigger.shapes.zones[0].points.tolist() == [[160, 120], [480, 120], [480, 360], [160, 360]]
     moved = AnalyticsConfig(zones=(replace(SQUARE, points=((0, 0), (0.5, 0), (0.5, 0.5))),))
-    reloaded = SourceAnalytics(moved, ("a",), 30, 64, "cam0", "dev", "run", lambda t, b: None, lambda m: b"")
-    after = through_tap(tap, lane_slot(4, [], []), reloaded)
+    after = through_tap(tap, lane_slot(4, [], []), analytics_of(moved))
     assert after.shapes.zones[0].points.tolist() == [[0, 0], [160, 0], [160, 120]] and not after.shapes.lines
     # A lane without analytics: nothing to draw.
     plain = through_tap(tap, lane_slot(5, [], []), None)
@@ -209,8 +205,6 @@ def test_zones_in_pixels_are_drawn_where_they_are():
 def test_a_running_agent_draws_its_zones_and_lines_with_their_counts(const_model):
     """The const model's two boxes stand still inside a zone: once tracked, both are in it;
     the view's frames carry that count and the snapshot shows the zone and the line."""
-    import urllib.request
-
     zone = ZoneConfig(
         name="all", points=((0.05, 0.05), (0.95, 0.05), (0.95, 0.95), (0.05, 0.95)), min_frames=2
     )
@@ -218,7 +212,11 @@ def test_a_running_agent_draws_its_zones_and_lines_with_their_counts(const_model
     port = free_port()
     cfg = AgentConfig(
         source=SyntheticSourceConfig(
-            fps=30, width=W, height=H, analytics=AnalyticsConfig(zones=(zone,), lines=(line,))
+            fps=30,
+            width=W,
+            height=H,
+            num_objects=1,  # green (seed 0): never taken for the zone's yellow or the line's white
+            analytics=AnalyticsConfig(zones=(zone,), lines=(line,)),
         ),
         model=ModelConfig(path=str(const_model)),
         publish=PublishConfig(endpoint=free_endpoint()),
@@ -238,7 +236,7 @@ def test_a_running_agent_draws_its_zones_and_lines_with_their_counts(const_model
     assert seen.counts["zones"]["all"]["entered"] == 2 and seen.counts["lines"]["gate"] == {"in": 0, "out": 0}
     assert seen.shapes.zones[0].points.tolist() == [[16, 12], [304, 12], [304, 228], [16, 228]]
     # The zone's yellow edge (x = 304) and the line's white (x = 256) in the JPEG, softened by
-    # it: bright there, on a mid-toned scene, and not beside them.
+    # it: bright there, on the scene's mid-toned background, and not beside them.
     image = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR).astype(int)
     yellow = (image[:, :, 1:].min(axis=2) >= 200) & (image[:, :, 0] <= 150)
     white = image.min(axis=2) >= 220

@@ -11,7 +11,8 @@ from typing import Any
 import cv2
 import numpy as np
 
-from edge_agent.pipelines.view_tap import Shapes, ViewFrame
+from edge_agent.pipelines.analytics.geometry import Shapes
+from edge_agent.pipelines.view_tap import ViewFrame
 
 #: BGR, one per class id (cycled): saturated and far apart, readable on most scenes.
 PALETTE = (
@@ -50,7 +51,7 @@ def annotate(
     pixels), drawn under the boxes, as are the zones and lines (``f.shapes``, if any), whose
     names and counts go over the boxes. No label sits under the stamp (see ``_label_top``)."""
     thick = max(1, round(2 * max(image.shape[:2]) / 960))
-    stamp = f"frame {f.frame_id}  e2e {f.e2e_ms:.1f} ms" + ("  MISSED" if f.missed else "")
+    stamp = f.caption or f"frame {f.frame_id}  e2e {f.e2e_ms:.1f} ms" + ("  MISSED" if f.missed else "")
     (sw, sh), sbase = cv2.getTextSize(stamp, _FONT, 0.55, 1)
     stamp_box = (0, 0, sw + 10, sh + sbase + 8)  # x1, y1, x2, y2 (inclusive, as cv2.rectangle fills)
     tags: Sequence[Tag] = ()
