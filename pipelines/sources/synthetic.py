@@ -72,7 +72,8 @@ class SyntheticScene:
         hsv = np.stack(
             [rng.integers(0, 180, n), rng.integers(140, 256, n), rng.integers(120, 256, n)], 1
         ).astype(np.uint8)
-        bgr = cv2.cvtColor(hsv[None], cv2.COLOR_HSV2BGR)[0]
+        # (no objects: OpenCV refuses an empty image)
+        bgr = cv2.cvtColor(hsv[None], cv2.COLOR_HSV2BGR)[0] if n else hsv
         self.colors = [tuple(int(c) for c in row) for row in bgr]
         self.background = self._background(rng, w, h)
         noise = rng.normal(0.0, spec.noise_sigma, (_NOISE_BANK, h, w, 3))

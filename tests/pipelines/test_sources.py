@@ -597,3 +597,11 @@ def test_an_image_folder_lists_regular_files_only(tmp_path):
     assert read_image(str(tmp_path / "c.png"), "s") is None
     assert read_image(str(tmp_path / "a.png"), "s", max_bytes=10) is None
     assert read_image(str(tmp_path / "a.png"), "s")[0, 0, 0] == 5
+
+
+def test_a_scene_without_objects_renders_its_background():
+    """num_objects: 0 is a valid config (an empty room): the background and noise, no truth."""
+    scene = SyntheticScene(SceneSpec(num_objects=0))
+    image = np.zeros((480, 640, 3), np.uint8)
+    scene.render(5, image, np.zeros((0, 6), np.float32))
+    assert image.std() > 1.0
