@@ -58,11 +58,6 @@ class Uplink:
         p = cfg.publish
         if p.curve_server_key and not self.up.curve_client_cert:
             raise LinkError("the stream uses CURVE (publish.curve_server_key): set uplink.curve_client_cert")
-        if p.topic + "." == EVENT_PREFIX:
-            raise LinkError(
-                f"publish.topic {p.topic!r} is the topic of the zone and line events: results and "
-                "events would be one stream; choose another publish.topic"
-            )
         self.spool = Spool(self.up.spool_path, int(self.up.spool_max_mib * 1024 * 1024))
         try:
             self.link = Link(self.up, cfg.device_id, self.spool)

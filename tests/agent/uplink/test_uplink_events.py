@@ -400,15 +400,14 @@ def test_the_uplink_adds_the_events_as_its_config_says(tmp_path, endpoint, event
         assert uplink.stop(1.0)
 
 
-def test_results_on_the_event_topic_are_refused_at_start(tmp_path, endpoint):
-    from edge_agent.core.config import AgentConfig, PublishConfig
-    from edge_agent.service.uplink.link import LinkError
-    from edge_agent.service.uplink.process import Uplink
+def test_results_on_the_event_or_health_topic_are_refused_by_the_config():
+    """Results under ``event`` or ``health`` would be read as events or heartbeats by every
+    subscriber, the uplink included: the config refuses such a topic, naming the key."""
+    from edge_agent.core.config import AgentConfig
+    from edge_agent.core.configload import ConfigError, load
 
-    cfg = AgentConfig(
-        publish=PublishConfig(endpoint=endpoint, topic="event"),
-        uplink=UplinkConfig(spool_path=str(tmp_path / "spool.sqlite")),
-    )
-    with pytest.raises(LinkError, match=r"publish\.topic 'event'"):
-        Uplink(cfg)
-    assert not (tmp_path / "spool.sqlite").exists(), "refused before anything is opened"
+    for topic in ("event", "health"):
+        with pytest.raises(
+            ConfigError, match=r"a\.yaml:2:\d+: publish\.topic: 'event' and 'health' are the stream"
+        ):
+            load(AgentConfig, f"publish:\n  topic: {topic}\n", "a.yaml")
