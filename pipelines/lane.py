@@ -308,7 +308,7 @@ class Lane:
             frame_period_ms=self.frame_period_ms(),
             deadline=self.monitor.snapshot(now_ns),
             tracking=self.tracker.snapshot(take) if self.tracker is not None else None,
-            analytics=self.analytics.snapshot() if self.analytics is not None else None,
+            analytics=self.analytics.snapshot(take) if self.analytics is not None else None,
             window=stats.take_window() if take else None,
             change=self.monitor.take_change() if take else None,
         )

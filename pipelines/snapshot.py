@@ -66,15 +66,19 @@ class AnalyticsSnapshot:
     lines: dict[str, dict[str, Any]]
     events: int
     overflow: int
-    cost: LatencyHistogram
+    cost: LatencyHistogram  # per frame, since it started
+    window: LatencyHistogram | None = None  # per frame since the last take (the heartbeat's)
 
     def as_dict(self) -> dict:
+        cost = {"cumulative": self.cost.summary_ms()}
+        if self.window is not None:
+            cost["window"] = self.window.summary_ms()
         return {
             "zones": self.zones,
             "lines": self.lines,
             "events": self.events,
             "overflow": self.overflow,
-            "cost_ms": self.cost.summary_ms(),
+            "cost_ms": cost,
         }
 
 

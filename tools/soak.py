@@ -14,7 +14,10 @@ way out of this script), and meanwhile:
   and the per-frame cost since the previous beat (first and last 5 minutes compared).
 
 ``--objects 12 --world-margin 0.2``: busier scenes whose objects enter and leave the view,
-so tracks start and end all along (the tracker's soak, docs/tracking.md).
+so tracks start and end all along (the tracker's soak, docs/tracking.md). ``--zones``: each
+camera with two zones and a line (docs/analytics.md), its events counted (and their seq
+gaps) and its analytics' cost per beat compared like the tracker's; ``--snapshots``: the
+events' snapshots into OUT/snapshots, capped at 200 files, counted at the end.
 
 At the end: a table of the samples, the agent's summary (its stderr tail) and exit code;
 the samples go to OUT/samples.json, the agent's log to OUT/agent.log. Stdlib, pyzmq and the
@@ -44,6 +47,12 @@ from agent_process import stop_group  # tools/, beside this script
 from edge_agent.client import GapTracker
 
 METRIC = re.compile(r"^(edge_agent_frames_\w+_total)\{([^}]*)\} ([0-9.e+]+)$", re.M)
+
+
+def snapshot_folder(path: Path) -> dict:
+    files = [f for f in path.glob("*.jpg")] if path.is_dir() else []
+    mib = sum(f.stat().st_size for f in files) / 2**20
+    return {"files": len(files), "mib": mib, "cap_files": SNAPSHOT_FILES}
 
 
 def free_port() -> int:
@@ -82,9 +91,13 @@ class Results:
         self.sock.rcvhwm, self.sock.rcvtimeo, self.sock.linger = 0, 200, 0
         self.sock.subscribe(b"det.")
         self.sock.subscribe(b"health")
+        self.sock.subscribe(b"event.")
         self.sock.connect(endpoint)
         self.count: Counter[str] = Counter()
         self.tracking: list[dict] = []  # per heartbeat of a tracking source
+        self.analytics: list[dict] = []  # per heartbeat of a source with zones or lines
+        self.events: Counter[str] = Counter()
+        self.event_seq = GapTracker()  # events missing per source
         self.seq = GapTracker()  # seq numbers missing per source (messages lost to us)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -96,7 +109,18 @@ class Results:
                 msg = json.loads(self.sock.recv().partition(b" ")[2])
             except zmq.Again:
                 continue
+            if msg.get("type") == "event":
+                self.event_seq.update(msg["source"], msg["seq"])
+                self.events[msg["source"]] += 1
+                continue
             if msg.get("type") == "health":
+                a = msg.get("analytics")
+                if a is not None and "window" in a["cost_ms"]:
+                    w = a["cost_ms"]["window"]
+                    self.analytics.append(
+                        {"mono": time.monotonic(), "source": msg["source"], "events": a["events"]}
+                        | {"frames": w["count"], "p50_ms": w["p50"], "p99_ms": w["p99"]}
+                    )
                 t = msg.get("tracking")
                 if t is not None and "window" in t["cost_ms"]:
                     w = t["cost_ms"]["window"]
@@ -136,13 +160,7 @@ def print_report(r: dict, names: list[str]) -> None:
     )
     tracking = r["tracking"]
     if tracking:
-        end = max(b["t_s"] for b in tracking)
-        parts = {
-            "first": [b for b in tracking if b["t_s"] <= 300],
-            "last": [b for b in tracking if b["t_s"] >= end - 300],
-        }
-        for name, beats in parts.items():
-            timed = [b for b in beats if b["frames"]]
+        for name, beats, timed in first_and_last(tracking):
             if not timed:
                 print(f"tracker, {name} 5 min: no frame tracked")
                 continue
@@ -156,8 +174,46 @@ def print_report(r: dict, names: list[str]) -> None:
             f"track ids issued: {sum(b['ids'] for b in final.values())},"
             f" refused (overflow): {sum(b['overflow'] for b in final.values())}"
         )
+    if r["analytics"]:
+        for name, _beats, timed in first_and_last(r["analytics"]):
+            if timed:
+                print(
+                    f"analytics, {name} 5 min: p50 {median([b['p50_ms'] for b in timed]):.3f} ms,"
+                    f" p99 {median([b['p99_ms'] for b in timed]):.3f} ms (medians of the beats)"
+                )
+        beat_events = sum({b["source"]: b["events"] for b in r["analytics"]}.values())
+        print(
+            f"events received: {sum(r['events'].values())} (the last beats count {beat_events}),"
+            f" seq gaps {sum(r['event_gaps'].values())}"
+        )
+    if r.get("snapshots"):
+        s = r["snapshots"]
+        print(f"snapshots at the end: {s['files']} files, {s['mib']:.1f} MiB (cap {s['cap_files']} files)")
     print("agent stderr (tail):\n  " + "\n  ".join(r["stderr_tail"]))
     print(f"agent exit code: {r['exit_code']}")
+
+
+def first_and_last(beats: list[dict]) -> list[tuple[str, list[dict], list[dict]]]:
+    """The beats of the first and of the last 5 minutes, each with those that timed a frame."""
+    end = max(b["t_s"] for b in beats)
+    parts = {
+        "first": [b for b in beats if b["t_s"] <= 300],
+        "last": [b for b in beats if b["t_s"] >= end - 300],
+    }
+    return [(name, part, [b for b in part if b["frames"]]) for name, part in parts.items()]
+
+
+ZONES = {
+    "zones": [
+        {"name": "left", "points": [[0.05, 0.2], [0.45, 0.2], [0.45, 0.9], [0.05, 0.9]], "dwell_s": [2, 5]},
+        {
+            "name": "right",
+            "points": [[0.55, 0.1], [0.95, 0.1], [0.95, 0.6], [0.75, 0.6], [0.75, 0.95], [0.55, 0.95]],
+        },
+    ],
+    "lines": [{"name": "middle", "points": [[0.5, 0.05], [0.5, 0.95]]}],
+}
+SNAPSHOT_FILES = 200
 
 
 def main() -> int:
@@ -168,11 +224,19 @@ def main() -> int:
     p.add_argument("--fps", type=float, default=30)
     p.add_argument("--objects", type=int, default=6, help="objects per synthetic scene")
     p.add_argument("--world-margin", type=float, default=0.0, help="objects enter and leave the view (0..1)")
+    p.add_argument("--zones", action="store_true", help="two zones and a line per camera")
+    p.add_argument(
+        "--snapshots", action="store_true", help="with --zones: events' snapshots into OUT/snapshots"
+    )
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     names = [f"cam{i}" for i in range(args.sources)]
     mport, endpoint = free_port(), f"tcp://127.0.0.1:{free_port()}"
-    scene = {"num_objects": args.objects, "world_margin": args.world_margin}
+    scene: dict = {"num_objects": args.objects, "world_margin": args.world_margin}
+    snapshots = (args.out / "snapshots").resolve()
+    if args.zones:
+        snaps = {"snapshots": {"dir": str(snapshots), "max_files": SNAPSHOT_FILES}} if args.snapshots else {}
+        scene["analytics"] = {**ZONES, **snaps}
     sources = [
         {"type": "synthetic", "name": n, "fps": args.fps, "seed": i, **scene} for i, n in enumerate(names)
     ]
@@ -235,6 +299,10 @@ def main() -> int:
         **{"scrapes": scrapes, "scrape_failures": failures, "first_scrape_s": first_ok},
         **{"results": dict(results.count), "seq_gaps": dict(results.seq.lost)},
         "tracking": [{"t_s": round(b.pop("mono") - t0, 1), **b} for b in results.tracking],
+        "analytics": [{"t_s": round(b.pop("mono") - t0, 1), **b} for b in results.analytics],
+        "events": dict(results.events),
+        "event_gaps": dict(results.event_seq.lost),
+        "snapshots": snapshot_folder(snapshots) if args.snapshots else None,
         "stderr_tail": (args.out / "agent.log").read_text().splitlines()[-60:],
     }
     (args.out / "samples.json").write_text(json.dumps(report, indent=2) + "\n")

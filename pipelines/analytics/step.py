@@ -50,7 +50,8 @@ class SourceAnalytics:
         self._head = {"schema": 2, "type": "event", "device": device_id, "source": source, "run_id": run_id}
         self._send, self._encode = send, encode
         self.seq = 0  # the next event's number (per source and run)
-        self.cost = LatencyHistogram()
+        self.cost = LatencyHistogram()  # per frame, since it started
+        self.window = LatencyHistogram()  # since the heartbeat last took it
         self._events: list[dict] = []
         self._unix_offset_ns = time.time_ns() - time.monotonic_ns()
 
@@ -74,7 +75,9 @@ class SourceAnalytics:
             events.clear()
             if self.snapshots is not None and slot.pixels is not None:
                 self.snapshots.offer(self, slot, sent)
-        self.cost.record(time.perf_counter_ns() - t0)
+        ns = time.perf_counter_ns() - t0
+        self.cost.record(ns)
+        self.window.record(ns)
 
     def _publish(self, event: dict) -> dict:
         """Sends ``event`` as a message (numbered); returns the message."""
@@ -124,8 +127,12 @@ class SourceAnalytics:
         new_c.events = old_c.events
         return new
 
-    def snapshot(self) -> AnalyticsSnapshot:
+    def snapshot(self, take: bool = False) -> AnalyticsSnapshot:
+        """``take``: with the cost since the last take (the heartbeat's)."""
         c = self.counter
+        window = None
+        if take:
+            window, self.window = self.window, LatencyHistogram()
         labels = self.labels or ("0",)
 
         def by_label(row: np.ndarray) -> dict[str, int]:
@@ -150,7 +157,7 @@ class SourceAnalytics:
             name: {"in": by_label(c.crossed[k, IN]), "out": by_label(c.crossed[k, OUT])}
             for k, name in enumerate(c.line_names)
         }
-        return AnalyticsSnapshot(zones, lines, c.events, c.overflow, frozen_copy(self.cost))
+        return AnalyticsSnapshot(zones, lines, c.events, c.overflow, frozen_copy(self.cost), window)
 
 
 def _kept(old: tuple, new: tuple) -> list[tuple[int, int]]:
