@@ -58,6 +58,15 @@ class Counts:
         }
 
 
+def cost_ms(cost: LatencyHistogram, window: LatencyHistogram | None) -> dict[str, Any]:
+    """A post step's time per frame as the heartbeat carries it: since start, and since the
+    previous heartbeat when it took a window."""
+    out = {"cumulative": cost.summary_ms()}
+    if window is not None:
+        out["window"] = window.summary_ms()
+    return out
+
+
 @dataclass(frozen=True)
 class AnalyticsSnapshot:
     """A source's counts by zone or line and label, as the heartbeat and metrics show them."""
@@ -70,15 +79,12 @@ class AnalyticsSnapshot:
     window: LatencyHistogram | None = None  # per frame since the last take (the heartbeat's)
 
     def as_dict(self) -> dict:
-        cost = {"cumulative": self.cost.summary_ms()}
-        if self.window is not None:
-            cost["window"] = self.window.summary_ms()
         return {
             "zones": self.zones,
             "lines": self.lines,
             "events": self.events,
             "overflow": self.overflow,
-            "cost_ms": cost,
+            "cost_ms": cost_ms(self.cost, self.window),
         }
 
 
@@ -98,9 +104,6 @@ class TrackingSnapshot:
     window: LatencyHistogram | None = None  # per frame since the last take (the heartbeat's)
 
     def as_dict(self) -> dict:
-        cost = {"cumulative": self.cost.summary_ms()}
-        if self.window is not None:
-            cost["window"] = self.window.summary_ms()
         return {
             "type": self.type,
             "live": self.live,
@@ -110,7 +113,7 @@ class TrackingSnapshot:
             "ids_issued": self.ids_issued,
             "overflow": self.overflow,
             "restarts": self.restarts,
-            "cost_ms": cost,
+            "cost_ms": cost_ms(self.cost, self.window),
         }
 
 
