@@ -34,6 +34,12 @@ class Detection:
     box_xyxy: tuple[float, float, float, float]  # source pixels
     track_id: int | None = None  # the source's tracker's (None: untracked, or no tracker)
     track_age: int = 0  # frames since the track's first detection
+    # A pose model's keypoints ([x, y, conf] each, source pixels); an oriented-box model's
+    # rotated box (center, size, angle, corners); a segmentation model's mask (polygons or
+    # rle). None for a plain detector.
+    keypoints: tuple[tuple[float, ...], ...] | None = None
+    obb: dict[str, Any] | None = None
+    mask: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,9 @@ def parse(topic: str, body: dict[str, Any], gap: int = 0) -> Result | Health | E
             tuple(d["box_xyxy"]),
             int(d["track_id"]) if d.get("track_id") is not None else None,
             int(d.get("track_age", 0)),
+            tuple(tuple(k) for k in d["keypoints"]) if d.get("keypoints") is not None else None,
+            d.get("obb"),
+            d.get("mask"),
         )
         for d in body.get("detections", ())
     )

@@ -17,6 +17,7 @@ from edge_agent.core.configload import check
 from edge_agent.models import onnx_info
 from edge_agent.models.decoders import registry as decoders
 from edge_agent.models.decoders.efficient_nms import NMS_OUTPUTS
+from edge_agent.models.decoders.seg import PROTOS
 
 BUNDLED_DIR = Path(__file__).resolve().parent
 BUNDLED_MODEL = "shapes-det"
@@ -100,6 +101,11 @@ class OutputSpec:
     name: str = ""  # empty: the model's first output (a decoder of one output)
     decoder: str = "yolov8"  # a registered decoder (models/decoders/)
     efficient_nms: NmsOutputs = field(default_factory=NmsOutputs)
+    # Segmentation decoders: the output of mask prototypes [B, M, H/4, W/4].
+    protos: str = PROTOS
+    # Pose decoders: keypoints and values per keypoint (x, y[, confidence]), as
+    # Ultralytics' metadata kpt_shape; empty: read from the output (3 values when they divide).
+    kpt_shape: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         known = decoders.names()
@@ -108,10 +114,18 @@ class OutputSpec:
             "decoder",
             f"unknown decoder {self.decoder!r} (one of {', '.join(map(repr, known))})",
         )
+        check(
+            not self.kpt_shape
+            or (len(self.kpt_shape) == 2 and self.kpt_shape[0] > 0 and self.kpt_shape[1] in (2, 3)),
+            "kpt_shape",
+            "[keypoints, values per keypoint (2 or 3)]",
+        )
 
     def names(self) -> tuple[str, ...]:
         """The outputs the decoder reads, in its order ("" for the model's first)."""
-        return decoders.get(self.decoder).output_names(self.name, asdict(self.efficient_nms))
+        return decoders.get(self.decoder).output_names(
+            self.name, {**asdict(self.efficient_nms), "protos": self.protos}
+        )
 
 
 @dataclass(frozen=True)
@@ -204,6 +218,12 @@ def manifest_from_onnx(path: str) -> tuple[ModelManifest, list[str]]:
             + ("" if n_cls else " (the output does not tell the class count)")
         )
     name, named = decoder.output_section(choice.outputs)
+    protos = named.pop("protos", PROTOS)
+    kpt_shape = info.meta("kpt_shape") if decoder.task == "pose" else None
+    if isinstance(kpt_shape, (list, tuple)) and len(kpt_shape) == 2:
+        notes.append(f"keypoints {kpt_shape[0]} x {kpt_shape[1]} values from metadata kpt_shape")
+    else:
+        kpt_shape = ()
     manifest = ModelManifest(
         name=Path(path).stem,
         input=InputSpec(
@@ -215,7 +235,13 @@ def manifest_from_onnx(path: str) -> tuple[ModelManifest, list[str]]:
             color=color,
             resize=decoder.resize,  # type: ignore[arg-type]
         ),
-        output=OutputSpec(name=name, decoder=decoder.name, efficient_nms=NmsOutputs(**named)),
+        output=OutputSpec(
+            name=name,
+            decoder=decoder.name,
+            efficient_nms=NmsOutputs(**named),
+            protos=protos,
+            kpt_shape=tuple(int(v) for v in kpt_shape),
+        ),
         labels=labels,
     )
     return manifest, notes

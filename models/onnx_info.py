@@ -24,7 +24,13 @@ from edge_agent.models.decoders import registry as decoders
 from edge_agent.models.decoders.recognition import BY_METADATA, Seen, Tensor
 
 _ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 10: "float16"}
-_TASKS = {"segment": "segmentation", "pose": "pose", "obb": "oriented-box", "classify": "classification"}
+#: The Ultralytics tasks the agent runs (each has its decoders: ``Decoder.task``).
+TASKS = ("detect", "pose", "obb", "segment")
+_REFUSED = {
+    "classify": "a classification model (Ultralytics metadata task='classify') scores the whole image, "
+    "not objects in it: it has no boxes to publish, track or count; the agent runs detect, pose, obb "
+    "and segment models",
+}
 
 
 class UnsupportedModel(ValueError):
@@ -86,14 +92,18 @@ def choose(info: OnnxInfo, n_labels: int, height: int, width: int) -> Choice:
     """Pick the decoder (the module's rules, in order). ``n_labels``: the labels the
     metadata names, 0 when it names none. Raises UnsupportedModel."""
     task = info.meta("task")
-    if task is not None and task != "detect":
+    if task is not None and task not in TASKS:
         raise UnsupportedModel(
-            f"a {_TASKS.get(str(task), str(task))} model (Ultralytics metadata task={task!r}): "
-            "the agent runs detection models (task 'detect') only"
+            _REFUSED.get(
+                str(task),
+                f"Ultralytics metadata task={task!r} is not a task the agent runs ({', '.join(TASKS)})",
+            )
         )
     outs = info.outputs
     seen = Seen(outs, n_labels, height, width, info.meta)
-    found = [(g, d.name) for d in decoders.registered() for g in d.recognise(seen)]
+    # A model's task picks the decoders that may read it; without one, the detectors.
+    candidates = [d for d in decoders.registered() if d.task == (task or "detect")]
+    found = [(g, d.name) for d in candidates for g in d.recognise(seen)]
     guesses = sorted(found, key=lambda x: (x[0].order, x[1]))
     best = next(((g, name) for g, name in guesses if g.fits), None)
     masks = [t for t in outs if len(t.shape) == 4]
@@ -101,11 +111,13 @@ def choose(info: OnnxInfo, n_labels: int, height: int, width: int) -> Choice:
     if masks and task is None and (best is None or best[0].order >= BY_METADATA):
         raise UnsupportedModel(
             f"output {masks[0].show()} is an image-shaped tensor (mask prototypes: a segmentation "
-            "export): the agent runs detection models only"
+            "export without Ultralytics' metadata task): name its decoder (yolov8_seg or end2end_seg) "
+            "and labels in a manifest"
         )
     if best is None:
         at = f"at {width}x{height}" + (f" with {n_labels} labels" if n_labels else "")
-        raise _refuse(f"output {outs[0].name!r} fits no decoder {at}", outs)
+        of = f" of task {task!r}" if task else ""
+        raise _refuse(f"output {outs[0].name!r} fits no decoder{of} {at}", outs, candidates)
     guess, name = best
     rule = guess.rule
     claim = next((g for g, _ in guesses if not g.fits and g.order < guess.order), None)
@@ -115,9 +127,9 @@ def choose(info: OnnxInfo, n_labels: int, height: int, width: int) -> Choice:
     return Choice(name, guess.outputs, rule, ignored)
 
 
-def _refuse(why: str, outs: tuple[Tensor, ...]) -> UnsupportedModel:
+def _refuse(why: str, outs: tuple[Tensor, ...], candidates: list) -> UnsupportedModel:
     seen = "; ".join(t.show() for t in outs)
-    known = "; ".join(f"{d.name} {d.layout}" for d in decoders.registered())
+    known = "; ".join(f"{d.name} {d.layout}" for d in candidates)
     return UnsupportedModel(
         f"{why} (outputs: {seen}); the decoders known: {known}. A manifest beside the "
         "model names the decoder and labels (edge-agent models check MODEL --write-manifest)"

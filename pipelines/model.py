@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -31,6 +31,8 @@ from edge_agent.models.manifest import (
 from edge_agent.pipelines.backends.base import InferenceBackend, TensorSpec
 from edge_agent.pipelines.backends.registry import create_backend
 from edge_agent.pipelines.preprocess import Preprocessor
+from edge_agent.pipelines.tasks.base import Task
+from edge_agent.pipelines.tasks.registry import task_for
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,7 @@ class LoadedModel:
     input_name: str
     adapted_from: str = ""  # the original model when the backend runs its input-adapted copy
     closed: bool = False
+    task: Task = field(default_factory=Task)  # what its detections carry beyond the box
 
     def __enter__(self) -> LoadedModel:
         return self
@@ -122,7 +125,7 @@ def check_outputs(m: ModelManifest, path: str, outputs: list[TensorSpec]) -> Bou
     shapes = [outputs[i].shape for i in index]
     decoder = decoders.get(m.output.decoder)
     try:
-        fitted = decoder.fit(shapes, len(m.labels))
+        fitted = decoder.fit(shapes, len(m.labels)).refine(m.output)
     except OutputMismatch as e:
         k = e.index
         raise ModelError(
@@ -157,14 +160,16 @@ def load_model(model: ModelConfig, backend_config: BackendConfig) -> LoadedModel
             wants.name,
             wants.resize_why,
         )
+    params = decode_params(model, m)
     return LoadedModel(
         resolved,
         backend,
         Preprocessor(host),
         decoder,
-        decode_params(model, m),
+        params,
         input_name,
         adapted_from=resolved.path if path else "",
+        task=task_for(decoder, params, model.masks, model.mask_points),
     )
 
 

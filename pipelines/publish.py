@@ -29,6 +29,7 @@ from edge_agent.core.stamps import CAPTURED, N_STAMPS, PUBLISH, STAGES
 from edge_agent.pipelines.curve import AllowedClients, read_client_keys
 from edge_agent.pipelines.slots import FrameSlot
 from edge_agent.pipelines.stream_guard import SubscriberGuard
+from edge_agent.pipelines.tasks.base import Task
 
 log = logging.getLogger(__name__)
 
@@ -446,6 +447,15 @@ def _detection_head(label: str, class_id: int) -> str:
     return json.dumps({"label": label, "class_id": class_id}, separators=(",", ":"))[:-1] + ',"score":'
 
 
+def task_of(slot: FrameSlot) -> Task:
+    """The task of the model the slot's frame ran on (plain detection without one)."""
+    profile = getattr(slot, "profile", None)
+    return profile.model.task if profile is not None else _DETECT
+
+
+_DETECT = Task()
+
+
 def _trim_heap() -> None:
     """Give the C heap's free pages back to the system (glibc); nothing elsewhere."""
     try:
@@ -534,6 +544,10 @@ class MessageBuilder:
             for d, track, age in zip(out, slot.det_track[:n].tolist(), slot.det_track_age[:n].tolist()):
                 d["track_id"] = track or None
                 d["track_age"] = age
+        task = task_of(slot)
+        if task.json_format:
+            for i, d in enumerate(out):
+                d.update(task.fields(slot, i))
         return out
 
     def detections_json(self, slot: FrameSlot) -> str:
@@ -544,7 +558,9 @@ class MessageBuilder:
         heads, flat = self._heads, []
         rows = zip(slot.det_class[:n].tolist(), slot.det_score[:n].tolist(), slot.det_xyxy[:n].tolist())
         tracks = zip(slot.det_track[:n].tolist(), slot.det_track_age[:n].tolist()) if self.tracks else None
-        for c, s, box in rows:
+        task = task_of(slot)
+        tail = task.json_format
+        for i, (c, s, box) in enumerate(rows):
             flat.append(heads[c] if 0 <= c < len(heads) else _detection_head(str(c), c))
             flat.append(s)
             flat.extend(box)
@@ -552,7 +568,11 @@ class MessageBuilder:
                 track, age = next(tracks)
                 flat.append(track or "null")
                 flat.append(age)
+            if tail:
+                flat.extend(task.json_values(slot, i))
         one = _TRACKED_JSON if self.tracks else _DETECTION_JSON
+        if tail:
+            one = one[:-1] + tail + "}"
         return "[" + ",".join([one] * n) % tuple(flat) + "]"
 
     def encode(self, message: dict[str, Any], slot: FrameSlot) -> bytes:

@@ -21,10 +21,13 @@ from typing import Any
 import numpy as np
 
 from edge_agent.core.stamps import CAPTURED, N_STAMPS
+from edge_agent.models.decoders.base import Decoded
 from edge_agent.pipelines.backends.base import IOSet
 from edge_agent.pipelines.model import LoadedModel
-from edge_agent.pipelines.preprocess import Letterbox
+from edge_agent.pipelines.preprocess import Letterbox, boxes_to_source
 from edge_agent.pipelines.sources.base import SourceFrame
+from edge_agent.pipelines.tasks.base import Task, compact
+from edge_agent.pipelines.tasks.masks import Mask
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +39,8 @@ class FrameSlot:
         "batch",
         "det_class",
         "det_count",
+        "det_extra",
+        "det_masks",
         "det_score",
         "det_track",
         "det_track_age",
@@ -58,7 +63,14 @@ class FrameSlot:
     )
 
     def __init__(
-        self, index: int, io: IOSet, input_name: str, max_det: int, max_gt: int, profile: Any = None
+        self,
+        index: int,
+        io: IOSet,
+        input_name: str,
+        max_det: int,
+        max_gt: int,
+        profile: Any = None,
+        task: Task | None = None,
     ) -> None:
         self.index = index
         self.profile = profile  # the model profile whose buffers these are
@@ -84,10 +96,38 @@ class FrameSlot:
         self.det_score = np.zeros(max_det, np.float32)
         self.det_class = np.zeros(max_det, np.int32)
         self.det_count = 0
+        # The model's task values per detection beyond the box (keypoints, an oriented box,
+        # mask coefficients: ``pipelines.tasks``), in source pixels once mapped; and, for a
+        # segmentation model, each detection's mask (made per frame: its size varies).
+        task = task or Task()
+        self.det_extra = np.zeros((max_det, task.width), np.float32)
+        self.det_masks: list[Mask | None] = [None] * max_det if task.masks else []
         # Written by the source's tracker, when it has one: each detection's track id (0:
         # none) and the track's age in frames.
         self.det_track = np.zeros(max_det, np.int64)
         self.det_track_age = np.zeros(max_det, np.int32)
+
+    def fill(self, found: Decoded, task: Task) -> None:
+        """Take a frame's decoded detections (model-input pixels) into the slot, in source
+        pixels: the task's values mapped (it may drop some), then the boxes."""
+        n = min(len(found.scores), len(self.det_score))
+        self.det_xyxy[:n] = found.xyxy[:n]
+        self.det_score[:n] = found.scores[:n]
+        self.det_class[:n] = found.classes[:n]
+        if task.width:
+            extra = found.extra
+            self.det_extra[:n, : extra.shape[1]] = extra[:n]  # type: ignore[union-attr]
+        # A model that outputs NaN or infinity (a broken export, a bad engine) would make
+        # the message invalid JSON: such detections are dropped here, whatever the task.
+        finite = np.isfinite(self.det_xyxy[:n]).all(axis=1)
+        if task.width:
+            finite &= np.isfinite(self.det_extra[:n]).all(axis=1)
+        if not finite.all():
+            n = compact(self, np.flatnonzero(finite), n)
+        if task.width:
+            n = task.to_source(self, n)
+        self.det_count = n
+        boxes_to_source(self.det_xyxy[:n], self.geo)
 
     def keep_pixels(self, image: np.ndarray) -> None:
         """Copy ``image`` into ``pixels`` (allocated once per frame size)."""
@@ -156,7 +196,9 @@ class ModelBuffers:
         if pool is None:
             m = self.model
             made = [
-                FrameSlot(i, m.backend.allocate(), m.input_name, m.params.max_detections, max_gt, self)
+                FrameSlot(
+                    i, m.backend.allocate(), m.input_name, m.params.max_detections, max_gt, self, m.task
+                )
                 for i in range(slots)
             ]
             if not self.pools:

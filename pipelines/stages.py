@@ -46,7 +46,6 @@ from edge_agent.core.stamps import (
     PUBLISH,
 )
 from edge_agent.pipelines.lane import Lane
-from edge_agent.pipelines.preprocess import boxes_to_source
 from edge_agent.pipelines.publish import ZmqPublisher
 from edge_agent.pipelines.scheduler import BatchScheduler
 from edge_agent.pipelines.slots import Closed, FrameSlot
@@ -315,13 +314,7 @@ class PostStage:
             try:
                 st[POST_START] = time.monotonic_ns()
                 model = slot.profile.model
-                xyxy, scores, classes = model.decode(slot.io.outputs, model.params)
-                n = min(len(scores), len(slot.det_score))
-                slot.det_xyxy[:n] = xyxy[:n]
-                slot.det_score[:n] = scores[:n]
-                slot.det_class[:n] = classes[:n]
-                slot.det_count = n
-                boxes_to_source(slot.det_xyxy[:n], slot.geo)
+                slot.fill(model.decode(slot.io.outputs, model.params), model.task)
                 for step in self.steps:
                     step.run(slot, lane)
                 st[POST_END] = time.monotonic_ns()

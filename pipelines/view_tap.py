@@ -10,6 +10,11 @@ pixels and detections always belong together). The view's thread copies the read
 under the lock, then draws and encodes on its own time. A frame dropped after its pixels
 were taken is simply never ready: the next due frame replaces it.
 
+A pose or oriented-box model's values per detection (keypoints; centre, size, angle and
+corners) are copied beside the boxes into an array kept per frame buffer (made again only
+when the model's width changes: a reload); a segmentation model's masks are handed as
+references (each frame's masks are new objects, never changed afterwards).
+
 A lane with zones and lines also hands its frame their shapes in source pixels (``Shapes``,
 built once per config and frame size) and its running counts (the counter's block, a dict
 replaced, never changed, when a count moves): references, no copy per frame.
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,6 +34,12 @@ from edge_agent.core.stamps import CAPTURED, PUBLISH
 if TYPE_CHECKING:
     from edge_agent.pipelines.analytics.geometry import Shapes
     from edge_agent.pipelines.analytics.step import SourceAnalytics
+    from edge_agent.pipelines.tasks.masks import Mask
+
+#: The tasks whose ``det_extra`` the view draws (a segmentation model's are mask
+#: coefficients: its masks are drawn instead).
+_DRAWN_EXTRA = ("pose", "obb")
+_NO_MASKS: tuple[Mask | None, ...] = ()
 
 
 class ViewFrame:
@@ -42,6 +54,15 @@ class ViewFrame:
         self.det_class = np.zeros(max_det, np.int32)
         self.det_track = np.zeros(max_det, np.int64)  # 0: no track (or no tracker)
         self.det_count = 0
+        # The model's task ("detect", "pose", "obb", "segment") and what drawing it needs:
+        # pose: ``keypoints`` K and ``dims`` D (2 or 3), ``det_extra`` K*D values per
+        # detection (x, y[, conf]); obb: ``det_extra`` cx, cy, w, h, angle, then the 4
+        # corners' x, y; segment: ``det_masks``, each detection's mask (or None). In
+        # source pixels.
+        self.task = "detect"
+        self.keypoints = self.dims = 0
+        self.det_extra = np.zeros((max_det, 0), np.float32)
+        self.det_masks: Sequence[Mask | None] = _NO_MASKS  # replaced per frame, never changed
         self.labels: tuple[str, ...] | list[str] = ()
         self.e2e_ms = 0.0
         self.missed = False
@@ -56,6 +77,13 @@ class ViewFrame:
         self.image[:h, :w] = image
         self.height, self.width = h, w
 
+    def take_task(self, task: str, keypoints: int, dims: int, width: int) -> None:
+        """Set the frame's task and make room for ``width`` values per detection (a new
+        array only when the width changes: a reload to a model of another task)."""
+        self.task, self.keypoints, self.dims = task, keypoints, dims
+        if self.det_extra.shape[1] != width:
+            self.det_extra = np.zeros((len(self.det_score), width), np.float32)
+
     def copy_from(self, other: ViewFrame) -> None:
         self.take_pixels(other.image[: other.height, : other.width])
         n = other.det_count
@@ -63,6 +91,10 @@ class ViewFrame:
         self.det_score[:n] = other.det_score[:n]
         self.det_class[:n] = other.det_class[:n]
         self.det_track[:n] = other.det_track[:n]
+        self.take_task(other.task, other.keypoints, other.dims, other.det_extra.shape[1])
+        if self.det_extra.shape[1]:
+            self.det_extra[:n] = other.det_extra[:n]
+        self.det_masks = other.det_masks
         self.det_count, self.labels = n, other.labels
         self.frame_id, self.e2e_ms, self.missed = other.frame_id, other.e2e_ms, other.missed
         self.caption = other.caption
@@ -121,6 +153,7 @@ class ViewTap:
             else:
                 f.det_track[:n] = 0
             f.det_count = n
+            self._take_task(f, slot, n)
             f.labels = slot.profile.model.manifest.labels
             f.frame_id = slot.frame_id
             f.e2e_ms = (int(slot.stamps[PUBLISH]) - int(slot.stamps[CAPTURED])) / 1e6
@@ -134,6 +167,18 @@ class ViewTap:
             self._pending = -1
             self.ready_seq += 1
         self._wake.set()
+
+    @staticmethod
+    def _take_task(f: ViewFrame, slot: Any, n: int) -> None:
+        """The slot's task values that the view draws: copied (pose, obb), or its masks'
+        references (segment); no allocation per frame but a segmentation frame's list."""
+        task = getattr(slot.profile.model, "task", None)
+        name = task.name if task is not None else "detect"
+        width = task.width if name in _DRAWN_EXTRA else 0
+        f.take_task(name, getattr(task, "keypoints", 0), getattr(task, "dims", 0), width)
+        if width:
+            f.det_extra[:n] = slot.det_extra[:n, :width]
+        f.det_masks = slot.det_masks[:n] if name == "segment" and task.masks else _NO_MASKS
 
     # -- the view's thread --------------------------------------------------------------
 

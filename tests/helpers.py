@@ -8,7 +8,6 @@ name (``from helpers import Subscriber``).
 from __future__ import annotations
 
 import contextlib
-import json
 import socket
 import threading
 import time
@@ -22,6 +21,7 @@ import zmq
 from conftest import started, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
+from edge_agent.client import decode
 from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
 
@@ -53,10 +53,10 @@ class Subscriber:
                 raw = self.sock.recv()
             except zmq.Again:
                 continue
-            topic, _, body = raw.partition(b" ")
+            topic, body = decode(raw)  # JSON or msgpack, as the client reads them
             self.arrivals.append(time.monotonic())
-            self.topics.append(topic.decode())
-            self.messages.append(json.loads(body))
+            self.topics.append(topic)
+            self.messages.append(body)
 
     def wait_for(self, n: int, timeout_s: float = 30.0) -> None:
         """Until ``n`` messages have arrived; AssertionError after ``timeout_s``."""

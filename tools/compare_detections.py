@@ -54,10 +54,11 @@ def iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 def frames_of(path: str) -> list[np.ndarray]:
     """The per-frame (n, 6) arrays of a dump, in frame order (arr_0, arr_1, ...)."""
     with np.load(path) as data:
-        names = data.files
+        # A pose, oriented-box or segmentation dump has the task's arrays beside (kpt_i, ...).
+        names = [k for k in data.files if k.startswith("arr_")]
         want = [f"arr_{i}" for i in range(len(names))]
-        if sorted(names) != sorted(want):
-            raise SystemExit(f"{path}: expected arrays arr_0 .. arr_{len(names) - 1}, got {names[:5]} ...")
+        if not names or sorted(names) != sorted(want):
+            raise SystemExit(f"{path}: expected arrays arr_0 .. arr_N, got {data.files[:5]} ...")
         frames = []
         for k in want:
             a = np.asarray(data[k])  # the stored dtype, as written: the figures are float32's

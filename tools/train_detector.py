@@ -454,7 +454,7 @@ def evaluate(onnx_path: Path, imgsz: int, threads: int) -> tuple[float, list[flo
     results = []
     for image, gt in heldout_images(500):
         letterbox_into(image, inp[0], PAD_VALUE, geo, area=True)
-        xyxy, scores, classes = decoder.decode(tuple(sess.run(None, {"images": inp})), params)
+        xyxy, scores, classes, _ = decoder.decode(tuple(sess.run(None, {"images": inp})), params)
         results.append(FrameResult(boxes_to_source(xyxy.copy(), geo), scores, classes, gt.copy()))
     return mean_average_precision(results, NUM_CLASSES)
 

@@ -148,7 +148,7 @@ def _timed_frames(
         t1 = time.perf_counter_ns()
         outs = loop.session.run(loop.fetch, loop.feed)
         t2 = time.perf_counter_ns()
-        xyxy, scores, _ = loop.decode(outs, params)
+        xyxy, scores, *_ = loop.decode(outs, params)
         boxes_to_source(xyxy, loop.geo)
         t3 = time.perf_counter_ns()
         hists["pre"].record(t1 - t0)

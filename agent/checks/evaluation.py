@@ -18,7 +18,6 @@ import numpy as np
 
 from edge_agent.core.config import BackendConfig, ModelConfig
 from edge_agent.core.latency import LatencyHistogram
-from edge_agent.models.decoders.base import Decoded
 from edge_agent.models.decoders.nms import box_iou
 from edge_agent.pipelines.preprocess import Letterbox, boxes_to_source
 from edge_agent.pipelines.sources.synthetic import CLASSES, SceneSpec, SyntheticScene
@@ -168,20 +167,23 @@ def evaluate(model: ModelConfig, backend: BackendConfig, frames: int = 500) -> d
 JUDGED_SCORE_THRESHOLD = 0.001
 JUDGED_MAX_DETECTIONS = 300
 
+#: One frame's boxes for judging: xyxy (K, 4) in source pixels, scores (K,), class ids (K,).
+Boxes = tuple[np.ndarray, np.ndarray, np.ndarray]
+
 
 def detect(
     loaded: LoadedModel, images: Iterable[np.ndarray], times: LatencyHistogram | None = None
-) -> list[Decoded]:
+) -> list[Boxes]:
     """Each image through the live path (``LoadedModel.run_one``: letterbox, infer,
     decode), its boxes mapped to source pixels. ``times``: each frame's preprocessing,
     inference and decoding recorded there."""
     io = loaded.backend.allocate()
     loaded.backend.warmup(io)
     geo = Letterbox()
-    out: list[Decoded] = []
+    out: list[Boxes] = []
     for image in images:
         t = time.perf_counter_ns()
-        xyxy, scores, classes = loaded.run_one(image, io, geo)
+        xyxy, scores, classes, _ = loaded.run_one(image, io, geo)
         if times is not None:
             times.record(time.perf_counter_ns() - t)
         out.append((boxes_to_source(xyxy.astype(np.float32), geo), scores.copy(), classes.copy()))
@@ -189,8 +191,8 @@ def detect(
 
 
 def agreement(
-    reference: list[Decoded],
-    candidate: list[Decoded],
+    reference: list[Boxes],
+    candidate: list[Boxes],
     num_classes: int,
     iou_threshold: float = 0.5,
     operating_threshold: float = 0.0,

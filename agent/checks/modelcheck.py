@@ -104,7 +104,7 @@ def _run(loaded: LoadedModel, frames: int, r: CheckReport) -> None:
         t_infer = time.perf_counter()
         loaded.backend.infer(io)
         r.infer_ms.append((time.perf_counter() - t_infer) * 1000)
-        _, scores, _ = loaded.decode(io.outputs, loaded.params)
+        scores = loaded.decode(io.outputs, loaded.params).scores
         r.frame_ms.append((time.perf_counter() - t) * 1000)
         r.detections.append(len(scores))
     if frames:

@@ -92,7 +92,7 @@ def _run_model(model: Any, frames: int) -> tuple[list[np.ndarray], list[FrameRes
     parts: dict[str, list[float]] = {}
     for image, gt in heldout_images(frames):
         t = time.perf_counter()
-        xyxy, scores, classes = model.run_one(image, io, geo)
+        xyxy, scores, classes, _ = model.run_one(image, io, geo)
         times.append((time.perf_counter() - t) * 1000)
         for k, v in model.backend.timings(io).items():
             parts.setdefault(k, []).append(v)

@@ -37,6 +37,11 @@ class ModelConfig:
     score_threshold: float | None = None
     iou_threshold: float | None = None
     max_detections: int = 100
+    # Segmentation models: each published detection's mask as `polygon` (its outlines in
+    # source pixels, simplified to at most `mask_points` points), `rle` (COCO's uncompressed
+    # run-length encoding of the frame-sized bitmap) or `none` (boxes only, no mask made).
+    masks: Literal["polygon", "rle", "none"] = "polygon"
+    mask_points: int = 64
     # Float NCHW RGB models (Ultralytics exports): `auto` runs a copy of the graph that takes
     # the letterboxed uint8 BGR frame, with the colour swap and 1/255 folded into the first
     # convolution, so the host's preprocessing is the letterbox alone (ONNX Runtime only;
@@ -52,6 +57,7 @@ class ModelConfig:
             v = getattr(self, key)
             check(v is None or 0.0 <= v <= 1.0, key, "must be within 0..1")
         check(1 <= self.max_detections <= 10000, "max_detections", "must be within 1..10000")
+        check(4 <= self.mask_points <= 4096, "mask_points", "must be within 4..4096")
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,15 @@ class LatencyHistogram:
             return 0.0
         if q >= 100:
             return float(self.max_ns)
-        rank = max(1, math.ceil(self.count * q / 100.0))
-        i = int(np.searchsorted(np.cumsum(self.counts), rank))
+        # Ranked within the buckets' own total, not ``count``: a reader on another thread
+        # may see one updated before the other (2026-12-02, a heartbeat raised IndexError
+        # here during a test run).
+        cum = np.cumsum(self.counts)
+        total = int(cum[-1])
+        if total == 0:
+            return 0.0
+        rank = max(1, math.ceil(total * q / 100.0))
+        i = int(np.searchsorted(cum, rank))
         return float(min(_UPPER[i], self.max_ns))
 
     def percentile_ms(self, q: float) -> float:

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from edge_agent.core.config import AgentConfig
 from edge_agent.core.plan import onnxruntime_of
-from edge_agent.models.decoders.base import Decoded
 from edge_agent.tune.candidates import Candidate, TuneSettings, with_ort
 from edge_agent.tune.workload import FramesError, FrameSet, judged_frames
+
+if TYPE_CHECKING:
+    from edge_agent.checks.evaluation import Boxes
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +40,7 @@ class Reference:
     key: tuple[Any, Any]
     frames: FrameSet
     labels: tuple[str, ...] = ()
-    detections: list[Decoded] | None = None
+    detections: list[Boxes] | None = None
     error: str = ""  # why there are no detections
     scores: dict[Any, float | None] = field(default_factory=dict)
 

@@ -13,14 +13,25 @@ import operator
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
 from edge_agent.models.decoders.recognition import Guess, Seen
 
 Shape = tuple[int | None, ...]  # None for a dynamic axis
-Decoded = tuple[np.ndarray, np.ndarray, np.ndarray]  # xyxy (K, 4) f32, scores (K,), class ids (K,)
+
+
+class Decoded(NamedTuple):
+    """One image's detections, best first, in model-input pixels."""
+
+    xyxy: np.ndarray  # (K, 4) float32
+    scores: np.ndarray  # (K,) float32
+    classes: np.ndarray  # (K,) int32
+    # (K, E) float32: the task's values per detection (``Decoder.extra_width``); None for
+    # a detector. Pose: x, y, confidence per keypoint; OBB: cx, cy, w, h, angle (radians);
+    # segmentation: the mask coefficients.
+    extra: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +78,8 @@ class Decoder(ABC):
     # The roles of the outputs it reads when it reads several: the manifest names each
     # (output.efficient_nms); empty for a decoder of one output (output.name).
     roles: ClassVar[tuple[str, ...]] = ()
+    # What its detections are (``pipelines.tasks``): detect, pose, obb or segment.
+    task: ClassVar[str] = "detect"
     resize: ClassVar[str] = "letterbox"  # how its models take the frame: or "stretch"
     resize_why: ClassVar[str] = ""  # why "stretch", for the log
 
@@ -83,6 +96,16 @@ class Decoder(ABC):
     def fit(self, shapes: Sequence[Shape], n_labels: int) -> Decoder:
         """This decoder set up for outputs of these shapes (in its order) and that many
         labels, its own parameters read from them. Raises OutputMismatch."""
+
+    def refine(self, output: Any) -> Decoder:
+        """This fitted decoder with the manifest's output section's own settings for it
+        (``ModelManifest.output``; e.g. a pose model's ``kpt_shape``). Raises
+        OutputMismatch when they contradict the outputs."""
+        return self
+
+    def extra_width(self) -> int:
+        """Values per detection in ``Decoded.extra`` (0: none)."""
+        return 0
 
     def recognise(self, seen: Seen) -> Iterable[Guess]:
         """Its rules' verdicts on a model without a manifest (none: never guessed)."""

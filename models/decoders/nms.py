@@ -95,24 +95,50 @@ def _numpy_batched_nms(
     return nms(shifted, scores, iou_threshold)
 
 
-def keep_best(cxcywh: np.ndarray, scores: np.ndarray, class_ids: np.ndarray, p: DecodeParams) -> Decoded:
+def keep_best(
+    cxcywh: np.ndarray,
+    scores: np.ndarray,
+    class_ids: np.ndarray,
+    p: DecodeParams,
+    extra: np.ndarray | None = None,
+) -> Decoded:
     """Candidates over the score threshold (centre boxes) to detections: the best
-    ``MAX_CANDIDATES``, to xyxy, class-aware NMS, at most ``p.max_detections``."""
+    ``MAX_CANDIDATES``, to xyxy, class-aware NMS, at most ``p.max_detections``. ``extra``:
+    each candidate's task values, kept with it."""
     if len(scores) > MAX_CANDIDATES:
         top = np.argpartition(-scores, MAX_CANDIDATES)[:MAX_CANDIDATES]
         cxcywh, scores, class_ids = cxcywh[top], scores[top], class_ids[top]
+        extra = None if extra is None else extra[top]
     half = cxcywh[:, 2:] * 0.5
     xyxy = np.concatenate((cxcywh[:, :2] - half, cxcywh[:, :2] + half), axis=1, dtype=np.float32)
     keep = batched_nms(xyxy, scores, class_ids, p.iou_threshold)[: p.max_detections]
-    return xyxy[keep], scores[keep].astype(np.float32), class_ids[keep].astype(np.int32)
+    return Decoded(
+        xyxy[keep],
+        scores[keep].astype(np.float32),
+        class_ids[keep].astype(np.int32),
+        None if extra is None else np.ascontiguousarray(extra[keep], np.float32),
+    )
 
 
-def ranked(xyxy: np.ndarray, scores: np.ndarray, class_ids: np.ndarray, p: DecodeParams) -> Decoded:
-    """Threshold and rank detections that need no NMS (it ran inside the model)."""
+def top_rows(scores: np.ndarray, p: DecodeParams) -> np.ndarray:
+    """Indices of the rows over the score threshold, best first, at most ``p.max_detections``."""
     idx = np.flatnonzero(scores > p.score_threshold)
-    idx = idx[np.argsort(-scores[idx], kind="stable")][: p.max_detections]
-    return (
+    return idx[np.argsort(-scores[idx], kind="stable")][: p.max_detections]
+
+
+def ranked(
+    xyxy: np.ndarray,
+    scores: np.ndarray,
+    class_ids: np.ndarray,
+    p: DecodeParams,
+    extra: np.ndarray | None = None,
+) -> Decoded:
+    """Threshold and rank detections that need no NMS (it ran inside the model); ``extra``:
+    each row's task values, kept with it."""
+    idx = top_rows(scores, p)
+    return Decoded(
         np.ascontiguousarray(xyxy[idx], np.float32),
         scores[idx].astype(np.float32),
         class_ids[idx].astype(np.int32),
+        None if extra is None else np.ascontiguousarray(extra[idx], np.float32),
     )

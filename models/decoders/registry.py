@@ -1,24 +1,30 @@
-"""Every decoder by name: each decoder module declares its one decoder as ``DECODER``, and
-the registry puts those in a plain dict that refuses a name twice.
+"""Every decoder by name: each decoder module declares its decoder as ``DECODER`` (or its
+decoders, for one task's classic and end-to-end heads, as ``DECODERS``), and the registry
+puts those in a plain dict that refuses a name twice.
 
 The package's modules are imported once, on the first lookup, and their ``DECODER`` is
 taken explicitly: importing a module registers nothing by itself (no import side effects,
 no ``__subclasses__``), and a decoder's module is all it takes to add one, since nothing
-else lists it. The shared modules declare no ``DECODER``.
+else lists it. The shared modules declare neither.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 
 from edge_agent.core.plugins import PackageRegistry
 from edge_agent.models.decoders.base import Decoder
 
+
+def _declared(module: ModuleType) -> list[tuple[str, Decoder]]:
+    one = getattr(module, "DECODER", None)
+    found = [one] if one is not None else list(getattr(module, "DECODERS", ()))
+    return [(d.name, d) for d in found]
+
+
 _REGISTRY: PackageRegistry[Decoder] = PackageRegistry(
-    "decoder",
-    __package__,
-    str(Path(__file__).parent),
-    lambda module: [(d.name, d)] if (d := getattr(module, "DECODER", None)) is not None else [],
+    "decoder", __package__, str(Path(__file__).parent), _declared
 )
 
 

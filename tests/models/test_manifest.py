@@ -83,7 +83,7 @@ def test_model_without_manifest_reads_ultralytics_metadata(tmp_path):
     io = loaded.backend.allocate()
     from edge_agent.pipelines.preprocess import Letterbox
 
-    xyxy, _, classes = loaded.run_one(np.zeros((480, 640, 3), np.uint8), io, Letterbox())
+    xyxy, _, classes, _ = loaded.run_one(np.zeros((480, 640, 3), np.uint8), io, Letterbox())
     assert classes.tolist() == [1]
     np.testing.assert_allclose(xyxy[0], [288, 288, 352, 352])
 

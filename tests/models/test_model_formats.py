@@ -80,7 +80,7 @@ def run_one(path: str, **model_kw) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     loaded = load_model(ModelConfig(path=path, input_adapter="off", **model_kw), OnnxRuntimeConfig())
     geo = Letterbox()
     try:
-        xyxy, scores, classes = loaded.run_one(frame(90), loaded.backend.allocate(), geo)
+        xyxy, scores, classes, _ = loaded.run_one(frame(90), loaded.backend.allocate(), geo)
     finally:
         loaded.backend.close()
     return boxes_to_source(xyxy.copy(), geo), scores, classes
@@ -218,19 +218,23 @@ def test_an_extra_image_shaped_output_of_a_detection_model_is_left_unread(tmp_pa
     ("outputs", "metadata", "message"),
     [
         pytest.param(
-            {
-                "output0": still(np.zeros((1, 116, 2100), np.float32)),
-                "output1": still(np.zeros((1, 32, 80, 80))),
-            },
-            {**META, "task": "segment"},
-            "a segmentation model (Ultralytics metadata task='segment'): the agent runs detection models",
-            id="seg-metadata",
+            {"output0": still(np.zeros((1, 1000), np.float32))},
+            {**META, "task": "classify"},
+            "a classification model (Ultralytics metadata task='classify') scores the whole image, "
+            "not objects in it",
+            id="classify",
         ),
         pytest.param(
             {"output0": still(np.zeros((1, 56, 2100), np.float32))},
             {**META, "task": "pose"},
-            "a pose model",
-            id="pose",
+            "output 'output0' fits no decoder of task 'pose' at 320x320 with 80 labels",
+            id="pose-with-too-many-labels",
+        ),
+        pytest.param(
+            {"output0": still(np.zeros((1, 84, 2100), np.float32))},
+            {**META, "task": "depth"},
+            "Ultralytics metadata task='depth' is not a task the agent runs (detect, pose, obb, segment)",
+            id="unknown-task",
         ),
         pytest.param(
             {
@@ -478,7 +482,7 @@ def test_tensorrt_loads_an_efficient_nms_plugin_graph_and_decodes_its_int32_tens
     boxes[0, :3] = [[1, 2, 11, 12], [3, 4, 13, 14], [5, 5, 6, 6]]
     scores[0, :3] = [0.5, 0.9, 0.95]
     classes[0, :3] = [3, 1, 0]
-    xyxy, got, ids = loaded.decode(io.outputs, loaded.params)
+    xyxy, got, ids, _ = loaded.decode(io.outputs, loaded.params)
     assert ids.tolist() == [1, 3] and got.tolist() == pytest.approx([0.9, 0.5])
     np.testing.assert_array_equal(xyxy, [[3, 4, 13, 14], [1, 2, 11, 12]])
     loaded.backend.close()
@@ -536,15 +540,28 @@ def test_models_check_prints_what_it_decided_runs_the_model_and_writes_the_manif
     assert again.returncode == 2 and "exists: pass --force" in again.stderr
 
 
-def test_models_check_refuses_a_segmentation_export_with_exit_2(tmp_path):
+def test_models_check_refuses_a_classification_export_with_exit_2_and_runs_a_segmentation_one(tmp_path):
+    path = brightness_detector(
+        str(tmp_path / "cls.onnx"),
+        {"output0": still(np.zeros((1, 1000), np.float32))},
+        metadata={**META, "task": "classify"},
+    )
+    r = run_process(agent_command("models", "check", path), 120)
+    assert r.returncode == 2
+    assert (
+        "refused:" in r.stdout
+        and "a classification model" in r.stdout
+        and "scores the whole image" in r.stdout
+    )
     outputs = {
         "output0": still(np.zeros((1, 116, 2100), np.float32)),
         "output1": still(np.zeros((1, 32, 80, 80))),
     }
     path = brightness_detector(str(tmp_path / "seg.onnx"), outputs, metadata={**META, "task": "segment"})
-    r = run_process(agent_command("models", "check", path), 120)
-    assert r.returncode == 2
-    assert "refused:" in r.stdout and "a segmentation model" in r.stdout
+    r = run_process(agent_command("models", "check", path, "--frames", "2"), 120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    decoder = next(ln for ln in r.stdout.splitlines() if ln.startswith("decoder"))
+    assert ("yolov8_seg" in decoder and "['output0', 'output1']" in decoder) or "output1" in decoder, decoder
 
 
 def test_models_check_says_whether_the_model_fits_the_deadline(tmp_path):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build realistic ONNX detector exports (end-to-end / embedded-NMS / RT-DETR / seg) for testing.
+"""Build realistic ONNX exports (end-to-end / embedded-NMS / RT-DETR; pose / obb / seg) for testing.
 
 Usage, in the side venv that has Ultralytics and torch (after
 ``source ../shared/tools/realistic-models/bench_env.sh``: the team's peer tools, outside the repo;
@@ -8,35 +8,57 @@ it sets ``$VENV``, ``$BENCH_FRAMES`` and Ultralytics' offline switches)::
     $VENV/bin/python tools/exports/build_exports.py build [NAME ...] --out DIR   # default: all
     $VENV/bin/python tools/exports/build_exports.py inspect [FILE ...] --out DIR # default: DIR/*.onnx
 
-NAME is one of yolo26n, yolov10n, yolov8n-nms, rtdetr-l, yolov8n-seg; the word ``build`` may be left
-out. Options (both subcommands): ``--out DIR`` where the exports, ``build_log.json`` and
-``inspect.json`` go (default /tmp/e2e-models); ``--frames PATH`` the benchmark frames .npy (default
-``$BENCH_FRAMES``, else /tmp/bench-frames/frames.npy); ``--peers DIR`` the peer tools, for
-``make_frames.py`` (default ../shared/tools/realistic-models beside the repo). A measuring tool run by
-hand, not part of the package: nothing in agent/, pipelines/ or models/ imports it, nor do the tests.
+NAME is one of yolo26n, yolov10n, yolov8n-nms, rtdetr-l (detect), yolov8n-pose, yolov8n-obb, yolov8n-seg
+(classic heads Pose / OBB / Segment: raw [1, 4+nc+extra, A] output, NMS in the predictor), yolo26n-pose,
+yolo26n-obb, yolo26n-seg (YOLO26 end-to-end heads Pose26 / OBB26 / Segment26: [1, 300, 6+extra] one-to-one
+top-k output, no NMS); the word ``build`` may be left out. Options (both subcommands): ``--out DIR``
+where the exports, ``build_log.json`` and ``inspect.json`` go (default /tmp/e2e-models); ``--frames PATH``
+the benchmark frames .npy (default ``$BENCH_FRAMES``, else /tmp/bench-frames/frames.npy); ``--peers DIR``
+the peer tools, for ``make_frames.py`` (default ../shared/tools/realistic-models beside the repo). A
+measuring tool run by hand, not part of the package: nothing in agent/, pipelines/ or models/ imports it,
+nor do the tests.
 
 Recipe follows ../shared/tools/realistic-models/make_peer_models.sh: architecture from Ultralytics'
 YAML (no weight download), torch.manual_seed(0) random init, exported by Ultralytics' own exporter
 (format=onnx, opset=17, simplify=True, dynamic=False, half=False, batch=1, device=cpu), export date in
-the metadata pinned to 1970-01-01 so the files are byte-reproducible. Files: NAME-S.onnx and, except
-for yolov8n-seg, NAME-busy-S.onnx, for S in 320 and 640 (yolov8n-seg: 320 only).
+the metadata pinned to 1970-01-01 so the files are byte-reproducible. Files: NAME-S.onnx and
+NAME-busy-S.onnx, for S in 320 and 640. YAML names (Ultralytics 8.4.190's cfg/models): yolov8n-pose.yaml
+(nc 1, kpt_shape [17, 3]), yolov8n-obb.yaml (nc 80), yolov8n-seg.yaml (nc 80, 32 protos), yolo26n-pose.yaml
+-> 26/yolo26-pose.yaml (nc 80, kpt_shape [17, 3]), yolo26n-obb.yaml -> 26/yolo26-obb.yaml, yolo26n-seg.yaml
+-> 26/yolo26-seg.yaml (scale n each).
 
 "busy" variants (suffix -busy before the size, e.g. yolo26n-busy-640.onnx, so that the size stays the
 last '-' field of the name): separately per input size, (a) every BatchNorm's running statistics are
 re-estimated on the first 32 benchmark frames (letterboxed, pad 114, RGB, /255), then (b) the class-logit
 bias of the head that the export actually uses is set to one constant so that the wanted number of
 candidates pass score 0.25 on those 32 frames:
-  yolov8n-nms  (nms=True)  one-to-many head cv3[i][-1]; 1% of anchors have max class score > 0.25
-                           (identical weights to make_peer_models.sh's yolov8n-busy-*)
-  yolo26n, yolov10n (e2e)  one-to-one head one2one_cv3[i][-1]; the (anchor, class) pairs with
-                           score > 0.25 number 0.7% of the anchors per frame on average (~59 @640, ~15 @320)
-                           -- counted per pair because the end-to-end top-k may return one anchor with
-                           several classes
+  yolov8n-nms (nms=True),  one-to-many head cv3[i][-1] (Pose / OBB / Segment subclass Detect: their class
+  yolov8n-pose, -obb, -seg logits are cv3[i][-1] too); 1% of anchors have max class score > 0.25
+                           (yolov8n-nms: identical weights to make_peer_models.sh's yolov8n-busy-*).
+                           After Ultralytics' NMS (iou 0.7): ~15-20 detections/frame @320, ~50-70 @640
+  yolo26n, yolov10n,       one-to-one head one2one_cv3[i][-1] (Pose26 / OBB26 / Segment26 likewise); the
+  yolo26n-pose, -obb, -seg (anchor, class) pairs with score > 0.25 number 0.7% of the anchors per frame on
+                           average (~59 @640, ~15 @320) -- counted per pair because the end-to-end top-k
+                           may return one anchor with several classes. The per-frame count is heavy-tailed
+                           (pose/obb @320: 21 of 200 frames have none, one has the full 300)
   rtdetr-l                 decoder score heads dec_score_head[*] (only the last one, eval_idx=-1, is
                            used at inference); 50 (query, class) pairs per frame > 0.25 at both sizes.
                            Also: the inference decoder layer's bbox head (zero-initialised by Ultralytics,
                            which makes every box its w == h anchor) gets seeded random weights so boxes
                            move off the anchor grid and w != h (see build()).
+  segmentation (both)      also (c): the mask-coefficient layer of the head in use (cv4[i][-1], or
+                           one2one_cv4[i][-1] for yolo26n-seg) gets its bias set to minus the mean
+                           coefficient vector of the calibration candidates that pass 0.25. Without it the
+                           kept boxes' coefficients share a common offset and, the prototypes being SiLU
+                           outputs with a positive mean, their masks filled a median 92 % of their box
+                           (yolo26n-seg), nearly mask == box; with it about half (median 0.45-0.57 of the
+                           box area at both sizes). Boxes and scores are unaffected (see build()).
+Pose and OBB heads need no such fix: no layer of Pose / Pose26 / OBB / OBB26 is zero-initialised and the
+busy exports give distinct keypoints (per-detection spread ~15-30 px, confidences 0..1) and distinct angles
+(OBB: (sigmoid - 0.25) * pi in [-pi/4, 3pi/4]; OBB26: the raw, unbounded logit, seen -6.5 .. 6.1 rad).
+With one seed, heads built in the same order get the same weights: the class scores (hence the candidate
+counts) of yolov8n-obb and yolov8n-seg are identical, and likewise those of yolo26n-pose, -obb and -seg; the
+boxes (OBB: rotated) and the task outputs differ. Plain (not busy) exports give no detection at 0.25.
 BatchNorm re-estimation runs the network in train mode for YOLO (exactly as make_peer_models.sh);
 for RT-DETR only the BatchNorm modules are put in train mode (its decoder's train mode wants targets
 for denoising queries).
@@ -47,6 +69,7 @@ it merges its rows into DIR/inspect.json.
 """
 
 import argparse
+import ast
 import hashlib
 import json
 import math
@@ -83,7 +106,14 @@ SPECS = {
     "yolov10n": ("YOLO", "yolov10n.yaml", False, "e2e", (320, 640)),
     "yolov8n-nms": ("YOLO", "yolov8n.yaml", True, "v8", (320, 640)),
     "rtdetr-l": ("RTDETR", "rtdetr-l.yaml", False, "rtdetr", (320, 640)),
-    "yolov8n-seg": ("YOLO", "yolov8n-seg.yaml", False, None, (320,)),
+    # pose / oriented-box / segmentation (issue 34): classic heads (raw output, NMS in the predictor) ...
+    "yolov8n-pose": ("YOLO", "yolov8n-pose.yaml", False, "v8", (320, 640)),
+    "yolov8n-obb": ("YOLO", "yolov8n-obb.yaml", False, "v8", (320, 640)),
+    "yolov8n-seg": ("YOLO", "yolov8n-seg.yaml", False, "v8", (320, 640)),
+    # ... and YOLO26 end-to-end heads (Pose26 / OBB26 / Segment26, one-to-one top-k in the graph)
+    "yolo26n-pose": ("YOLO", "yolo26n-pose.yaml", False, "e2e", (320, 640)),
+    "yolo26n-obb": ("YOLO", "yolo26n-obb.yaml", False, "e2e", (320, 640)),
+    "yolo26n-seg": ("YOLO", "yolo26n-seg.yaml", False, "e2e", (320, 640)),
 }
 E2E_FRAC = 0.007  # e2e: mean (anchor, class) pairs > CONF per frame = 0.7 % of anchors
 V8_FRAC = 0.01  # v8: fraction of anchors with max class score > CONF (make_peer_models.sh)
@@ -118,6 +148,24 @@ def calib_frames(peers, frames_path):
     bench = np.load(frames_path, mmap_mode="r")
     assert np.array_equal(fr, bench[:N_CAL]), "make_frames(32) != frames.npy[:32]"
     return fr
+
+
+def layer_outputs(net, x, layers, take):
+    """What ``take(layer, output)`` gives for each of ``layers`` while ``net`` runs on ``x`` in
+    batches of 8: concatenated over the layers (axis 2), then over the batches (axis 0)."""
+    import torch
+
+    got = []
+    hooks = [m.register_forward_hook(lambda m, a, o: got.append(take(m, o))) for m in layers]
+    per_batch = []
+    with torch.no_grad():
+        for i in range(0, len(x), 8):
+            got.clear()
+            net(x[i : i + 8])
+            per_batch.append(torch.cat(got, 2))
+    for h in hooks:
+        h.remove()
+    return torch.cat(per_batch)
 
 
 def build(name, busy, imgsz, peers, frames_path):
@@ -176,22 +224,12 @@ def build(name, busy, imgsz, peers, frames_path):
         hooked = set_bias = [head.one2one_cv3[i][-1] for i in range(head.nl)]
     else:
         hooked = set_bias = [head.cv3[i][-1] for i in range(head.nl)]
-    logits = []
 
-    def hook(m, a, o):
+    def unbiased(m, o):
         z = o - (m.bias.view(1, -1, 1, 1) if o.ndim == 4 else m.bias)
-        logits.append(z.flatten(2) if o.ndim == 4 else z.transpose(1, 2))  # (B, nc, A) / (B, nc, Q)
+        return z.flatten(2) if o.ndim == 4 else z.transpose(1, 2)  # (B, nc, A) / (B, nc, Q)
 
-    hooks = [h.register_forward_hook(hook) for h in hooked]
-    per_frame = []  # (B, nc, A) bias-free logits
-    with torch.no_grad():
-        for i in range(0, len(x), 8):
-            logits.clear()
-            net(x[i : i + 8])
-            per_frame.append(torch.cat(logits, 2))
-    for h in hooks:
-        h.remove()
-    z = torch.cat(per_frame)  # (N, nc, A)
+    z = layer_outputs(net, x, hooked, unbiased)  # (N, nc, A) bias-free logits
     n, _nc, n_anchors = z.shape
     if kind == "v8":  # recipe of make_peer_models.sh: 1 % of anchors (max over classes) above CONF
         q = torch.quantile(z.max(1).values.flatten(), 1 - V8_FRAC).item()
@@ -205,6 +243,25 @@ def build(name, busy, imgsz, peers, frames_path):
     with torch.no_grad():
         for h in set_bias:
             h.bias.fill_(shift)
+    if hasattr(head, "proto"):  # Segment / Segment26
+        # Centre the mask coefficients of the boxes that are kept. With the random init the coefficients
+        # of the anchors that pass the score threshold share a common offset (it comes with the features
+        # that make their class logits high) and the prototypes (SiLU outputs) have a positive mean, so
+        # their mask logit is mostly that product: yolo26n-seg's masks filled a median 92 % of their box,
+        # which would hide a wrong crop or proto mapping. Set each coefficient channel's bias so that its
+        # mean over the (frame, anchor)s with max class score > CONF on the calibration frames is 0. Boxes
+        # and scores are unaffected (last layer of the separate mask-coefficient branch).
+        convs = [(head.one2one_cv4 if kind == "e2e" else head.cv4)[i][-1] for i in range(head.nl)]
+        c = layer_outputs(net, x, convs, unbiased)  # (N, nm, A), anchors in the order of z
+        sel = z.max(1).values + shift > math.log(CONF / (1 - CONF))  # (N, A) kept candidates
+        mean = c.transpose(1, 2)[sel].mean(0)  # (nm,)
+        with torch.no_grad():
+            for m in convs:
+                m.bias.copy_(-mean)
+        bbox_info += (
+            f"; mask-coefficient bias of {len(convs)} layer(s) = -(mean over {int(sel.sum())} kept"
+            f" candidates), mean |.| {mean.abs().mean():.4f}"
+        )
     info = (
         f"{len(bns)} BN layers re-estimated on {n} frames; class bias of {len(set_bias)} layer(s) = "
         f"{shift:.4f} (target {target}){bbox_info}"
@@ -272,14 +329,19 @@ def cmd_build(names, out, peers, frames_path):
     print(f"network attempts during build/export: {len(NET)} {NET[:3]}")
 
 
-def count_boxes(out, conf=CONF):
-    """boxes with score > conf in one frame's raw output (score column / max class score)."""
+def count_boxes(out, nc, rtdetr=False, conf=CONF):
+    """boxes with score > conf in one frame's first output (score column / max class score).
+
+    nc is the number of classes (len(names) of the metadata). Layouts: RT-DETR [1, 300, 4+nc] (max class
+    score); end-to-end / embedded NMS [1, 300, 6+extra] rows x y x y|cx cy w h, score, class, extra (extra:
+    pose 3*K keypoint values, obb 1 angle, seg 32 mask coefficients; score column 4); otherwise the raw
+    pre-NMS candidates [1, 4+nc+extra, A] (max class score over rows 4 .. 4+nc)."""
     o = out[0]
-    if o.ndim == 2 and o.shape[-1] == 6:  # [300, 6]: x y x y|cx cy w h, score, class
+    if rtdetr:
+        return int((o[:, 4 : 4 + nc].max(1) > conf).sum())
+    if o.ndim == 2 and o.shape[-1] < o.shape[0]:  # [300, 6+extra]
         return int((o[:, 4] > conf).sum())
-    if o.ndim == 2 and o.shape[-1] == 84:  # [300, 4+80] RT-DETR style
-        return int((o[:, 4:].max(1) > conf).sum())
-    return int((o[4:84].max(0) > conf).sum())  # [84, A] raw (pre-NMS candidates)
+    return int((o[4 : 4 + nc].max(0) > conf).sum())  # [4+nc+extra, A] raw (pre-NMS candidates)
 
 
 def cmd_inspect(files, out, frames_path):
@@ -295,15 +357,18 @@ def cmd_inspect(files, out, frames_path):
         ins = [(i.name, i.shape, i.type) for i in sess.get_inputs()]
         outs = [(o.name, o.shape, o.type) for o in sess.get_outputs()]
         names = md.get("names", "")
+        nc = len(ast.literal_eval(names)) if names else 80
         r = {
             "inputs": ins,
             "outputs": outs,
             "end2end": md.get("end2end"),
             "args": md.get("args"),
             "task": md.get("task"),
+            "kpt_shape": md.get("kpt_shape"),
             "imgsz": md.get("imgsz"),
             "head": md.get("head"),
             "date": md.get("date"),
+            "names_count": nc,
             "names[:3]": ", ".join(names.strip("{}").split(", ")[:3]),
         }
         print(f"== {Path(f).name}  ({Path(f).stat().st_size} bytes)")
@@ -314,7 +379,8 @@ def cmd_inspect(files, out, frames_path):
             x = blob(frames[sel], s)
             counts, t = [], time.perf_counter()
             for i in range(len(sel)):
-                counts.append(count_boxes(sess.run(None, {ins[0][0]: x[i : i + 1]})[0]))
+                y = sess.run(None, {ins[0][0]: x[i : i + 1]})[0]
+                counts.append(count_boxes(y, nc, rtdetr=md.get("head") == "RTDETRDecoder"))
             ms = (time.perf_counter() - t) * 1e3 / len(sel)
             r["boxes>0.25 per frame (20 frames)"] = {
                 "mean": float(np.mean(counts)),

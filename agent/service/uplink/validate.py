@@ -29,7 +29,8 @@ __all__ = [
 ]
 
 #: A stream frame larger than this is rejected before it is decoded (a result with the most
-#: detections a model gives is tens of kB).
+#: detections a model gives is tens of kB; with segmentation masks as RLE (``model.masks:
+#: rle``) a hundred large objects at 1080p or 4K come near it: polygons are the default).
 MAX_FRAME_BYTES = 1 << 20
 
 #: The agent's zone and line events are on ``event.<source>`` (whatever ``publish.topic`` is).

@@ -1,7 +1,12 @@
 """Drawing a frame's detections and figures on it, with OpenCV, in place on the caller's
 copy: the source's zones and lines with their counts, under the boxes in one colour per
 class, label and score (and track id, with a trail of the track's recent centres), and a
-corner stamp with the frame id, the end-to-end latency and whether the deadline was missed."""
+corner stamp with the frame id, the end-to-end latency and whether the deadline was missed.
+
+Beyond the box, by the model's task: a segmentation model's masks tinted in their box's
+colour (under everything but the zones), a pose model's keypoints and, for COCO's 17, the
+skeleton Ultralytics draws (under the boxes), an oriented box's four corners outlined
+instead of its axis-aligned bounds (its label at its top-most corner)."""
 
 from __future__ import annotations
 
@@ -33,6 +38,24 @@ PALETTE = (
 ZONE_COLOURS = ((0, 255, 255), (255, 0, 255), (255, 255, 0))
 LINE_COLOURS = ((255, 255, 255), (160, 255, 160))
 ZONE_FILL = 0.15  # a zone's fill's opacity: the scene stays visible under it
+MASK_ALPHA = 0.4  # a mask's tint's opacity
+KEYPOINT_CONF = 0.5  # a keypoint with a lower confidence is not drawn, nor its limbs
+#: COCO-17's limbs as Ultralytics draws them (``Annotator.skeleton``, 0-based here), and
+#: its colours (``Colors.pose_palette`` picks, given to OpenCV as Ultralytics does): limbs,
+#: then keypoints.
+SKELETON = np.array(
+    [
+        (15, 13), (13, 11), (16, 14), (14, 12), (11, 12), (5, 11), (6, 12), (5, 6), (5, 7), (6, 8),
+        (7, 9), (8, 10), (1, 2), (0, 1), (0, 2), (1, 3), (2, 4), (3, 5), (4, 6),
+    ]
+)  # fmt: skip
+_LEGS, _HIPS, _ARMS, _HEAD = (51, 153, 255), (255, 51, 255), (255, 128, 0), (0, 255, 0)
+LIMB_COLOURS = (_LEGS,) * 4 + (_HIPS,) * 3 + (_ARMS,) * 5 + (_HEAD,) * 7
+KEYPOINT_COLOURS = (_HEAD,) * 5 + (_ARMS,) * 6 + (_LEGS,) * 6
+#: The limbs by colour: (colour, their indices in ``SKELETON``).
+_LIMB_GROUPS = tuple(
+    (c, np.array([j for j, lc in enumerate(LIMB_COLOURS) if lc == c])) for c in dict.fromkeys(LIMB_COLOURS)
+)
 _FONT = cv2.FONT_HERSHEY_SIMPLEX
 
 
@@ -57,16 +80,26 @@ def annotate(
     tags: Sequence[Tag] = ()
     if f.shapes is not None:
         tags = draw_analytics(image, f.shapes, f.counts or {}, scale, thick)
+    if f.task == "segment":
+        draw_masks(image, f, scale)
     for i in range(f.det_count if trails else 0):
         points = trails.get(int(f.det_track[i]))
         if points is not None and len(points) > 1:
             line = np.round(np.asarray(points, np.float64) * scale).astype(np.int32)
             cv2.polylines(image, [line], False, colour(int(f.det_class[i])), thick)
+    if f.task == "pose" and f.keypoints and f.det_count:
+        draw_keypoints(image, f, scale, thick)
+    rotated = f.task == "obb" and f.det_extra.shape[1] >= 13
     for i in range(f.det_count):
         cls = int(f.det_class[i])
         x1, y1, x2, y2 = (round(float(v) * scale) for v in f.det_xyxy[i])
         c = colour(cls)
-        cv2.rectangle(image, (x1, y1), (x2, y2), c, thick)
+        if rotated:
+            corners = np.round(f.det_extra[i, 5:13].reshape(4, 2) * scale).astype(np.int32)
+            cv2.polylines(image, [corners], True, c, thick)
+            x1, y1 = (int(v) for v in corners[np.argmin(corners[:, 1])])  # the label's anchor
+        else:
+            cv2.rectangle(image, (x1, y1), (x2, y2), c, thick)
         label = f.labels[cls] if 0 <= cls < len(f.labels) else str(cls)
         track = int(f.det_track[i])
         text = f"{label} #{track} {f.det_score[i]:.2f}" if track > 0 else f"{label} {f.det_score[i]:.2f}"
@@ -176,3 +209,57 @@ def draw_tag(image: np.ndarray, tag: Tag, stamp: tuple[int, int, int, int]) -> N
     top = _label_top(left, max(0, min(at[1], image.shape[0] - h)), w, h, stamp)
     cv2.rectangle(image, (left, top), (left + w, top + h), (0, 0, 0), -1)
     cv2.putText(image, text, (left + 3, top + h - 5), _FONT, 0.5, c, 1, cv2.LINE_AA)
+
+
+def draw_keypoints(image: np.ndarray, f: ViewFrame, scale: float, thick: int) -> None:
+    """Each pose detection's keypoints (source pixels, times ``scale``) seen with a
+    confidence of at least ``KEYPOINT_CONF`` (every one but those at (0, 0), Ultralytics'
+    mark of a missing one, for a model without confidences) as dots; for COCO's 17
+    keypoints, the limbs between two such, drawn first (one call per colour)."""
+    n, k, d = f.det_count, f.keypoints, f.dims
+    kp = f.det_extra[:n, : k * d].reshape(n, k, d)
+    pts = np.round(kp[..., :2] * scale).astype(np.int32)
+    seen = kp[..., 2] >= KEYPOINT_CONF if d >= 3 else kp[..., :2].any(axis=2)
+    if k == 17:
+        both = seen[:, SKELETON[:, 0]] & seen[:, SKELETON[:, 1]]  # (n, limbs)
+        ends = np.stack((pts[:, SKELETON[:, 0]], pts[:, SKELETON[:, 1]]), axis=2)  # (n, limbs, 2, 2)
+        for c, limbs in _LIMB_GROUPS:
+            drawn = ends[:, limbs][both[:, limbs]]
+            if len(drawn):
+                cv2.polylines(image, list(drawn), False, c, thick, cv2.LINE_AA)
+    radius = thick + 1
+    for i, j in zip(*np.nonzero(seen)):
+        c = KEYPOINT_COLOURS[j] if k == 17 else colour(int(f.det_class[i]))
+        cv2.circle(image, (int(pts[i, j, 0]), int(pts[i, j, 1])), radius, c, -1, cv2.LINE_AA)
+
+
+def draw_masks(image: np.ndarray, f: ViewFrame, scale: float) -> None:
+    """Tint each detection's mask (source pixels; resized to ``scale`` with the nearest
+    neighbour over its own crop) in its box's colour, at ``MASK_ALPHA``: only the mask's
+    crop is read and written, never the whole frame."""
+    h, w = image.shape[:2]
+    for i in range(min(f.det_count, len(f.det_masks))):
+        m = f.det_masks[i]
+        if m is None or not m.bitmap.size:
+            continue
+        bitmap = m.bitmap
+        mh, mw = bitmap.shape
+        x0, y0 = round(m.x0), round(m.y0)
+        if scale != 1.0 or m.scale != (1.0, 1.0):  # to the view's pixels (a mask of the input's: too)
+            ex, ey = m.extent
+            x0, y0 = round(m.x0 * scale), round(m.y0 * scale)
+            sw, sh = round(ex * scale) - x0, round(ey * scale) - y0
+            if sw <= 0 or sh <= 0:
+                continue
+            bitmap = cv2.resize(bitmap.view(np.uint8), (sw, sh), interpolation=cv2.INTER_NEAREST).view(bool)
+            mh, mw = sh, sw
+        a, b = max(0, -y0), max(0, -x0)  # the part inside the image
+        y1, x1 = min(h, y0 + mh), min(w, x0 + mw)
+        if y1 <= y0 + a or x1 <= x0 + b:
+            continue
+        roi = image[y0 + a : y1, x0 + b : x1]
+        tinted = np.empty_like(roi)
+        tinted[:] = colour(int(f.det_class[i]))
+        cv2.addWeighted(roi, 1 - MASK_ALPHA, tinted, MASK_ALPHA, 0, dst=tinted)
+        # written where the mask is set only (in place: ``roi`` is a view of the image)
+        cv2.copyTo(tinted, bitmap[a : y1 - y0, b : x1 - x0].view(np.uint8), roi)

@@ -36,8 +36,17 @@ def v5_tensor(rows: list[tuple], num_classes: int, anchors: int = 50) -> np.ndar
     return out
 
 
+def e2e_tensor(rows: list[tuple], extra: int, n: int = 300) -> np.ndarray:
+    """[1, N, 6 + E]: rows (x1, y1, x2, y2, score, class, the E task values), the rest zeros."""
+    out = np.zeros((1, n, 6 + extra), np.float32)
+    for i, (*head, values) in enumerate(rows):
+        out[0, i, :6] = head
+        out[0, i, 6:] = values
+    return out
+
+
 def check_types(decoded: Decoded, k: int | None = None) -> None:
-    xyxy, scores, class_ids = decoded
+    xyxy, scores, class_ids, _ = decoded
     assert xyxy.dtype == np.float32 and xyxy.ndim == 2 and xyxy.shape[1] == 4, xyxy.shape
     assert scores.dtype == np.float32 and scores.shape == (len(xyxy),)
     assert class_ids.dtype == np.int32 and class_ids.shape == (len(xyxy),)

@@ -53,7 +53,7 @@ def test_a_bound_decoder_reads_its_outputs_by_index_in_role_order():
     num = np.array([[2]], np.int32)
     outputs = [classes, boxes, np.zeros(3), num, scores]  # a stray output at 2
     bound = BoundDecoder(registry.get("efficient_nms"), (3, 1, 4, 0))
-    xyxy, got, ids = bound(outputs, P)
+    xyxy, got, ids, _ = bound(outputs, P)
     assert bound.name == "efficient_nms"
     assert ids.tolist() == [2, 1] and got.tolist() == pytest.approx([0.9, 0.8])
     assert xyxy.tolist() == [[0, 0, 10, 10], [5, 5, 20, 20]]
@@ -93,7 +93,7 @@ def test_more_than_max_candidates_keeps_the_best_scoring(layout):
     scores = rng.permutation(np.linspace(0.3, 0.99, n)).astype(np.float32)
     build = v5_tensor if layout == "yolov5" else v8_tensor
     t = build(grid_rows(n, scores, layout == "yolov5"), 3, anchors=n + 100)
-    xyxy, got, class_ids = decode(layout, t, p=DecodeParams(0.25, 0.45, 10_000))
+    xyxy, got, class_ids, _ = decode(layout, t, p=DecodeParams(0.25, 0.45, 10_000))
     assert len(got) == MAX_CANDIDATES
     np.testing.assert_allclose(got, np.sort(scores)[::-1][:MAX_CANDIDATES], rtol=1e-6)
     # Each kept score still carries its own box and class.

@@ -15,7 +15,7 @@ def test_scales_normalised_centre_boxes_to_input_pixels():
     scores = np.zeros((1, 300, 4 + 3), np.float32)
     scores[0, 0] = (0.5, 0.5, 0.25, 0.5, 0.1, 0.8, 0.3)  # class 1 at 0.8
     scores[0, 1] = (0.1, 0.2, 0.1, 0.1, 0.2, 0.1, 0.1)  # nothing over 0.25
-    xyxy, s, c = decode("rtdetr", scores, p=p)
+    xyxy, s, c, _ = decode("rtdetr", scores, p=p)
     np.testing.assert_allclose(xyxy, [[240, 80, 400, 240]])
     np.testing.assert_allclose(s, [0.8])
     np.testing.assert_array_equal(c, [1])

@@ -22,7 +22,7 @@ def test_score_is_objectness_times_probability():
     )
     decoded = decode("yolov5", t)
     check_types(decoded, 2)
-    xyxy, scores, class_ids = decoded
+    xyxy, scores, class_ids, _ = decoded
     np.testing.assert_allclose(xyxy, [[80, 70, 120, 90], [295, 185, 305, 215]])
     np.testing.assert_allclose(scores, [0.72, 0.45], rtol=1e-6)
     assert class_ids.tolist() == [1, 2]
@@ -38,7 +38,7 @@ def test_accepts_unbatched_layout_and_applies_class_aware_nms():
         2,
     )
     for tensor in (t, t[0]):
-        _, scores, class_ids = decode("yolov5", tensor)
+        _, scores, class_ids, _ = decode("yolov5", tensor)
         assert class_ids.tolist() == [0, 1]
         np.testing.assert_allclose(scores, [0.9, 0.72], rtol=1e-6)
 

@@ -29,11 +29,11 @@ def test_rows_are_ranked_and_thresholded_without_nms():
     )
     decoded = decode("yolov7_max_wh", rows)
     check_types(decoded, 3)
-    xyxy, scores, classes = decoded
+    xyxy, scores, classes, _ = decoded
     np.testing.assert_allclose(scores, [0.90, 0.75, 0.60])
     assert classes.tolist() == [2, 7, 2]
     np.testing.assert_allclose(xyxy, [[12, 12, 52, 52], [200, 50, 260, 90], [10, 10, 50, 50]])
-    _, scores, _ = decode("yolov7_max_wh", rows, p=DecodeParams(0.25, 0.45, max_detections=1))
+    _, scores, _, _ = decode("yolov7_max_wh", rows, p=DecodeParams(0.25, 0.45, max_detections=1))
     np.testing.assert_allclose(scores, [0.90])
     check_types(decode("yolov7_max_wh", np.zeros((0, 7), np.float32)), 0)
 
@@ -138,7 +138,7 @@ def test_a_yolov7_max_wh_export_is_recognised_bound_and_decoded(tmp_path):
             model.backend.infer(io)
             rows = io.outputs[model.output_index]
             assert rows.shape == (3, 7)
-            xyxy, scores, classes = model.decode(io.outputs, model.params)
+            xyxy, scores, classes, _ = model.decode(io.outputs, model.params)
             np.testing.assert_allclose(scores, [0.81, 0.63, 0.30], rtol=1e-6)
             assert classes.tolist() == [0, 1, 2]
             np.testing.assert_allclose(xyxy, [[6, 6, 14, 14], [7, 6, 15, 14], [18, 17, 22, 23]])

@@ -14,7 +14,7 @@ def test_boxes_come_back_xyxy_with_scores_and_classes():
     t = v8_tensor([(100, 80, 40, 20, {2: 0.9}), (300, 200, 10, 30, {0: 0.3, 1: 0.6})], 3)
     decoded = decode("yolov8", t)
     check_types(decoded, 2)
-    xyxy, scores, class_ids = decoded
+    xyxy, scores, class_ids, _ = decoded
     np.testing.assert_allclose(xyxy, [[80, 70, 120, 90], [295, 185, 305, 215]])
     np.testing.assert_allclose(scores, [0.9, 0.6], rtol=1e-6)
     assert class_ids.tolist() == [2, 1], "class is the argmax of the class rows"
@@ -35,10 +35,10 @@ def test_score_threshold(score, kept):
 
 def test_nms_is_class_aware():
     same = v8_tensor([(100, 100, 40, 40, {0: 0.9}), (102, 100, 40, 40, {0: 0.8})], 2)
-    _, scores, _ = decode("yolov8", same)
+    _, scores, _, _ = decode("yolov8", same)
     assert scores.tolist() == pytest.approx([0.9]), "overlapping boxes of one class: one is suppressed"
     other = v8_tensor([(100, 100, 40, 40, {0: 0.9}), (102, 100, 40, 40, {1: 0.8})], 2)
-    _, scores, class_ids = decode("yolov8", other)
+    _, scores, class_ids, _ = decode("yolov8", other)
     assert class_ids.tolist() == [0, 1], "overlapping boxes of different classes are both kept"
 
 

@@ -1,0 +1,85 @@
+"""Pose exports: each detection's keypoints, K of them with D values each (x, y in input
+pixels, and a confidence when D is 3), after the box, score and class.
+
+``yolov8_pose``: YOLOv8/YOLO11 ``-pose``, ``[B, 4 + C + K*D, A]``, NMS here.
+``end2end_pose``: YOLO26 ``-pose`` (and ``nms=True`` exports), ``[B, N, 6 + K*D]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from edge_agent.models.decoders.base import Decoded, DecodeParams, OutputMismatch, Shape, unbatched
+from edge_agent.models.decoders.heads import TaskHead, classic_candidates, single
+from edge_agent.models.decoders.nms import keep_best, ranked
+from edge_agent.models.decoders.recognition import Seen
+
+
+@dataclass(frozen=True)
+class _Pose(TaskHead):
+    task: ClassVar[str] = "pose"
+    what: ClassVar[str] = "keypoint values"
+    keypoints: int = 0
+    dims: int = 3  # values per keypoint: x, y(, confidence)
+
+    def fit(self, shapes: Sequence[Shape], n_labels: int) -> _Pose:
+        classes, extra = self.fit_head(single(shapes), n_labels)
+        # Without the manifest's kpt_shape: 3 values per keypoint (x, y, visibility: every
+        # Ultralytics pose dataset but the 2-value ones) when they divide, else 2.
+        dims = 3 if extra % 3 == 0 else 2
+        if extra % dims:
+            raise OutputMismatch(f"a whole number of keypoints (x, y[, conf]) after the {n_labels} labels")
+        return dataclasses.replace(self, classes=classes, extra=extra, keypoints=extra // dims, dims=dims)
+
+    def refine(self, output: Any) -> _Pose:
+        shape = tuple(getattr(output, "kpt_shape", ()) or ())
+        if not shape:
+            return self
+        k, d = shape
+        if k * d != self.extra:
+            raise OutputMismatch(f"kpt_shape {list(shape)}: {k * d} keypoint values, not {self.extra}")
+        return dataclasses.replace(self, keypoints=k, dims=d)
+
+    def expected_extra(self, seen: Seen) -> int | None:
+        shape = seen.meta("kpt_shape")
+        if isinstance(shape, (list, tuple)) and len(shape) == 2 and all(isinstance(v, int) for v in shape):
+            return shape[0] * shape[1]
+        return None
+
+    def describe(self) -> str:
+        return f"{self.keypoints} keypoints x {self.dims} values"
+
+
+@dataclass(frozen=True)
+class YoloV8Pose(_Pose):
+    """Rows cx, cy, w, h, C class scores, K*D keypoint values; one column per anchor."""
+
+    name: ClassVar[str] = "yolov8_pose"
+    layout: ClassVar[str] = "[B, 4+C+K*D, N]"
+    nms_in_model: ClassVar[bool] = False
+
+    def decode(self, outputs: tuple[np.ndarray, ...], p: DecodeParams) -> Decoded:
+        cand, best, cls = classic_candidates(unbatched(outputs[0]), self.classes, p.score_threshold)
+        return keep_best(cand[:, :4], best, cls, p, cand[:, 4 + self.classes :])
+
+
+@dataclass(frozen=True)
+class End2EndPose(_Pose):
+    """Rows x1, y1, x2, y2, score, class id, K*D keypoint values."""
+
+    name: ClassVar[str] = "end2end_pose"
+    layout: ClassVar[str] = "[B, N, 6+K*D]"
+    nms_in_model: ClassVar[bool] = True
+    end_to_end: ClassVar[bool] = True
+
+    def decode(self, outputs: tuple[np.ndarray, ...], p: DecodeParams) -> Decoded:
+        out = unbatched(outputs[0])
+        return ranked(out[:, :4], out[:, 4], out[:, 5], p, out[:, 6:])
+
+
+DECODERS = (YoloV8Pose(), End2EndPose())  # the registry collects them by their names

@@ -1,0 +1,54 @@
+"""The interface every task implements, and the task of a loaded model.
+
+A task takes over where the decoder stops: each detection's task values (``Decoded.extra``,
+model-input pixels) are copied into the frame slot's ``det_extra``; ``to_source`` maps them
+to source pixels (and may drop detections, as segmentation drops those whose mask is
+empty); the message builder writes them with ``json_format``/``json_values`` (one ``%``
+operation per message, as the boxes) or ``fields`` (msgpack, tools). ``registry.task_for``
+gives a loaded model's task.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+
+class Task:
+    """Plain detection: nothing beyond the box. The other tasks subclass it."""
+
+    name: ClassVar[str] = "detect"
+
+    #: Values per detection kept in the slot (``FrameSlot.det_extra``).
+    width: int = 0
+    #: Whether its detections carry masks (``FrameSlot.det_masks``).
+    masks: bool = False
+    #: The ``%`` format of one detection's task values, appended inside its JSON object
+    #: ("" for none); ``json_values`` gives its values. Plain attributes, not methods: the
+    #: message builder reads them for every frame.
+    json_format: str = ""
+
+    def to_source(self, slot: Any, n: int) -> int:
+        """Map the slot's first ``n`` detections' task values to source pixels, in place;
+        called while ``det_xyxy`` is still in model-input pixels. Returns how many
+        detections are kept (at the front of the slot's arrays)."""
+        return n
+
+    def json_values(self, slot: Any, i: int) -> list[Any]:
+        return []
+
+    def fields(self, slot: Any, i: int) -> dict[str, Any]:
+        """Detection ``i``'s task values as objects (msgpack, tools)."""
+        return {}
+
+
+def compact(slot: Any, keep: np.ndarray, n: int) -> int:
+    """Move the detections ``keep`` (ascending indices below ``n``) to the front of the
+    slot's arrays; returns their count."""
+    k = len(keep)
+    if k == n:
+        return n
+    for arr in (slot.det_xyxy, slot.det_score, slot.det_class, slot.det_extra):
+        arr[:k] = arr[keep]
+    return k
