@@ -220,9 +220,15 @@ def manifest_from_onnx(path: str) -> tuple[ModelManifest, list[str]]:
     name, named = decoder.output_section(choice.outputs)
     protos = named.pop("protos", PROTOS)
     kpt_shape = info.meta("kpt_shape") if decoder.task == "pose" else None
-    if isinstance(kpt_shape, (list, tuple)) and len(kpt_shape) == 2:
+    if (
+        isinstance(kpt_shape, (list, tuple))
+        and len(kpt_shape) == 2
+        and all(type(v) is int for v in kpt_shape)
+    ):
         notes.append(f"keypoints {kpt_shape[0]} x {kpt_shape[1]} values from metadata kpt_shape")
     else:
+        if kpt_shape is not None:
+            notes.append(f"metadata kpt_shape {kpt_shape!r} is not [keypoints, values]: read from the output")
         kpt_shape = ()
     manifest = ModelManifest(
         name=Path(path).stem,

@@ -114,20 +114,27 @@ class FrameSlot:
         self.det_xyxy[:n] = found.xyxy[:n]
         self.det_score[:n] = found.scores[:n]
         self.det_class[:n] = found.classes[:n]
+        cols = 0
         if task.width:
             extra = found.extra
-            self.det_extra[:n, : extra.shape[1]] = extra[:n]  # type: ignore[union-attr]
+            cols = extra.shape[1]  # type: ignore[union-attr]
+            self.det_extra[:n, :cols] = extra[:n]  # type: ignore[index]
         # A model that outputs NaN or infinity (a broken export, a bad engine) would make
-        # the message invalid JSON: such detections are dropped here, whatever the task.
-        finite = np.isfinite(self.det_xyxy[:n]).all(axis=1)
+        # the message invalid JSON: such detections are dropped, whatever the task; again
+        # after the task's mapping, which a huge value can overflow.
+        n = self._finite(n, cols)
         if task.width:
-            finite &= np.isfinite(self.det_extra[:n]).all(axis=1)
-        if not finite.all():
-            n = compact(self, np.flatnonzero(finite), n)
-        if task.width:
-            n = task.to_source(self, n)
+            n = self._finite(task.to_source(self, n), task.width, masks=True)
         self.det_count = n
         boxes_to_source(self.det_xyxy[:n], self.geo)
+
+    def _finite(self, n: int, cols: int, masks: bool = False) -> int:
+        """Keep the first ``n`` detections whose box, score and first ``cols`` task values
+        are all finite (in order; ``masks``: their masks with them); returns their count."""
+        finite = np.isfinite(self.det_xyxy[:n]).all(axis=1) & np.isfinite(self.det_score[:n])
+        if cols:
+            finite &= np.isfinite(self.det_extra[:n, :cols]).all(axis=1)
+        return n if finite.all() else compact(self, np.flatnonzero(finite), n, masks)
 
     def keep_pixels(self, image: np.ndarray) -> None:
         """Copy ``image`` into ``pixels`` (allocated once per frame size)."""

@@ -20,6 +20,7 @@ import numpy as np
 from edge_agent.models.decoders.base import Decoder, Shape, need
 from edge_agent.models.decoders.recognition import (
     BY_ANCHORS,
+    BY_LABELS,
     BY_METADATA,
     BY_ROWS,
     Guess,
@@ -29,6 +30,10 @@ from edge_agent.models.decoders.recognition import (
     rows_and_columns,
     shape_rule,
 )
+
+#: The most task values per detection a model may have (a whole-body pose has 133 x 3 =
+#: 399; Ultralytics' masks 32 coefficients).
+MAX_EXTRA = 4096
 
 
 def classic_candidates(
@@ -61,11 +66,16 @@ class TaskHead(Decoder):
         if self.end_to_end:
             width = shape[2]
             need(width is not None and width > 6, f"6 + the {self.task} values on axis 2")
-            return n_labels, int(width) - 6  # type: ignore[operator]
-        rows = shape[1]
-        wanted = f"4 + {n_labels} labels + the {self.task} values on axis 1"
-        need(rows is not None and rows > 4 + n_labels, wanted)
-        return n_labels, int(rows) - 4 - n_labels  # type: ignore[operator]
+            extra = int(width) - 6  # type: ignore[operator]
+        else:
+            rows = shape[1]
+            wanted = f"4 + {n_labels} labels + the {self.task} values on axis 1"
+            need(rows is not None and rows > 4 + n_labels, wanted)
+            extra = int(rows) - 4 - n_labels  # type: ignore[operator]
+        # Each value is kept per detection slot and written in every message: a model
+        # claiming millions of them would make the agent allocate without bound.
+        need(extra <= MAX_EXTRA, f"at most {MAX_EXTRA} {self.what} per detection, not {extra}")
+        return n_labels, extra
 
     def expected_extra(self, seen: Seen) -> int | None:
         """The task values per detection the model's metadata or other outputs say it has
@@ -110,6 +120,9 @@ class TaskHead(Decoder):
                 f"axis 1 = 4 + {n} labels + {a - 4 - n} {self.what}"
             )
             yield Guess(BY_ANCHORS, shape_rule(a, b, why), outputs)
+        elif b is None and fits and e is not None and n:  # a dynamic=True export: the anchors axis is open
+            why = f"axis 1 = 4 + {n} labels + {e} {self.what} (axis 2 dynamic)"
+            yield Guess(BY_LABELS, shape_rule(a, b, why), outputs)
 
     def class_count(self, shape: Shape) -> int:
         return 0  # the task values share the axis: only the labels tell

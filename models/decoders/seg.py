@@ -43,9 +43,9 @@ class _Seg(TaskHead):
         pred, protos = shapes
         classes, extra = self.fit_head(pred, n_labels)
         need(len(protos) == 4, "4 axes (the mask prototypes [B, M, H, W])", 1)
-        need(protos[2] is not None and protos[3] is not None, "a fixed prototype size (axes 2 and 3)", 1)
-        if protos[1] is not None:
-            check_extra(extra, int(protos[1]), "mask coefficients (the prototypes' count)")
+        # The prototypes' size may be dynamic (a dynamic=True export): it is read per frame.
+        need(protos[1] is not None, "a fixed prototype count M on axis 1", 1)
+        check_extra(extra, int(protos[1]), "mask coefficients (the prototypes' count)")  # type: ignore[arg-type]
         return dataclasses.replace(self, classes=classes, extra=extra)
 
     def expected_extra(self, seen: Seen) -> int | None:

@@ -43,12 +43,14 @@ class Task:
         return {}
 
 
-def compact(slot: Any, keep: np.ndarray, n: int) -> int:
+def compact(slot: Any, keep: np.ndarray, n: int, masks: bool = False) -> int:
     """Move the detections ``keep`` (ascending indices below ``n``) to the front of the
-    slot's arrays; returns their count."""
+    slot's arrays (``masks``: its masks too); returns their count."""
     k = len(keep)
     if k == n:
         return n
     for arr in (slot.det_xyxy, slot.det_score, slot.det_class, slot.det_extra):
         arr[:k] = arr[keep]
+    if masks and slot.det_masks:
+        slot.det_masks[:k] = [slot.det_masks[i] for i in keep.tolist()]
     return k

@@ -176,7 +176,7 @@ def polygons(mask: Mask, max_points: int, frame_wh: tuple[int, int] | None = Non
     """The mask's outlines (outer contours, largest first, at most ``max_points`` / 8 of
     them), simplified (Douglas-Peucker, the tolerance raised from 0.5 px) until they hold
     ``max_points`` points in all, pieces that shrink below 3 points left out; in source
-    pixels (a mask of another scale: its points mapped and clipped to ``frame_wh``)."""
+    pixels (a mask of another scale: its points mapped), clipped to ``frame_wh``."""
     found, _ = cv2.findContours(mask.bitmap.astype(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
     if not found:
         return []
@@ -186,9 +186,13 @@ def polygons(mask: Mask, max_points: int, frame_wh: tuple[int, int] | None = Non
     epsilon = 0.5
     if sum(len(c) for c in found) <= max_points:  # fits as it is: no simplification
         epsilon = 0.0
+    out: list[np.ndarray] = []
     while True:
-        out = [cv2.approxPolyDP(c, epsilon, True).reshape(-1, 2) for c in found]
-        out = [p for p in out if len(p) >= 3] or [out[0]]
+        simpler = [cv2.approxPolyDP(c, epsilon, True).reshape(-1, 2) for c in found]
+        simpler = [p for p in simpler if len(p) >= 3]  # pieces shrunk to a line are left out
+        if not simpler:  # all shrunk to lines (or a sliver of a mask): the round before, cut below
+            break
+        out = simpler
         total = sum(len(p) for p in out)
         if total <= max_points or epsilon > 1e4:
             break
@@ -202,8 +206,11 @@ def polygons(mask: Mask, max_points: int, frame_wh: tuple[int, int] | None = Non
         kept.append(p[:max_points])
         total += len(p)
     if mask.scale == (1.0, 1.0) and float(mask.x0).is_integer() and float(mask.y0).is_integer():
-        return [p + np.array((int(mask.x0), int(mask.y0)), np.int32) for p in kept]
-    placed = [p * np.array(mask.scale, np.float32) + np.array((mask.x0, mask.y0), np.float32) for p in kept]
+        placed = [p + np.array((int(mask.x0), int(mask.y0)), np.int32) for p in kept]
+    else:
+        placed = [
+            p * np.array(mask.scale, np.float32) + np.array((mask.x0, mask.y0), np.float32) for p in kept
+        ]
     if frame_wh is not None:  # a mask reaching into the letterbox's padding: clipped as Ultralytics clips
         for p in placed:
             np.clip(p, 0, frame_wh, out=p)

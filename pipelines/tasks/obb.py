@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+import numpy as np
+
 from edge_agent.models.decoders.rotated import corners
 from edge_agent.pipelines.tasks.base import Task
 
@@ -28,11 +30,13 @@ class ObbTask(Task):
 
     def to_source(self, slot: Any, n: int) -> int:
         geo, e = slot.geo, slot.det_extra
-        e[:n, 0] -= geo.pad_x
-        e[:n, 1] -= geo.pad_y
-        e[:n, 0:4:2] /= geo.scale_x
-        e[:n, 1:4:2] /= geo.scale_y
-        corners(e[:n, :5], out=e[:n, 5:13].reshape(n, 4, 2))
+        # A huge value can overflow here: the slot drops what is not finite afterwards.
+        with np.errstate(over="ignore", invalid="ignore"):
+            e[:n, 0] -= geo.pad_x
+            e[:n, 1] -= geo.pad_y
+            e[:n, 0:4:2] /= geo.scale_x
+            e[:n, 1:4:2] /= geo.scale_y
+            corners(e[:n, :5], out=e[:n, 5:13].reshape(n, 4, 2))
         return n
 
     def json_values(self, slot: Any, i: int) -> list[Any]:

@@ -19,6 +19,10 @@ from edge_agent.models.decoders.base import BoundDecoder, DecodeParams
 from edge_agent.pipelines.tasks import masks as m
 from edge_agent.pipelines.tasks.base import Task, compact
 
+#: The most runs a mask's RLE may have (a smooth mask across a 4K frame has about 8,000);
+#: a mask of more is published as polygons.
+MAX_RLE_RUNS = 20_000
+
 
 class SegmentTask(Task):
     name: ClassVar[str] = "segment"
@@ -32,7 +36,6 @@ class SegmentTask(Task):
         self.width = self.coefficients
         self.masks = form != "none"
         self.json_format = ',"mask":%s' if self.masks else ""
-
 
     def to_source(self, slot: Any, n: int) -> int:
         """Each detection's mask, and its published form (polygons or RLE, as objects and as
@@ -60,7 +63,11 @@ class SegmentTask(Task):
 
     def _published(self, mask: m.Mask, h: int, w: int) -> dict[str, Any]:
         if self.form == "rle":
-            return {"rle": {"size": [h, w], "counts": m.rle(mask, h, w).tolist()}}
+            counts = m.rle(mask, h, w)
+            # A smooth mask has about two runs per column it spans; a hostile model's
+            # checkerboard would have one per pixel, megabytes per message: outlined instead.
+            if len(counts) <= MAX_RLE_RUNS:
+                return {"rle": {"size": [h, w], "counts": counts.tolist()}}
         outlines = m.polygons(mask, self.max_points, (w, h))
         return {
             "polygons": [np.round(p, 1).tolist() if p.dtype.kind == "f" else p.tolist() for p in outlines]

@@ -156,13 +156,20 @@ def test_task_results_are_counted_by_the_summary_and_kept_by_with_detections(kin
 
 
 def test_a_frame_bloated_by_its_masks_is_refused_before_it_is_decoded():
-    # The agent's own RLE of masks full of holes: each run a few bytes, far over the bound.
+    # Masks full of holes: the agent's RLE would be a run per pixel, so it outlines them
+    # instead (segment.MAX_RLE_RUNS) and its frame stays small...
     slot = task_slot(segment_task("rle"), 16, size=(1920, 1080))
     rng = np.random.default_rng(1)
     for i in range(16):
         x0, y0 = min(slot.det_masks[i].x0, 1920 - 300), min(slot.det_masks[i].y0, 1080 - 300)
         slot.det_masks[i] = Mask(x0, y0, rng.random((300, 300)) < 0.5)
-    frame = stream_frame(slot)
+    assert len(stream_frame(slot)) < MAX_FRAME_BYTES // 4
+    # ...and a frame that big from anyone else on the endpoint is refused undecoded.
+    body = client.decode(stream_frame(task_slot(segment_task("rle"), 1)))[1]
+    body["detections"] *= 16
+    for d in body["detections"]:
+        d["mask"]["rle"]["counts"] = [1] * 40_000
+    frame = b"det.cam0 " + json.dumps(body).encode()
     assert len(frame) > MAX_FRAME_BYTES
     problem, out = take(frame, make_forwarder("all", 1.0, 0.0))
     assert problem == f"{len(frame)} bytes, over {MAX_FRAME_BYTES}" and out == []

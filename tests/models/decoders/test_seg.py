@@ -165,7 +165,7 @@ def test_end_to_end_max_detections():
     [
         (YoloV8Seg(), (1, 116, 8400), (1, 32, 160, 160), 80),
         (YoloV8Seg(), (None, 116, None), (None, 32, 160, 160), 80),
-        (YoloV8Seg(), (1, 4 + 2 + 32, 8400), (1, None, 160, 160), 2),  # the count: from the predictions
+        (YoloV8Seg(), (None, 116, None), (None, 32, None, None), 80),  # dynamic=True: the size per frame
         (End2EndSeg(), (1, 300, 38), (1, 32, 160, 160), 80),
         (End2EndSeg(), (None, None, 38), (None, 32, 80, 80), 1),
     ],
@@ -181,8 +181,8 @@ def test_fit_reads_classes_and_coefficients(decoder, pred, protos, labels):
         (YoloV8Seg(), (1, 116, 8400), (1, 16, 160, 160), "16 mask coefficients .*not 32", 0),
         (End2EndSeg(), (1, 300, 38), (1, 31, 160, 160), "31 mask coefficients .*not 32", 0),
         (YoloV8Seg(), (1, 116, 8400), (1, 32, 160), "4 axes", 1),
-        (YoloV8Seg(), (1, 116, 8400), (1, 32, None, 160), "a fixed prototype size", 1),
-        (End2EndSeg(), (1, 300, 38), (1, 32, 160, None), "a fixed prototype size", 1),
+        (YoloV8Seg(), (1, 116, 8400), (1, None, 160, 160), "a fixed prototype count", 1),
+        (End2EndSeg(), (1, 300, 38), (1, None, None, None), "a fixed prototype count", 1),
         (
             YoloV8Seg(),
             (1, 84, 8400),
