@@ -17,6 +17,7 @@ from edge_agent.core.configload import check
 from edge_agent.models import onnx_info
 from edge_agent.models.decoders import registry as decoders
 from edge_agent.models.decoders.efficient_nms import NMS_OUTPUTS
+from edge_agent.models.decoders.pose import kpt_shape_of
 from edge_agent.models.decoders.seg import PROTOS
 
 BUNDLED_DIR = Path(__file__).resolve().parent
@@ -219,17 +220,12 @@ def manifest_from_onnx(path: str) -> tuple[ModelManifest, list[str]]:
         )
     name, named = decoder.output_section(choice.outputs)
     protos = named.pop("protos", PROTOS)
-    kpt_shape = info.meta("kpt_shape") if decoder.task == "pose" else None
-    if (
-        isinstance(kpt_shape, (list, tuple))
-        and len(kpt_shape) == 2
-        and all(type(v) is int for v in kpt_shape)
-    ):
+    said = info.meta("kpt_shape") if decoder.task == "pose" else None
+    kpt_shape = kpt_shape_of(said) or ()
+    if kpt_shape:
         notes.append(f"keypoints {kpt_shape[0]} x {kpt_shape[1]} values from metadata kpt_shape")
-    else:
-        if kpt_shape is not None:
-            notes.append(f"metadata kpt_shape {kpt_shape!r} is not [keypoints, values]: read from the output")
-        kpt_shape = ()
+    elif said is not None:
+        notes.append(f"metadata kpt_shape {said!r} is not [keypoints, values]: read from the output")
     manifest = ModelManifest(
         name=Path(path).stem,
         input=InputSpec(
@@ -246,7 +242,7 @@ def manifest_from_onnx(path: str) -> tuple[ModelManifest, list[str]]:
             decoder=decoder.name,
             efficient_nms=NmsOutputs(**named),
             protos=protos,
-            kpt_shape=tuple(int(v) for v in kpt_shape),
+            kpt_shape=kpt_shape,
         ),
         labels=labels,
     )

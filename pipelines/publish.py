@@ -29,7 +29,7 @@ from edge_agent.core.stamps import CAPTURED, N_STAMPS, PUBLISH, STAGES
 from edge_agent.pipelines.curve import AllowedClients, read_client_keys
 from edge_agent.pipelines.slots import FrameSlot
 from edge_agent.pipelines.stream_guard import SubscriberGuard
-from edge_agent.pipelines.tasks.base import Task
+from edge_agent.pipelines.tasks.base import task_of
 
 log = logging.getLogger(__name__)
 
@@ -447,15 +447,6 @@ def _detection_head(label: str, class_id: int) -> str:
     return json.dumps({"label": label, "class_id": class_id}, separators=(",", ":"))[:-1] + ',"score":'
 
 
-def task_of(slot: FrameSlot) -> Task:
-    """The task of the model the slot's frame ran on (plain detection without one)."""
-    profile = getattr(slot, "profile", None)
-    return profile.model.task if profile is not None else _DETECT
-
-
-_DETECT = Task()
-
-
 def _trim_heap() -> None:
     """Give the C heap's free pages back to the system (glibc); nothing elsewhere."""
     try:
@@ -560,7 +551,8 @@ class MessageBuilder:
         tracks = zip(slot.det_track[:n].tolist(), slot.det_track_age[:n].tolist()) if self.tracks else None
         task = task_of(slot)
         tail = task.json_format
-        for i, (c, s, box) in enumerate(rows):
+        values = iter(task.json_rows(slot, n)) if tail else None
+        for c, s, box in rows:
             flat.append(heads[c] if 0 <= c < len(heads) else _detection_head(str(c), c))
             flat.append(s)
             flat.extend(box)
@@ -568,8 +560,8 @@ class MessageBuilder:
                 track, age = next(tracks)
                 flat.append(track or "null")
                 flat.append(age)
-            if tail:
-                flat.extend(task.json_values(slot, i))
+            if values is not None:
+                flat.extend(next(values))
         one = _TRACKED_JSON if self.tracks else _DETECTION_JSON
         if tail:
             one = one[:-1] + tail + "}"

@@ -13,6 +13,7 @@ input/output set per batch size, allocated and warmed up before the first frame.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -131,6 +132,13 @@ class FrameSlot:
     def _finite(self, n: int, cols: int, masks: bool = False) -> int:
         """Keep the first ``n`` detections whose box, score and first ``cols`` task values
         are all finite (in order; ``masks``: their masks with them); returns their count."""
+        # One sum each first (a scalar, no array made per frame): NaN or inf in any value
+        # makes it so; only then (or a sum that overflowed) are the detections looked at.
+        sums = float(self.det_xyxy[:n].sum()) + float(self.det_score[:n].sum())
+        if cols:
+            sums += float(self.det_extra[:n, :cols].sum())
+        if math.isfinite(sums):
+            return n
         finite = np.isfinite(self.det_xyxy[:n]).all(axis=1) & np.isfinite(self.det_score[:n])
         if cols:
             finite &= np.isfinite(self.det_extra[:n, :cols]).all(axis=1)

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from edge_agent.core.stamps import CAPTURED, PUBLISH
+from edge_agent.pipelines.tasks.base import task_of
 
 if TYPE_CHECKING:
     from edge_agent.pipelines.analytics.geometry import Shapes
@@ -172,8 +173,8 @@ class ViewTap:
     def _take_task(f: ViewFrame, slot: Any, n: int) -> None:
         """The slot's task values that the view draws: copied (pose, obb), or its masks'
         references (segment); no allocation per frame but a segmentation frame's list."""
-        task = getattr(slot.profile.model, "task", None)
-        name = task.name if task is not None else "detect"
+        task = task_of(slot)
+        name = task.name
         width = task.width if name in _DRAWN_EXTRA else 0
         f.take_task(name, getattr(task, "keypoints", 0), getattr(task, "dims", 0), width)
         if width:

@@ -20,6 +20,14 @@ from edge_agent.models.decoders.nms import keep_best, ranked
 from edge_agent.models.decoders.recognition import Seen
 
 
+def kpt_shape_of(value: Any) -> tuple[int, int] | None:
+    """Ultralytics' metadata ``kpt_shape`` (keypoints, values per keypoint) when it is two
+    integers; None otherwise (absent, or not what Ultralytics writes)."""
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(type(v) is int for v in value):
+        return value[0], value[1]
+    return None
+
+
 @dataclass(frozen=True)
 class _Pose(TaskHead):
     task: ClassVar[str] = "pose"
@@ -46,10 +54,8 @@ class _Pose(TaskHead):
         return dataclasses.replace(self, keypoints=k, dims=d)
 
     def expected_extra(self, seen: Seen) -> int | None:
-        shape = seen.meta("kpt_shape")
-        if isinstance(shape, (list, tuple)) and len(shape) == 2 and all(isinstance(v, int) for v in shape):
-            return shape[0] * shape[1]
-        return None
+        shape = kpt_shape_of(seen.meta("kpt_shape"))
+        return shape[0] * shape[1] if shape else None
 
     def describe(self) -> str:
         return f"{self.keypoints} keypoints x {self.dims} values"

@@ -3,7 +3,7 @@
 A task takes over where the decoder stops: each detection's task values (``Decoded.extra``,
 model-input pixels) are copied into the frame slot's ``det_extra``; ``to_source`` maps them
 to source pixels (and may drop detections, as segmentation drops those whose mask is
-empty); the message builder writes them with ``json_format``/``json_values`` (one ``%``
+empty); the message builder writes them with ``json_format``/``json_rows`` (one ``%``
 operation per message, as the boxes) or ``fields`` (msgpack, tools). ``registry.task_for``
 gives a loaded model's task.
 """
@@ -25,7 +25,7 @@ class Task:
     #: Whether its detections carry masks (``FrameSlot.det_masks``).
     masks: bool = False
     #: The ``%`` format of one detection's task values, appended inside its JSON object
-    #: ("" for none); ``json_values`` gives its values. Plain attributes, not methods: the
+    #: ("" for none); ``json_rows`` gives its values. Plain attributes, not methods: the
     #: message builder reads them for every frame.
     json_format: str = ""
 
@@ -35,12 +35,24 @@ class Task:
         detections are kept (at the front of the slot's arrays)."""
         return n
 
-    def json_values(self, slot: Any, i: int) -> list[Any]:
+    def json_rows(self, slot: Any, n: int) -> list[list[Any]]:
+        """The values ``json_format`` takes, for each of the slot's first ``n`` detections
+        (made once per message)."""
         return []
 
     def fields(self, slot: Any, i: int) -> dict[str, Any]:
         """Detection ``i``'s task values as objects (msgpack, tools)."""
         return {}
+
+
+DETECT = Task()
+
+
+def task_of(slot: Any) -> Task:
+    """The task of the model the slot's frame ran on: its profile's (plain detection for a
+    slot of none, as tools and tests make them)."""
+    task = getattr(getattr(getattr(slot, "profile", None), "model", None), "task", None)
+    return task if task is not None else DETECT
 
 
 def compact(slot: Any, keep: np.ndarray, n: int, masks: bool = False) -> int:

@@ -39,8 +39,8 @@ class ObbTask(Task):
             corners(e[:n, :5], out=e[:n, 5:13].reshape(n, 4, 2))
         return n
 
-    def json_values(self, slot: Any, i: int) -> list[Any]:
-        return slot.det_extra[i, :13].tolist()
+    def json_rows(self, slot: Any, n: int) -> list[list[Any]]:
+        return slot.det_extra[:n, :13].tolist()
 
     def fields(self, slot: Any, i: int) -> dict[str, Any]:
         v = slot.det_extra[i, :13].tolist()

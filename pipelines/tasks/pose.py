@@ -33,8 +33,8 @@ class PoseTask(Task):
         np.clip(y, 0, geo.src_h, out=y)
         return n
 
-    def json_values(self, slot: Any, i: int) -> list[Any]:
-        return slot.det_extra[i, : self.width].tolist()
+    def json_rows(self, slot: Any, n: int) -> list[list[Any]]:
+        return slot.det_extra[:n, : self.width].tolist()
 
     def fields(self, slot: Any, i: int) -> dict[str, Any]:
         k = slot.det_extra[i, : self.width].reshape(self.keypoints, self.dims)

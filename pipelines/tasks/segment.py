@@ -30,10 +30,9 @@ class SegmentTask(Task):
     def __init__(self, decoder: BoundDecoder, params: DecodeParams, form: str, max_points: int) -> None:
         self.form = form  # polygon | rle | none
         self.max_points = max_points
-        self.coefficients = decoder.decoder.extra_width()
         self.protos_output = decoder.outputs[1]  # where the prototypes are in the model's outputs
         self.input_hw = (params.input_h, params.input_w)
-        self.width = self.coefficients
+        self.width = decoder.decoder.extra_width()  # the mask coefficients
         self.masks = form != "none"
         self.json_format = ',"mask":%s' if self.masks else ""
 
@@ -45,9 +44,7 @@ class SegmentTask(Task):
         protos = slot.io.outputs[self.protos_output][0]
         keep = []
         for i in range(n):
-            found = m.input_mask(
-                slot.det_extra[i, : self.coefficients], protos, slot.det_xyxy[i], self.input_hw
-            )
+            found = m.input_mask(slot.det_extra[i, : self.width], protos, slot.det_xyxy[i], self.input_hw)
             if found is not None:
                 # RLE needs the frame-sized mask; polygons are outlined at the input's
                 # resolution and their points mapped, as Ultralytics' masks.xy are.
@@ -73,9 +70,11 @@ class SegmentTask(Task):
             "polygons": [np.round(p, 1).tolist() if p.dtype.kind == "f" else p.tolist() for p in outlines]
         }
 
-    def json_values(self, slot: Any, i: int) -> list[Any]:
-        mask = slot.det_masks[i]
-        return [mask.text or json.dumps(self._shape(slot, mask), separators=(",", ":"))]
+    def json_rows(self, slot: Any, n: int) -> list[list[Any]]:
+        return [
+            [mask.text or json.dumps(self._shape(slot, mask), separators=(",", ":"))]
+            for mask in slot.det_masks[:n]
+        ]
 
     def fields(self, slot: Any, i: int) -> dict[str, Any]:
         return {} if self.form == "none" else {"mask": self._shape(slot, slot.det_masks[i])}

@@ -277,7 +277,7 @@ def test_segmentation_masks_are_published_as_rle_of_the_frame():
             pos, value = pos + c, not value
         assert pos == 96 * 128
         np.testing.assert_array_equal(flat.reshape(128, 96).T, placed(s.det_masks[j], 96, 128))
-        assert json.loads(task.json_values(s, j)[0]) == {"rle": rle}
+        assert json.loads(task.json_rows(s, j + 1)[j][0]) == {"rle": rle}
 
 
 def test_segmentation_polygons_are_in_source_pixels():
