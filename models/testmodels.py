@@ -117,6 +117,33 @@ def _save(graph, path: str, metadata: dict[str, str] | None) -> str:
     return path
 
 
+def efficient_nms_plugin_graph(path: Path, k: int = 10) -> Path:
+    """An ONNX holding TensorRT's EfficientNMS_TRT plugin, as YOLOv7's ``--end2end`` writes
+    it (with its manifest beside it): ONNX Runtime cannot load it; TensorRT's parser can,
+    once the plugins are registered."""
+    f, i32 = TensorProto.FLOAT, TensorProto.INT32
+    x = helper.make_tensor_value_info("images", f, [1, 3, 32, 32])
+    outs = [
+        helper.make_tensor_value_info("num_dets", i32, [1, 1]),
+        helper.make_tensor_value_info("det_boxes", f, [1, k, 4]),
+        helper.make_tensor_value_info("det_scores", f, [1, k]),
+        helper.make_tensor_value_info("det_classes", i32, [1, k]),
+    ]
+    node = helper.make_node(
+        "EfficientNMS_TRT", ["images"], [o.name for o in outs], domain="TRT", score_threshold=0.25
+    )
+    graph = helper.make_graph([node], "plugin", [x], outs)
+    model = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("TRT", 1)]
+    )
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    path.with_suffix(".yaml").write_text(
+        "name: p\ninput: {height: 32, width: 32}\noutput: {decoder: efficient_nms}\nlabels: [a, b, c, d]\n"
+    )
+    return path
+
+
 def yolov8_output(
     boxes_cxcywh: list[tuple[float, float, float, float]],
     classes: list[int],
@@ -205,7 +232,8 @@ def float_nchw_detector(out_dir: str) -> Path:
     onnx.save(model, str(d / "model.onnx"))
     bundled = (Path(bundled_model_path()).parent / "manifest.yaml").read_text()
     (d / "manifest.yaml").write_text(
-        bundled.replace("layout: NHWC", "layout: NCHW").replace("dtype: uint8", "dtype: float32")
+        bundled.replace("layout: NHWC", "layout: NCHW")
+        .replace("dtype: uint8", "dtype: float32")
         .replace("color: bgr", "color: rgb")
     )
     return d / "model.onnx"

@@ -106,6 +106,9 @@ class FaultyBackend(InferenceBackend):
     def warmup(self, io: IOSet, runs: int = 3) -> None:
         self.inner.warmup(io, runs)  # warm-up is not a frame: no faults
 
+    def prepare(self, io: IOSet) -> None:
+        self.inner.prepare(io)
+
     def infer(self, io: IOSet) -> None:
         f = self.faults
         self.calls += 1

@@ -216,8 +216,10 @@ class ModelBuffers:
                 )
                 for i in range(slots)
             ]
-            if not self.pools:
+            if not self.pools:  # the model is not running yet: inference may run here
                 self.warm_ns[1] = _warm(m.backend, made[0].io)
+                for s in made[1:]:
+                    m.backend.prepare(s.io)
             pool = self.pools[source] = SlotPool(made)
         return pool
 

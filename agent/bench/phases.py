@@ -245,6 +245,53 @@ def prepared(agent: Agent) -> Iterator[tuple[Any, Any]]:
         slot.pool.release(slot)  # type: ignore[union-attr]
 
 
+def infer_cpu(backend: Any, io: Any, runs: int, into: Samples) -> None:
+    """``runs`` inferences back to back, each one's CPU time on this thread
+    (``time.thread_time_ns``: the launches, copies and the wait's own cost, not the time it
+    sleeps waiting for the device)."""
+    for _ in range(runs):
+        t = time.thread_time_ns()
+        backend.infer(io)
+        into.record(time.thread_time_ns() - t)
+
+
+def graph_cpu(agent: Agent, runs: int) -> dict[str, Any]:
+    """``compare_graphs`` on a frame slot of the agent's first source holding a frame."""
+    with prepared(agent) as (slot, _):
+        return compare_graphs(slot.profile.model.backend, slot.io, runs)
+
+
+def compare_graphs(backend: Any, io: Any, runs: int) -> dict[str, Any]:
+    """The infer stage's CPU time per frame with the TensorRT backend's CUDA graphs replayed
+    and with plain enqueues on the same slot, ``runs`` each, in alternating blocks
+    (``infer_cpu``); for a backend with CUDA graphs (TensorRT's ``graph_state``). Where
+    graphs are off for the model, only the plain figure, and why."""
+    backend.infer(io)  # the slot's first run captures its graphs
+    state = backend.graph_state()
+    replaying = state["replaying"]
+    graphs, plain = Samples(), Samples()
+    block = max(1, min(50, runs // 4))
+    try:
+        for done in range(0, runs, block):
+            n = min(block, runs - done)
+            backend.replay_graphs(False)
+            infer_cpu(backend, io, n, plain)
+            backend.replay_graphs(True)
+            if replaying:
+                infer_cpu(backend, io, n, graphs)
+    finally:
+        backend.replay_graphs(True)
+    result: dict[str, Any] = {
+        "replaying": replaying,
+        "off": state["off"],
+        "plain_cpu_ms": plain.summary_ms(),
+        "graphs_cpu_ms": graphs.summary_ms() if replaying else None,
+    }
+    if replaying:
+        result["saving_p50_ms"] = round(plain.percentile_ms(50) - graphs.percentile_ms(50), 3)
+    return result
+
+
 def pure_inference(agent: Agent, runs: int) -> Samples:
     """The backend alone: the session the agent's pipeline runs (the input-adapted copy,
     when adapted), on one slot holding a preprocessed source frame, ``runs`` times back to

@@ -30,6 +30,7 @@ from edge_agent.bench.phases import (
     alone_and_sequential,
     analytics_ms,
     detections_summary,
+    graph_cpu,
     hist_ms,
     host_load,
     run_agent,
@@ -142,6 +143,7 @@ class _Inference:
     adapted_hist: Samples | None
     original_hist: Samples | None
     prefix: Samples | None
+    graphs: dict[str, Any] | None = None  # CUDA graphs' CPU time per inference (TensorRT)
 
     @property
     def per_frame_s(self) -> float:
@@ -266,6 +268,10 @@ def _first_phases(
         # Before any other model is loaded beside it.
         with host_load(load, "inference_alone_and_sequential"):
             pure, seq = alone_and_sequential(agent, frames, runs)
+        graphs = None
+        if hasattr(model.backend, "graph_state"):  # TensorRT: CUDA graphs against plain enqueues
+            progress(f"1/{steps} the infer stage's CPU time with and without CUDA graphs, {runs} runs each")
+            graphs = graph_cpu(agent, runs)
         adapted = original = None
         if adapted_from:
             assert ort is not None, "the input adapter runs on ONNX Runtime only"
@@ -281,7 +287,7 @@ def _first_phases(
     if adapted_from and ort is not None:
         progress(f"1/{steps} the input adapter's Transpose + Cast alone, {runs} runs (about a second)")
         prefix = adapter_prefix(ort, model.manifest.input, runs)
-    return _Inference(model, settings, adapted_from, pure, adapted, original, prefix), seq
+    return _Inference(model, settings, adapted_from, pure, adapted, original, prefix, graphs), seq
 
 
 def _agent_phases(
@@ -368,6 +374,7 @@ def _result(
         "source": source_info(config, fr.file_src, fr.images),
         "frames": frames,
         "pure_inference_ms": hist_ms(inf.pure),
+        "cuda_graphs": inf.graphs,
         "input_adapter": {
             "adapted": bool(inf.adapted_from),
             "adapted_inference_ms": hist_ms(inf.adapted_hist) if inf.adapted_hist is not None else None,

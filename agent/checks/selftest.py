@@ -131,6 +131,9 @@ class Target:
     preprocess: str = "cpu"  # cpu | gpu | dla: where the float variant's normalisation runs
     zero_copy: bool = True
     answers: str = ""  # the open question (docs/jetson.md) this target settles on a device
+    # off: plain execute_async_v3 (what the other targets check); on: replayed CUDA graphs,
+    # also compared with a plain run of the same engine on the same frames.
+    cuda_graphs: str = "off"
 
 
 def tensorrt_targets(n_dla: int) -> list[Target]:
@@ -139,6 +142,18 @@ def tensorrt_targets(n_dla: int) -> list[Target]:
         Target("tensorrt-gpu", answers="zero-copy (mapped) buffers on the GPU"),
         Target("tensorrt-gpu-copy", zero_copy=False, answers="device buffers and async copies"),
         Target("tensorrt-gpu-preprocess-gpu", preprocess="gpu", answers="device preprocessing on the GPU"),
+        Target(
+            "tensorrt-gpu-graphs",
+            cuda_graphs="on",
+            answers="CUDA graph capture (cuda-python) on pycuda's streams, replay against plain execution",
+        ),
+        Target(
+            "tensorrt-gpu-copy-preprocess-graphs",
+            zero_copy=False,
+            preprocess="gpu",
+            cuda_graphs="on",
+            answers="graphs holding the preprocessing engine and the output copies",
+        ),
     ]
     for i in range(n_dla):
         targets.append(Target(f"tensorrt-dla{i}", core=i, answers="the model on a DLA core, zero-copy I/O"))
@@ -205,7 +220,12 @@ def _tensorrt_check(
     """Build and run one TensorRT target and compare it with the CPU reference."""
     from edge_agent.pipelines.model import load_model
 
-    cfg = TensorRTConfig(dla_core=target.core, preprocess=target.preprocess, zero_copy=target.zero_copy)
+    cfg = TensorRTConfig(
+        dla_core=target.core,
+        preprocess=target.preprocess,
+        zero_copy=target.zero_copy,
+        cuda_graphs=target.cuda_graphs,  # type: ignore[arg-type]
+    )
     if cache_dir:
         cfg = replace(cfg, cache_dir=cache_dir)
     model = None
@@ -219,6 +239,12 @@ def _tensorrt_check(
             build_s = time.monotonic() - t0
             raw, res, ms, parts = _run_model(model, frames)
             check = _judge(target, model.backend.describe(), raw, res, ms, parts, build_s, ref_raw, ref_res)
+            if target.cuda_graphs == "on":
+                graphs = _graph_cpu(model, frames)
+                closed, model = _close(model), None
+                if closed:
+                    raise RuntimeError(closed)
+                check = _judge_graphs(check, raw, graphs, _plain_raw(model_cfg, cfg, frames))
         except Exception as e:  # the self-test reports every failure, it does not stop at one
             check = Check(target.name, "fail", f"{type(e).__name__}: {e}")
     finally:
@@ -226,6 +252,53 @@ def _tensorrt_check(
     if closed:  # a close that fails fails this target, not the targets after it
         return Check(target.name, "fail", f"{check.detail}; {closed}", check.data)
     return check
+
+
+def _graph_cpu(model: Any, frames: int) -> dict:
+    """The infer stage's CPU time per frame replaying graphs and enqueueing plainly."""
+    from edge_agent.bench.phases import compare_graphs
+
+    io = model.backend.allocate()
+    ((image, _gt),) = list(heldout_images(1))
+    model.preprocessor(image, io.inputs[model.input_name], Letterbox())
+    model.backend.upload(io)
+    return compare_graphs(model.backend, io, max(frames, 20))
+
+
+def _plain_raw(model_cfg: ModelConfig, cfg: TensorRTConfig, frames: int) -> list[np.ndarray]:
+    """The same engine (from the cache) run plainly on the same frames: its raw outputs."""
+    from edge_agent.pipelines.model import load_model
+
+    plain = load_model(model_cfg, replace(cfg, cuda_graphs="off"))
+    try:
+        return _run_model(plain, frames)[0]
+    finally:
+        plain.close()
+
+
+def _judge_graphs(check: Check, raw: list[np.ndarray], graphs: dict, plain_raw: list[np.ndarray]) -> Check:
+    """A graph target passes its CPU comparison, replayed graphs on every frame, and outputs
+    equal to plain execution's on every frame (the same kernels: rounding at most)."""
+    from edge_agent.pipelines.backends.trt_graphs import same_outputs
+
+    differ = [i for i, (a, b) in enumerate(zip(plain_raw, raw)) if same_outputs([a], [b])]
+    diff = max(
+        float(np.max(np.abs(a.astype(np.float32) - b.astype(np.float32)))) for a, b in zip(plain_raw, raw)
+    )
+    ok = check.status == "pass" and graphs["replaying"] and not differ and len(raw) == len(plain_raw)
+    cpu = (
+        f"infer CPU p50 {graphs['graphs_cpu_ms']['p50']:.3f} ms with graphs, "
+        f"{graphs['plain_cpu_ms']['p50']:.3f} ms plain"
+        if graphs["replaying"]
+        else f"graphs off: {graphs['off']}"
+    )
+    detail = (
+        f"{check.detail}; against plain execution: max |diff| {diff:.2e}, "
+        f"{len(differ)} of {len(raw)} frames differ; {cpu}"
+    )
+    return Check(
+        check.name, "pass" if ok else "fail", detail, {**check.data, "graphs": graphs, "max_diff": diff}
+    )
 
 
 def _close(model: Any) -> str:

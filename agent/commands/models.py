@@ -77,6 +77,7 @@ def cmd_engine_build(args: argparse.Namespace) -> int:
         calibration_images=args.calibration_images or "",
         preprocess=args.preprocess,
         cache_dir=args.cache_dir or TensorRTConfig().cache_dir,
+        cuda_graphs="off",  # a build runs nothing: graphs are captured by `run`, per frame slot
     )
     resolved = resolve_model(args.model or "", args.manifest or "")
     with contextlib.closing(TensorRTBackend(cfg)) as backend:

@@ -107,6 +107,10 @@ class TensorRTConfig:
     # Largest batch of frames (of several sources) the engine takes: on the GPU any batch up
     # to it runs; a DLA takes fixed shapes, so smaller batches are padded. 0: one per source.
     max_batch: int = 0
+    # Each frame slot's enqueue captured once into a CUDA graph and replayed per frame (fewer
+    # CPU-side launches). auto: where capture succeeds, else plain enqueue with one log line;
+    # on: a model that cannot be captured is an error; off: never.
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"
 
     def __post_init__(self) -> None:
         check(0 <= self.max_batch <= 64, "max_batch", "must be within 0..64 (0: one per source)")

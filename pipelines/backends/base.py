@@ -108,6 +108,10 @@ class InferenceBackend(ABC):
         """Milliseconds the backend measured inside the last ``infer`` on ``io`` (e.g. CUDA events)."""
         return _NO_TIMINGS
 
+    def prepare(self, io: IOSet) -> None:  # noqa: B027 - most backends need nothing
+        """Once per buffer set, before frames, at a time inference may run: a backend with
+        work to do per set does it here (TensorRT captures the set's CUDA graphs)."""
+
     def warmup(self, io: IOSet, runs: int = 3) -> None:
         # The first runs pay for lazy initialisation (memory arenas, kernel selection);
         # doing them before the first frame keeps that cost out of frame latencies.

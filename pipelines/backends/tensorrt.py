@@ -14,6 +14,11 @@ Jetson is what verifies it.
   preprocessing engine on a DLA core (GPU fallback), whose output feeds the model engine
   on the device; the CPU only letterboxes uint8 pixels.
 - CUDA events time each part; ``timings`` reports them to the pipeline's accounting.
+- With ``cuda_graphs`` (auto by default) each slot gets execution contexts of its own, bound
+  once to its buffers and sharing one block of activation memory; after the slot's first
+  plain run its preprocessing and its model enqueue (with the output copies) are captured
+  into CUDA graphs, checked once against the plain run, and replayed per frame
+  (``trt_graphs``). A model that cannot be captured runs plainly, said once in the log.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import numpy as np
 from edge_agent.core.config import TensorRTConfig
 from edge_agent.core.files import file_sha256
 from edge_agent.models.manifest import InputFormat
-from edge_agent.pipelines.backends import trt_build, trt_support
+from edge_agent.pipelines.backends import trt_build, trt_graphs, trt_support
 from edge_agent.pipelines.backends.base import BackendError, InferenceBackend, IOSet, TensorSpec
 from edge_agent.pipelines.backends.engine_cache import EngineCache, EngineKey
 from edge_agent.pipelines.backends.trt_support import bind, import_tensorrt, ones, sized
@@ -53,14 +58,20 @@ class _Slot:
     events: list[Any] = field(default_factory=list)  # start, after preprocessing, end, done (blocking)
     uploaded: bool = False
     batch: int = 1  # frames the buffers hold
+    # With CUDA graphs: execution contexts of this slot's own, bound once to its buffers
+    # (a graph holds its context's state), and the graphs once captured ("pre", "model").
+    context: Any = None
+    pre_context: Any = None
+    graphs: dict[str, trt_graphs.CudaGraph] | None = None
 
 
 class TensorRTBackend(InferenceBackend):
     name = "tensorrt"
 
-    def __init__(self, config: TensorRTConfig, modules: tuple[Any, Any] | None = None) -> None:
+    def __init__(self, config: TensorRTConfig, modules: tuple[Any, ...] | None = None) -> None:
         self.config = config
-        self._modules = modules  # (tensorrt, pycuda.driver); injected by tests
+        # (tensorrt, pycuda.driver[, cuda-python's runtime]); injected by tests
+        self._modules = modules
         self.trt: Any = None
         self.cuda: Any = None
         self._cuda_ctx: Any = None
@@ -83,6 +94,13 @@ class TensorRTBackend(InferenceBackend):
         self._host_fmt = self._fmt
         self._slots: list[_Slot] = []
         self._batch = (1, True)  # (largest batch, fixed), set by load
+        self._graphs = trt_graphs.GraphPolicy(config.cuda_graphs)
+        self._cudart: Any = None
+        self._scratch: Any = None  # activation memory every context shares (graphs only)
+        self._scratch_size = 0
+        self._pre_on_gpu = False
+        self._plugins: list[str] = []
+        self._captured = 0  # slots whose graphs were captured, over this backend's life
 
     # -- CUDA context ---------------------------------------------------------------
 
@@ -99,17 +117,95 @@ class TensorRTBackend(InferenceBackend):
         finally:
             self.cuda.Context.pop()
 
+    # -- CUDA graphs: shared activation memory, per-slot contexts -------------------
+
+    def _graph_memory(self) -> None:
+        """Decide whether this model may run from CUDA graphs and, if so, allocate the one
+        block of activation memory that the load's context and every slot's share: their
+        enqueues never overlap (one inference at a time, each waited for), which is what
+        sharing needs (``set_device_memory``'s documentation)."""
+        if not self._graphs.wanted:
+            return
+        why = trt_graphs.refusal(self._key.dla_core if self._key else -1)
+        if not why:
+            try:
+                self._cudart = self._runtime()
+            except trt_graphs.GraphRefused as e:
+                why = str(e)
+        if why:
+            self._refuse_graphs(why)
+            return
+        engine = self.engine
+        # TensorRT 10.1+ (and 11): device_memory_size_v2; 10.0: device_memory_size.
+        size = getattr(engine, "device_memory_size_v2", None)
+        if size is None:
+            size = engine.device_memory_size
+        self._scratch_size = max(int(size), 256)
+        self._scratch = self.cuda.mem_alloc(self._scratch_size)
+        self.notes.append("CUDA graphs: each slot's work captured after its first run")
+
+    def _runtime(self) -> Any:
+        """cuda-python's runtime bindings: imported, or the injected ones (none: not installed)."""
+        if self._modules is None:
+            return trt_graphs.import_cudart()
+        if len(self._modules) > 2 and self._modules[2] is not None:
+            return self._modules[2]
+        raise trt_graphs.GraphRefused("cuda-python is not installed")
+
+    def _new_context(self) -> Any:
+        """An execution context of the model engine: with its own memory, or (graphs) with
+        the shared block. TensorRT v10.3.0 ``python/src/infer/pyCore.cpp``:
+        ``ICudaEngine.create_execution_context(strategy=ExecutionContextAllocationStrategy.STATIC)``,
+        ``device_memory_size_v2`` and ``IExecutionContext.set_device_memory(memory, size)``
+        (10.1+), the write-only ``device_memory`` property and ``device_memory_size`` on 10.0
+        (the latter gone in 11). ``include/NvInferRuntime.h``, setDeviceMemoryV2: "in use
+        from the invocation of enqueueV3() until network execution is complete"; using it
+        "in another execution context running in parallel" is undefined: the slots never
+        run in parallel (one inference at a time, each waited for)."""
+        engine = self.engine
+        if self._scratch is None:
+            ctx = engine.create_execution_context()
+        else:
+            ctx = engine.create_execution_context(self.trt.ExecutionContextAllocationStrategy.USER_MANAGED)
+        if ctx is None:
+            raise BackendError(f"{self._model_path}: TensorRT could not create an execution context")
+        if self._scratch is not None:
+            if hasattr(ctx, "set_device_memory"):  # 10.1+: set_device_memory(memory, size)
+                ctx.set_device_memory(int(self._scratch), self._scratch_size)
+            else:  # 10.0: the write-only property
+                ctx.device_memory = int(self._scratch)
+        return ctx
+
+    def _refuse_graphs(self, reason: str) -> None:
+        """No graphs for this model (``on``: an error): every slot goes on plainly."""
+        self._graphs.refuse(reason)
+        self.notes.append(f"CUDA graphs off: {reason}")
+        for slot in list(self._slots):
+            for g in (slot.graphs or {}).values():
+                g.close()
+            slot.graphs = {}
+
     # -- loading --------------------------------------------------------------------
 
     def load(self, model_path: str, input_format: InputFormat | None = None) -> None:
         self._fmt = input_format or InputFormat(height=640, width=640)
-        self.trt, self.cuda = self._modules or import_tensorrt()
+        self.trt, self.cuda = (self._modules or import_tensorrt())[:2]
         trt, cuda = self.trt, self.cuda
         trt_build.check_version(trt, self.config.precision)
         cuda.init()
         dev = cuda.Device(0)
         # The primary context is the one TensorRT (through the CUDA runtime) uses.
         self._cuda_ctx = dev.retain_primary_context()
+        try:
+            self._load(model_path, dev)
+        except BaseException:
+            # Nothing else gives a failed load's context and memory back: the caller gets no backend.
+            with contextlib.suppress(Exception):
+                self.close()
+            raise
+
+    def _load(self, model_path: str, dev: Any) -> None:
+        trt, cuda = self.trt, self.cuda
         self._device = trt_support.device_description(cuda, dev, sysfs.detect().l4t)
         self._model_path = model_path
         self._logger = trt_support.shared_logger(trt)
@@ -119,9 +215,8 @@ class TensorRTBackend(InferenceBackend):
         with self._current():
             self._num_dla = trt.Builder(self._logger).num_DLA_cores
             self.engine = self._engine_for_model(model_path)
-            self.context = self.engine.create_execution_context()
-            if self.context is None:
-                raise BackendError(f"{model_path}: TensorRT could not create an execution context")
+            self._graph_memory()
+            self.context = self._new_context()
             self._read_io()
         self._host_fmt = self._device_preprocessing(self._fmt)
         log.info(
@@ -136,9 +231,12 @@ class TensorRTBackend(InferenceBackend):
         from edge_agent.models import onnx_info
 
         try:
-            inp = onnx_info.read(model_path).inputs[0]
+            info = onnx_info.read(model_path)
+            inp = info.inputs[0]
         except Exception as e:  # protobuf's DecodeError, OSError, IndexError (no input)
             raise BackendError(f"cannot read the input of {model_path}: {e}") from None
+        # TensorRT plugins (named *_TRT): a failed capture names them, the likely cause.
+        self._plugins = sorted(op for op in info.ops if op.endswith("_TRT"))
         # Dynamic axes take the size the pipeline feeds: the largest batch, the manifest's H and W.
         f, b = self._fmt, self._max_batch()
         fed = (b, f.height, f.width, 3) if f.layout == "NHWC" else (b, 3, f.height, f.width)
@@ -288,6 +386,8 @@ class TensorRTBackend(InferenceBackend):
             return fmt
         where = f"DLA{settings.dla_core}" if settings.dla_core >= 0 else "GPU"
         self.notes.append(f"preprocessing (normalise, NCHW) on {where}")
+        # A graph holds GPU work only: on a DLA it runs plainly before the model's graph.
+        self._pre_on_gpu = settings.dla_core < 0
         self._inputs = [TensorSpec(FRAME_TENSOR, shape, np.dtype(np.uint8))]
         return InputFormat(
             height=fmt.height,
@@ -376,7 +476,11 @@ class TensorRTBackend(InferenceBackend):
         size = largest if fixed else min(batch, largest)
         cuda = self.cuda
         with self._current():
-            slot = _Slot(stream=cuda.Stream(), host={}, device={}, batch=size)
+            # With graphs, NON_BLOCKING streams (CU_STREAM_NON_BLOCKING = 1): while a blocking
+            # stream captures, any use of the legacy stream from any thread (a reload's engine
+            # load, say) would break the capture; every wait here is on an event anyway.
+            flags = 1 if self._scratch is not None else 0
+            slot = _Slot(stream=cuda.Stream(flags), host={}, device={}, batch=size)
             self._slots.append(slot)
             if self._device_pre:
                 self._buffer(slot, FRAME_TENSOR, self._inputs[0].shape, np.dtype(np.uint8), host=True)
@@ -390,12 +494,35 @@ class TensorRTBackend(InferenceBackend):
             flags = cuda.event_flags
             blocking = cuda.Event(flags.BLOCKING_SYNC | flags.DISABLE_TIMING)
             slot.events = [cuda.Event(), cuda.Event(), cuda.Event(), blocking]
+            if self._scratch is not None:
+                self._bind_slot(slot)
         host_in = self._inputs[0].name
         return IOSet(
             inputs={host_in: slot.host[host_in]},
             outputs=[slot.host[s.name] for s in self._outputs],
             handle=slot,
         )
+
+    def _bind_slot(self, slot: _Slot) -> None:
+        """The slot's own contexts, with its shapes and addresses set once: what a graph of
+        the slot holds, so nothing changes them after its capture."""
+        ctx = self._new_context()
+        name = self._model_input
+        if any(d < 0 for d in self.engine.get_tensor_shape(name)):
+            shape = sized(self._model_in_spec.shape, slot.batch)
+            if not ctx.set_input_shape(name, shape):
+                raise BackendError(f"{self._model_path}: the engine refused input shape {shape}")
+        bind(ctx, name, slot.device[name])
+        for spec in self._outputs:
+            bind(ctx, spec.name, slot.device[spec.name])
+        slot.context = ctx
+        if self._device_pre:
+            pre = self.pre_engine.create_execution_context()
+            if pre is None:
+                raise BackendError("TensorRT could not create a preprocessing execution context")
+            bind(pre, FRAME_TENSOR, slot.device[FRAME_TENSOR])
+            bind(pre, PREPROCESSED, slot.device[name])
+            slot.pre_context = pre
 
     # -- per frame ----------------------------------------------------------------------
 
@@ -404,41 +531,29 @@ class TensorRTBackend(InferenceBackend):
         if self._zero_copy:
             return
         slot: _Slot = io.handle
-        name = self._inputs[0].name
         with self._current():
-            self.cuda.memcpy_htod_async(slot.allocations[name], slot.host[name], slot.stream)
+            self._copy_in(slot)
         slot.uploaded = True
 
     def infer(self, io: IOSet) -> None:
         slot: _Slot = io.handle
-        cuda, stream = self.cuda, slot.stream
+        stream = slot.stream
         start, mid, end, done = slot.events
+        graphs = slot.graphs if self._graphs.replay else None
         with self._current():
-            if not self._zero_copy and not slot.uploaded:
-                name = self._inputs[0].name
-                cuda.memcpy_htod_async(slot.allocations[name], slot.host[name], stream)
+            if not slot.uploaded:
+                self._copy_in(slot)
             start.record(stream)
             if self._device_pre:
-                bind(self.pre_context, FRAME_TENSOR, slot.device[FRAME_TENSOR])
-                bind(self.pre_context, PREPROCESSED, slot.device[self._model_input])
-                if not self.pre_context.execute_async_v3(stream.handle):
-                    raise BackendError("the preprocessing engine failed to enqueue")
+                self._preprocess(slot, graphs)
             mid.record(stream)
-            # One execution context serves every slot, one batch at a time: the batch size
-            # (a dynamic engine) and the addresses are set for this slot before each enqueue.
-            if not self._batch[1]:
-                shape = sized(self._inputs[0].shape, slot.batch)
-                if not self.context.set_input_shape(self._model_input, shape):
-                    raise BackendError(f"the engine refused input shape {shape} (outside its profile)")
-            bind(self.context, self._model_input, slot.device[self._model_input])
-            for spec in self._outputs:
-                bind(self.context, spec.name, slot.device[spec.name])
-            if not self.context.execute_async_v3(stream.handle):
-                raise BackendError("the model engine failed to enqueue")
-            end.record(stream)
-            if not self._zero_copy:
-                for spec in self._outputs:
-                    cuda.memcpy_dtoh_async(slot.host[spec.name], slot.allocations[spec.name], stream)
+            if graphs:  # the enqueue and the output copies, one launch
+                graphs["model"].launch()
+                end.record(stream)
+            else:
+                self._execute(slot)
+                end.record(stream)
+                self._copy_out(slot)
             # The host reads the outputs next: everything on the stream must be done. A
             # BLOCKING_SYNC event sleeps the thread; stream.synchronize() on the primary
             # context (CU_CTX_SCHED_AUTO) would spin a CPU core for the whole inference.
@@ -447,6 +562,120 @@ class TensorRTBackend(InferenceBackend):
             slot.uploaded = False
             io.extra["device_preprocess_ms"] = mid.time_since(start)
             io.extra["device_compute_ms"] = end.time_since(mid)
+            if slot.graphs is None and slot.context is not None and self._graphs.wanted:
+                self._capture(slot, io)  # after this first plain run, as TensorRT asks
+
+    def _preprocess(self, slot: _Slot, graphs: dict[str, trt_graphs.CudaGraph] | None) -> None:
+        if graphs and "pre" in graphs:
+            graphs["pre"].launch()
+            return
+        ctx = slot.pre_context
+        if ctx is None:  # one context for every slot: this slot's addresses first
+            ctx = self.pre_context
+            bind(ctx, FRAME_TENSOR, slot.device[FRAME_TENSOR])
+            bind(ctx, PREPROCESSED, slot.device[self._model_input])
+        if not ctx.execute_async_v3(slot.stream.handle):
+            raise BackendError("the preprocessing engine failed to enqueue")
+
+    def _execute(self, slot: _Slot) -> None:
+        ctx = slot.context
+        if ctx is None:
+            # One execution context serves every slot, one batch at a time: the batch size
+            # (a dynamic engine) and the addresses are set for this slot before each enqueue.
+            ctx = self.context
+            if not self._batch[1]:
+                shape = sized(self._inputs[0].shape, slot.batch)
+                if not ctx.set_input_shape(self._model_input, shape):
+                    raise BackendError(f"the engine refused input shape {shape} (outside its profile)")
+            bind(ctx, self._model_input, slot.device[self._model_input])
+            for spec in self._outputs:
+                bind(ctx, spec.name, slot.device[spec.name])
+        if not ctx.execute_async_v3(slot.stream.handle):
+            raise BackendError("the model engine failed to enqueue")
+
+    def _copy_out(self, slot: _Slot) -> None:
+        if not self._zero_copy:
+            for spec in self._outputs:
+                self.cuda.memcpy_dtoh_async(slot.host[spec.name], slot.allocations[spec.name], slot.stream)
+
+    def _capture(self, slot: _Slot, io: IOSet) -> None:
+        """Capture the slot's work into graphs and check them (``_check_replay``); a failure
+        turns graphs off for the model (``on``: raises BackendError, once: the slot is not
+        tried again)."""
+        handle = slot.stream.handle
+        graphs: dict[str, trt_graphs.CudaGraph] = {}
+
+        def model() -> bool:
+            ok = bool(slot.context.execute_async_v3(handle))
+            if ok:
+                self._copy_out(slot)
+            return ok
+
+        try:
+            if self._device_pre and self._pre_on_gpu:
+                pre = slot.pre_context
+                graphs["pre"] = trt_graphs.capture(self._cudart, handle, lambda: pre.execute_async_v3(handle))
+            graphs["model"] = trt_graphs.capture(self._cudart, handle, model)
+            self._check_replay(slot, io, graphs)
+            slot.graphs, graphs = graphs, {}
+            self._captured += 1
+        except (trt_graphs.GraphRefused, BackendError) as e:
+            slot.graphs = {}
+            held = f" (the engine holds the plugin(s) {', '.join(self._plugins)})" if self._plugins else ""
+            self._refuse_graphs(f"a slot's capture failed: {e}{held}")
+        finally:
+            for g in graphs.values():  # not kept: a failure, or an exception passing through
+                g.close()
+
+    def _check_replay(self, slot: _Slot, io: IOSet, graphs: dict[str, trt_graphs.CudaGraph]) -> None:
+        """Replay the graphs once on another input than the captured frame's (its values
+        inverted) into outputs filled with 0xFF, on the host and (device buffers) on the
+        device, then run the same input plainly and compare: a value the graphs do not write,
+        or one baked in at the capture (a plugin doing host work in its enqueue), shows. The
+        frame's input and the plain run's outputs are put back after. Once per slot."""
+        frame = io.inputs[self._inputs[0].name]
+        kept_in, kept_out = frame.copy(), [o.copy() for o in io.outputs]
+        try:
+            other_frame(frame)
+            self._copy_in(slot)
+            for o in io.outputs:
+                o.reshape(-1).view(np.uint8)[:] = 0xFF
+            if not self._zero_copy:
+                for spec, o in zip(self._outputs, io.outputs):
+                    self.cuda.memset_d8_async(slot.allocations[spec.name], 0xFF, o.nbytes, slot.stream)
+            if self._device_pre:
+                self._preprocess(slot, graphs)
+            graphs["model"].launch()
+            self._wait(slot)
+            replayed = [o.copy() for o in io.outputs]
+            if self._device_pre:
+                self._preprocess(slot, None)
+            self._execute(slot)
+            self._copy_out(slot)
+            self._wait(slot)
+            why = trt_graphs.same_outputs(io.outputs, replayed)
+            if why:
+                raise trt_graphs.GraphRefused(f"one replay against plain execution on the same input: {why}")
+        finally:
+            np.copyto(frame, kept_in)
+            for o, kept in zip(io.outputs, kept_out):
+                np.copyto(o, kept)
+
+    def _copy_in(self, slot: _Slot) -> None:
+        if not self._zero_copy:
+            name = self._inputs[0].name
+            self.cuda.memcpy_htod_async(slot.allocations[name], slot.host[name], slot.stream)
+
+    def _wait(self, slot: _Slot) -> None:
+        done = slot.events[3]
+        done.record(slot.stream)
+        done.synchronize()
+
+    def prepare(self, io: IOSet) -> None:
+        """Capture the slot's graphs now (its first run), not on a live frame."""
+        slot: _Slot = io.handle
+        if slot.graphs is None and slot.context is not None and self._graphs.wanted:
+            self.infer(io)
 
     def timings(self, io: IOSet) -> dict[str, float]:
         return {k: io.extra[k] for k in ("device_preprocess_ms", "device_compute_ms") if k in io.extra}
@@ -461,7 +690,23 @@ class TensorRTBackend(InferenceBackend):
             "preprocess": "device" if self._device_pre else "cpu",
             "notes": list(self.notes),
             "off_dla": self.off_dla,
+            "cuda_graphs": self.graph_state(),
         }
+
+    def graph_state(self) -> dict[str, Any]:
+        """The config's mode, whether slots replay graphs, how many were captured (over the
+        backend's life: still said after ``close``), and why not."""
+        return {
+            "mode": self._graphs.mode,
+            "replaying": bool(self._captured) and self._graphs.wanted and self._graphs.replay,
+            "captured_slots": self._captured,
+            "off": self._graphs.off,
+        }
+
+    def replay_graphs(self, on: bool) -> None:
+        """Replay the captured graphs (True, the default) or enqueue plainly on the same
+        slots' contexts: ``edge-agent bench`` compares the CPU time of the two."""
+        self._graphs.replay = on
 
     def close(self) -> None:
         """Free every slot's memory with the context current, drop the engines, release it.
@@ -474,6 +719,10 @@ class TensorRTBackend(InferenceBackend):
             return
         with self._current():
             for slot in self._slots:
+                # The graphs and contexts first: they hold the buffers' addresses.
+                for g in (slot.graphs or {}).values():
+                    g.close()
+                slot.graphs, slot.context, slot.pre_context = {}, None, None
                 for mem in slot.allocations.values():
                     mem.free()
                 for arr in slot.host.values():
@@ -486,6 +735,18 @@ class TensorRTBackend(InferenceBackend):
             self._slots.clear()
             self.pre_context = self.pre_engine = None
             self.context = self.engine = None
+            if self._scratch is not None:
+                self._scratch.free()
+                self._scratch = None
         with contextlib.suppress(Exception):
             self._cuda_ctx.detach()
         self._cuda_ctx = None
+
+
+def other_frame(frame: np.ndarray) -> None:
+    """Make ``frame`` another input, in place: integers bit-inverted, floats as 1 - x (finite
+    stays finite)."""
+    if frame.dtype.kind == "f":
+        np.subtract(1, frame, out=frame)
+    else:
+        np.invert(frame, out=frame)

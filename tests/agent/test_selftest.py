@@ -71,6 +71,8 @@ def test_off_device_every_tensorrt_target_is_listed_as_skipped_with_its_reason()
         "tensorrt-gpu",
         "tensorrt-gpu-copy",
         "tensorrt-gpu-preprocess-gpu",
+        "tensorrt-gpu-graphs",
+        "tensorrt-gpu-copy-preprocess-graphs",
         "tensorrt-dla0",
         "tensorrt-dla0-copy",
         "tensorrt-gpu-preprocess-dla",
@@ -80,8 +82,14 @@ def test_off_device_every_tensorrt_target_is_listed_as_skipped_with_its_reason()
         for c in skipped_targets("TensorRT is not available on this machine")
     )
     no_dla = tensorrt_targets(0)
-    assert [t.name for t in no_dla] == names[:3]
-    assert {(t.preprocess, t.zero_copy) for t in no_dla} == {("cpu", True), ("cpu", False), ("gpu", True)}
+    assert [t.name for t in no_dla] == names[:5]
+    assert [(t.preprocess, t.zero_copy, t.cuda_graphs) for t in no_dla] == [
+        ("cpu", True, "off"),
+        ("cpu", False, "off"),
+        ("gpu", True, "off"),
+        ("cpu", True, "on"),
+        ("gpu", False, "on"),
+    ]
 
 
 def test_the_float_variant_gives_the_bundled_detectors_outputs(tmp_path):
@@ -150,3 +158,48 @@ def test_the_dla_preprocessing_target_says_what_stayed_off_the_dla(off_dla, says
     assert check.status == "pass" and says in check.detail, check.detail
     (plain,) = [t for t in tensorrt_targets(1) if t.name == "tensorrt-gpu"]
     assert "off the DLA" not in _judge(plain, info, raw, res, [1.0], {}, 1.0, raw, res).detail
+
+
+@pytest.mark.parametrize("name", ["tensorrt-gpu-graphs", "tensorrt-gpu-copy-preprocess-graphs"])
+def test_the_graph_targets_replay_graphs_and_compare_them_with_plain_execution(name, tmp_path, monkeypatch):
+    """The graph targets on the fakes (what a Jetson runs for real): graphs replayed on every
+    frame, the same engine run plainly on the same frames, the CPU time of both."""
+    from fakes.trt_kit import Fakes
+
+    from edge_agent.checks import selftest
+    from edge_agent.pipelines.backends import registry
+    from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
+
+    fakes = Fakes(graphs=True)
+    monkeypatch.setitem(
+        registry._REGISTRY,
+        "tensorrt",
+        lambda cfg: TensorRTBackend(cfg, modules=(fakes.trt, fakes.cuda, fakes.cudart)),
+    )
+    (target,) = [t for t in selftest.tensorrt_targets(0) if t.name == name]
+    zeros = [np.zeros((1, 8, 2000), np.float32)] * 3  # what the fake engine writes
+    check = selftest._tensorrt_check(target, 3, str(tmp_path), zeros, [])
+    assert check.status == "pass", check.detail
+    assert "against plain execution: max |diff| 0.00e+00, 0 of 3 frames differ" in check.detail
+    graphs = check.data["graphs"]
+    assert graphs["replaying"] and graphs["graphs_cpu_ms"]["count"] == graphs["plain_cpu_ms"]["count"] == 20
+    names = [n for n, _ in fakes.calls]
+    assert "cudaGraphLaunch" in names and fakes.cudart.live_execs() == [], "every model closed"
+    assert check.data["backend"]["preprocess"] == ("device" if "preprocess" in name else "cpu")
+
+
+def test_a_graph_target_fails_when_a_replay_differs_from_plain_execution():
+    from edge_agent.checks.selftest import Check, _judge_graphs
+
+    raw = [np.zeros((1, 8, 4), np.float32), np.ones((1, 8, 4), np.float32)]
+    plain = [raw[0], raw[1] + 0.5]
+    graphs = {"replaying": True, "off": "", "graphs_cpu_ms": {"p50": 0.1}, "plain_cpu_ms": {"p50": 0.4}}
+    check = _judge_graphs(Check("t", "pass", "ok"), raw, graphs, plain)
+    assert (
+        check.status == "fail"
+        and "1 of 2 frames differ" in check.detail
+        and "max |diff| 5.00e-01" in check.detail
+    )
+    off = {"replaying": False, "off": "a DLA engine", "graphs_cpu_ms": None, "plain_cpu_ms": {"p50": 0.4}}
+    check = _judge_graphs(Check("t", "pass", "ok"), raw, off, list(raw))
+    assert check.status == "fail" and "graphs off: a DLA engine" in check.detail

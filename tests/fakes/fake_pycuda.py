@@ -34,6 +34,30 @@ FakeTensorRT so one list shows the whole protocol in order) and enforces pycuda'
 
 Device time is a fake clock: each enqueued piece of work advances it by its cost in ms,
 so event timings are exact numbers a test can assert.
+
+Device memory holds bytes: ``mem_alloc`` gives zeroed memory, a mapped page-locked buffer is
+the host array itself, and the async copies move bytes when their work runs (an enqueue runs
+at once; the host only reads after a wait). ``view(address, n)`` reads or writes it.
+
+Stream capture (CUDA graphs; the runtime calls are FakeCudart's, fake_cudart.py) follows the
+CUDA Programming Guide's rules ("Prohibited and unhandled operations", "Invalidation") and
+cuStreamBeginCapture's mode semantics:
+
+- work enqueued on a capturing stream does not run: it is recorded, with the device
+  addresses it touches, into the capture, and runs each time the graph is launched;
+- work on another stream is not captured (nothing joins it to the capture): it runs at
+  once, and the graph replays without it, as on a device;
+- synchronising or querying a capturing stream, waiting on or timing an event recorded in
+  a capture, any use of the legacy (NULL) stream, from any thread, while a blocking stream
+  (``Stream()`` without flag 1, NON_BLOCKING) captures (a synchronous ``memcpy_htod``, an
+  enqueue on handle 0), and an allocation (``mem_alloc``, ``pagelocked_empty``) from the
+  capturing thread (THREAD_LOCAL) or any thread (GLOBAL) raise ``FakeLogicError`` and
+  invalidate the capture; ``cudaStreamEndCapture`` then fails
+  with cudaErrorStreamCaptureInvalidated and no graph (which call gets 900 and which 901 is
+  not documented; the fake gives the offending call the error and the end 901);
+- a launched graph whose work touches memory freed since the capture sets a sticky
+  "illegal memory access" error: every later call that needs the context raises
+  ``FakeLaunchError``, as after a real fault (the context is unusable).
 """
 
 from __future__ import annotations
@@ -48,6 +72,27 @@ import numpy as np
 
 class FakeLogicError(RuntimeError):
     """pycuda.driver.LogicError."""
+
+
+class FakeLaunchError(RuntimeError):
+    """pycuda.driver.LaunchError: a kernel faulted (sticky: the context is unusable)."""
+
+
+class _Op:
+    """A piece of device work: what it is, what it does to memory, what it costs, and the
+    device addresses it touches (checked when a graph replays it)."""
+
+    def __init__(self, what: str, run: Any, ms: float, addresses: tuple[int, ...]) -> None:
+        self.what, self.run, self.ms, self.addresses = what, run, ms, addresses
+
+
+class FakeCapture:
+    """A stream capture sequence in progress (cudaStreamBeginCapture .. cudaStreamEndCapture)."""
+
+    def __init__(self, stream: Any, mode: int, thread: int) -> None:
+        self.stream, self.mode, self.thread = stream, mode, thread
+        self.ops: list[_Op] = []
+        self.invalidated = ""  # why, once an invalid operation broke it
 
 
 class FakeDeviceAllocation:
@@ -67,6 +112,7 @@ class FakeDeviceAllocation:
             raise FakeLogicError("device_allocation::free failed: invalid handle (freed twice)")
         self._drv._record("DeviceAllocation.free", self.address)
         del self._drv._device_ranges[self.address]
+        self._drv._backing.pop(self.address, None)
 
 
 class FakePagelockedHostAllocation:
@@ -104,6 +150,7 @@ class FakePagelockedHostAllocation:
         # Unified addressing: the device sees page-locked host memory at the same address.
         self._drv._record("PagelockedHostAllocation.get_device_pointer", self.address)
         self._drv._device_ranges[self.address] = self.nbytes
+        self._drv._backing[self.address] = self._mem  # the same bytes: nothing is copied
         return self.address
 
     def free(self) -> None:
@@ -112,6 +159,7 @@ class FakePagelockedHostAllocation:
         self._drv._record("PagelockedHostAllocation.free", self.address)
         self.freed = True
         self._drv._device_ranges.pop(self.address, None)
+        self._drv._backing.pop(self.address, None)
 
 
 class _DeviceBase:
@@ -190,6 +238,7 @@ class _StreamBase:
 
     def __init__(self, flags: int = 0) -> None:
         self._drv._needs_context("Stream")
+        self.flags = flags  # 1: CU_STREAM_NON_BLOCKING (no implicit sync with the legacy stream)
         self.handle = next(self._drv._handles)
         self.pending = False
         self.seq = 0  # pieces of work enqueued so far
@@ -199,6 +248,7 @@ class _StreamBase:
 
     def synchronize(self) -> None:
         self._drv._needs_context("Stream.synchronize")
+        self._drv._not_capturing(self.handle, "cuStreamSynchronize")
         self._drv._record("Stream.synchronize", self.handle)
         self.pending = False
         for ev in self._drv.events:
@@ -206,6 +256,7 @@ class _StreamBase:
                 ev.reached = True
 
     def is_done(self) -> bool:
+        self._drv._not_capturing(self.handle, "cuStreamQuery")
         return not self.pending
 
 
@@ -219,6 +270,7 @@ class _EventBase:
         self.stream: Any = None
         self.time: float | None = None
         self.reached = False
+        self.captured = False  # last recorded into a capture: no node, unusable outside it
         self._drv.events.append(self)
         self._drv._record("Event")
 
@@ -227,6 +279,11 @@ class _EventBase:
         if stream is None:
             raise AssertionError("Event.record() on the default stream: pass the slot's stream")
         self._drv._record("Event.record", stream.handle)
+        if self._drv.capture_of(stream.handle) is not None:
+            # A plain record in a capture adds no node: it only marks a point of the capture.
+            self.stream, self.captured, self.reached = stream, True, False
+            return self
+        self.captured = False
         stream.seq += 1
         self.stream, self.time, self.reached, self.seq = stream, stream.clock, False, stream.seq
         stream.pending = True
@@ -237,6 +294,7 @@ class _EventBase:
         self._drv._needs_context("Event.synchronize")
         if self.stream is None:
             raise AssertionError("Event.synchronize() on an event that was never recorded")
+        self._drv._captured_event(self, "cuEventSynchronize")
         self._drv._record("Event.synchronize", self.stream.handle, self.flags)
         for ev in self._drv.events:
             if ev.stream is self.stream and 0 <= ev.seq <= self.seq:
@@ -248,6 +306,8 @@ class _EventBase:
     def time_since(self, start: Any) -> float:
         self._drv._needs_context("Event.time_since")
         self._drv._record("Event.time_since")
+        for ev in (self, start):
+            self._drv._captured_event(ev, "cuEventElapsedTime")
         no_timing = self._drv.event_flags.DISABLE_TIMING
         if (self.flags | start.flags) & no_timing:
             raise FakeLogicError(
@@ -262,6 +322,9 @@ class FakeCudaDriver:
     """A fake ``pycuda.driver`` module; one instance is one process's view of one GPU."""
 
     LogicError = FakeLogicError
+    LaunchError = FakeLaunchError
+    # cudaStreamCaptureMode (CUDA runtime/driver values)
+    CAPTURE_GLOBAL, CAPTURE_THREAD_LOCAL, CAPTURE_RELAXED = 0, 1, 2
 
     def __init__(
         self,
@@ -284,6 +347,9 @@ class FakeCudaDriver:
         self._handles = itertools.count(0x1000, 0x10)
         self._addresses = itertools.count(0x7F00_0000_0000, 1 << 24)
         self._device_ranges: dict[int, int] = {}  # device address -> size in bytes
+        self._backing: dict[int, np.ndarray] = {}  # device address -> its bytes (uint8)
+        self.captures: dict[int, FakeCapture] = {}  # stream handle -> the capture in progress
+        self.sticky = ""  # a fault that made the context unusable
         self.host_alloc_flags = SimpleNamespace(PORTABLE=1, DEVICEMAP=2, WRITECOMBINED=4)
         self.event_flags = SimpleNamespace(DEFAULT=0, BLOCKING_SYNC=1, DISABLE_TIMING=2, INTERPROCESS=4)
         self.device_attribute = SimpleNamespace(MULTIPROCESSOR_COUNT="MULTIPROCESSOR_COUNT")
@@ -309,6 +375,8 @@ class FakeCudaDriver:
 
     def _needs_context(self, what: str) -> None:
         self._needs_init(what)
+        if self.sticky:
+            raise FakeLaunchError(f"{what} failed: {self.sticky}")
         if not self._stack():
             raise FakeLogicError(
                 f"{what}: explicit_context_dependent failed: invalid device context - "
@@ -337,18 +405,106 @@ class FakeCudaDriver:
                 return base + n - address
         return 0
 
-    def enqueue(self, handle: Any, what: str, ms: float) -> Any:
-        """Device work on the stream ``handle`` (TensorRT's kernels call this)."""
+    def view(self, address: int, nbytes: int) -> np.ndarray:
+        """The ``nbytes`` bytes of device-visible memory at ``address`` (writable, uint8)."""
+        for base, mem in self._backing.items():
+            if base <= address and address + nbytes <= base + mem.nbytes:
+                return mem[address - base : address - base + nbytes]
+        raise AssertionError(f"{nbytes} B at {address:#x} is not inside one live device allocation")
+
+    def is_live(self, address: int) -> bool:
+        return self.device_bytes_at(address) > 0
+
+    # -- stream capture ---------------------------------------------------------------
+
+    def capture_of(self, handle: int) -> FakeCapture | None:
+        return self.captures.get(handle)
+
+    def _invalidate(self, capture: FakeCapture, why: str) -> None:
+        if not capture.invalidated:
+            capture.invalidated = why
+
+    def _not_capturing(self, handle: int, what: str) -> None:
+        """Synchronising or querying a capturing stream is invalid and invalidates the capture."""
+        capture = self.captures.get(handle)
+        if capture is not None:
+            self._invalidate(capture, f"{what} on the capturing stream")
+            raise FakeLogicError(f"{what} failed: operation not permitted when stream is capturing")
+
+    def _captured_event(self, ev: Any, what: str) -> None:
+        if ev.captured:
+            capture = self.captures.get(ev.stream.handle)
+            if capture is not None:
+                self._invalidate(capture, f"{what} on an event recorded in the capture")
+            raise FakeLogicError(
+                f"{what} failed: operation not permitted on an event last recorded in a capturing stream"
+            )
+
+    def unsafe(self, what: str) -> None:
+        """A potentially unsafe call (an allocation): prohibited in the capturing thread of a
+        THREAD_LOCAL or GLOBAL capture, and in every thread during a GLOBAL one."""
+        me = threading.get_ident()
+        hit = [
+            c
+            for c in self.captures.values()
+            if c.mode == self.CAPTURE_GLOBAL or (c.mode == self.CAPTURE_THREAD_LOCAL and c.thread == me)
+        ]
+        for c in hit:
+            self._invalidate(c, f"{what} during the capture")
+        if hit:
+            raise FakeLogicError(f"{what} failed: operation not permitted when stream is capturing")
+
+    def _legacy_stream(self, what: str) -> None:
+        """The legacy stream synchronises with every blocking stream: using it, from any
+        thread, while one captures would make it depend on captured work
+        (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT). A NON_BLOCKING stream has no such tie."""
+        blocking = [c for c in self.captures.values() if not c.stream.flags & 1]
+        for c in blocking:
+            self._invalidate(c, f"{what} on the legacy stream during the capture")
+        if blocking:
+            raise FakeLogicError(
+                f"{what} failed: operation would make the legacy stream depend on a capturing blocking stream"
+            )
+
+    def enqueue(
+        self, handle: Any, what: str, ms: float, run: Any = None, addresses: tuple[int, ...] = ()
+    ) -> Any:
+        """Device work on the stream ``handle`` (TensorRT's kernels call this): ``run`` does
+        what it does to memory; on a capturing stream it is recorded instead."""
         self._needs_context(what)
         if not isinstance(handle, int) or isinstance(handle, bool):
             raise AssertionError(f"{what}: the stream handle must be an int, got {type(handle).__name__}")
+        if handle == 0:
+            self._legacy_stream(what)
         stream = self.streams.get(handle)
         if stream is None:
             raise AssertionError(f"{what}: {handle:#x} is not a stream created with Stream()")
+        op = _Op(what, run, ms, tuple(addresses))
+        capture = self.captures.get(handle)
+        if capture is not None:
+            capture.ops.append(op)
+            return stream
+        self._run(stream, op)
+        return stream
+
+    def _run(self, stream: Any, op: _Op) -> None:
+        if op.run is not None:
+            op.run()
         stream.pending = True
         stream.seq += 1
-        stream.clock += ms
-        return stream
+        stream.clock += op.ms
+
+    def replay(self, handle: int, ops: list[_Op]) -> None:
+        """A graph's work, launched on the stream ``handle``: each piece runs as captured, on
+        the addresses captured; one that touches freed memory faults (sticky)."""
+        stream = self.streams[handle]
+        for op in ops:
+            dead = [a for a in op.addresses if not self.is_live(a)]
+            if dead:
+                self.sticky = "an illegal memory access was encountered"
+                stream.pending = True
+                return
+            self._run(stream, op)
 
     # -- the driver API ---------------------------------------------------------------
 
@@ -358,6 +514,7 @@ class FakeCudaDriver:
 
     def pagelocked_empty(self, shape: Any, dtype: Any, order: str = "C", mem_flags: int = 0) -> np.ndarray:
         self._needs_context("pagelocked_empty")
+        self.unsafe("cuMemHostAlloc")
         shape = (shape,) if isinstance(shape, int) else tuple(int(d) for d in shape)
         dtype = np.dtype(dtype)
         self._record("pagelocked_empty", shape, dtype, mem_flags)
@@ -365,12 +522,20 @@ class FakeCudaDriver:
 
     def mem_alloc(self, nbytes: int) -> FakeDeviceAllocation:
         self._needs_context("mem_alloc")
+        self.unsafe("cuMemAlloc")
         if int(nbytes) <= 0:
             raise FakeLogicError("cuMemAlloc failed: invalid value (size 0)")
-        address = next(self._addresses)
-        self._device_ranges[address] = int(nbytes)
+        address = self.reserve(int(nbytes))
         self._record("mem_alloc", int(nbytes), address)
         return FakeDeviceAllocation(self, address, int(nbytes))
+
+    def reserve(self, nbytes: int) -> int:
+        """Device memory (zeroed) at a new address; what ``mem_alloc`` and TensorRT's own
+        allocations take."""
+        address = next(self._addresses)
+        self._device_ranges[address] = nbytes
+        self._backing[address] = np.zeros(nbytes, np.uint8)
+        return address
 
     def _device(self, what: str, dev: Any, nbytes: int) -> int:
         address = int(dev)
@@ -397,7 +562,11 @@ class FakeCudaDriver:
         if stream is None:
             raise AssertionError("memcpy_htod_async on the default stream: pass the slot's stream")
         self._record("memcpy_htod_async", address, stream.handle)
-        self.enqueue(stream.handle, "memcpy_htod_async", 0.0)
+
+        def run() -> None:
+            self.view(address, src.nbytes)[:] = _bytes(src)
+
+        self.enqueue(stream.handle, "memcpy_htod_async", 0.0, run, (address,))
 
     def memcpy_dtoh_async(self, dest: np.ndarray, src: Any, stream: Any = None) -> None:
         self._needs_context("memcpy_dtoh_async")
@@ -406,10 +575,34 @@ class FakeCudaDriver:
         if stream is None:
             raise AssertionError("memcpy_dtoh_async on the default stream: pass the slot's stream")
         self._record("memcpy_dtoh_async", address, stream.handle)
-        self.enqueue(stream.handle, "memcpy_dtoh_async", 0.0)
+
+        def run() -> None:
+            _bytes(dest)[:] = self.view(address, dest.nbytes)
+
+        self.enqueue(stream.handle, "memcpy_dtoh_async", 0.0, run, (address,))
+
+    def memset_d8_async(self, dest: Any, data: int, size: int, stream: Any = None) -> None:
+        """pycuda's memset_d8_async(dest, data, size, stream): cuMemsetD8Async."""
+        self._needs_context("memset_d8_async")
+        address = self._device("memset_d8_async", dest, int(size))
+        if stream is None:
+            raise AssertionError("memset_d8_async on the default stream: pass the slot's stream")
+        self._record("memset_d8_async", address, stream.handle)
+
+        def run() -> None:
+            self.view(address, int(size))[:] = data
+
+        self.enqueue(stream.handle, "memset_d8_async", 0.0, run, (address,))
 
     def memcpy_htod(self, dest: Any, src: Any) -> None:
         self._needs_context("memcpy_htod")
-        src = np.asarray(src)
+        self._legacy_stream("cuMemcpyHtoD")  # synchronous: on the legacy stream
+        src = np.ascontiguousarray(src)
         address = self._device("memcpy_htod", dest, src.nbytes)
         self._record("memcpy_htod", address, src.nbytes)
+        self.view(address, src.nbytes)[:] = _bytes(src)
+
+
+def _bytes(arr: np.ndarray) -> np.ndarray:
+    """The bytes of a C-contiguous array, as a writable view."""
+    return arr.reshape(-1).view(np.uint8)

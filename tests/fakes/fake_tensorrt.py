@@ -61,13 +61,14 @@ from fakes.fake_trt_network import (  # noqa: F401 (re-exported)
     FakeTensor,
 )
 from fakes.fake_trt_runtime import FakeEngine, FakeExecutionContext, FakeRuntime  # noqa: F401
-from fakes.fake_trt_types import (  # noqa: F401 (re-exported)
+from fakes.fake_trt_types import (
     _NP,
     MAGIC,
     PLUGINS,
     FakeBuilderFlag,
     FakeDataType,
     FakeDeviceType,
+    FakeExecutionContextAllocationStrategy,
     FakeIInt8EntropyCalibrator2,
     FakeIProgressMonitor,
     FakeLogger,
@@ -254,6 +255,8 @@ class FakeBuilder:
             "dla_core": config.DLA_core if dla else -1,
             "flags": sorted(f.name for f in config.flags_set),
             "exec_ms": trt.exec_ms.get(network.label, 1.5),
+            "plugins": sorted({la.type for la in network.layers if la.type in PLUGINS}),
+            "device_memory": trt.device_memory.get(network.label, 1 << 20),
         }
         trt.builds += 1
         return MAGIC + json.dumps(plan).encode()
@@ -325,6 +328,11 @@ class FakeBuilder:
         calibrator.write_calibration_cache(b"FAKE-CALIBRATION-CACHE")
 
 
+def zero_outputs(label: str, ins: dict, outs: dict) -> None:
+    for out in outs.values():
+        out[...] = 0
+
+
 class FakeTensorRT:
     """A fake ``tensorrt`` module. One instance per test; configure it with the arguments."""
 
@@ -338,6 +346,7 @@ class FakeTensorRT:
     ScaleMode = FakeScaleMode
     IProgressMonitor = FakeIProgressMonitor
     IInt8EntropyCalibrator2 = FakeIInt8EntropyCalibrator2
+    ExecutionContextAllocationStrategy = FakeExecutionContextAllocationStrategy
 
     def __init__(
         self,
@@ -362,6 +371,21 @@ class FakeTensorRT:
         self.plugins_registered = False
         self.calibrate_on_thread = False  # set: the calibrator runs on a thread of its own
         self.loggers = 0  # trt.Logger instances made through this module
+        self.device_memory: dict[str, int] = {}  # activation bytes per context, by network label
+        # What an enqueue computes: kernel(engine label, {input name: array}, {output name:
+        # array}) writes the outputs. TensorRT writes every output on every enqueue; the
+        # default writes zeros (a detector that finds nothing). None: outputs left as they are.
+        self.kernel: Any = zero_outputs
+        # Plugins whose enqueue allocates (cudaMalloc), which invalidates a stream capture.
+        # Empty by default: TensorRT 10.3's EfficientNMS_TRT enqueue only launches kernels and
+        # cudaMemsetAsync on its workspace (plugin/efficientNMSPlugin/efficientNMSInference.cu).
+        self.plugin_allocates: set[str] = set()
+        self.bake_inputs = False  # True: enqueues read their inputs when issued (see fake_trt_runtime)
+        self.scratch_streams: dict[int, int] = {}  # user-managed device memory -> the stream last using it
+
+    def version_at_least(self, major: int, minor: int) -> bool:
+        got = tuple(int(p) for p in self.__version__.split(".")[:2])
+        return got >= (major, minor)
 
     def _record(self, name: str, *args: Any) -> None:
         self.calls.append((name, args))

@@ -1,4 +1,21 @@
-"""FakeTensorRT's runtime: the engine, the execution context and its rules (see fake_tensorrt.py)."""
+"""FakeTensorRT's runtime: the engine, the execution context and its rules (see fake_tensorrt.py).
+
+CUDA graphs (TensorRT's developer guide, "CUDA Graphs"; trtexec's ``--useCudaGraph`` in
+samples/common/sampleInference.cpp): an ``execute_async_v3`` on a capturing stream records
+its work with the addresses and shapes set at that moment. The context refuses a capture as
+a device does, by invalidating it and returning False: an output of data-dependent shape (its
+output allocator would allocate), a plugin that allocates in its enqueue
+(``FakeTensorRT.plugin_allocates``), a DLA engine (unconfirmed on a device; the fake takes the
+safe side). A graph holds the addresses, shapes and device memory its context had at the
+capture: replaying it after they changed would compute with the old ones; the fake refuses
+that with an AssertionError (stricter than a device, which would silently use them), as it
+refuses two contexts sharing user-managed device memory at once (``setDeviceMemoryV2``:
+"using it in another execution context running in parallel ... undefined behavior").
+``FakeTensorRT.bake_inputs`` models a plugin doing host work in its enqueue: the inputs
+are read when the enqueue is issued, so a graph replays the values of the captured frame.
+Deserializing an engine uses the legacy stream here (TensorRT copies the weights to the
+device; on which stream is not documented: the fake takes the stricter case).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from fakes.fake_trt_types import _NP, MAGIC, FakeDataType, FakeTensorIOMode
+from fakes.fake_trt_types import (
+    _NP,
+    MAGIC,
+    FakeDataType,
+    FakeExecutionContextAllocationStrategy,
+    FakeTensorIOMode,
+)
 
 if TYPE_CHECKING:
     from fakes.fake_tensorrt import FakeTensorRT
@@ -40,20 +63,79 @@ class FakeEngine:
     def get_tensor_dtype(self, name: str) -> FakeDataType:
         return FakeDataType[self._io[name]["dtype"]]
 
-    def create_execution_context(self) -> FakeExecutionContext | None:
-        self._trt._record("ICudaEngine.create_execution_context", self.label)
+    @property
+    def device_memory_size_v2(self) -> int:
+        if not self._trt.version_at_least(10, 1):
+            raise AttributeError("'ICudaEngine' has no attribute 'device_memory_size_v2' (TensorRT 10.1+)")
+        return int(self.plan.get("device_memory", 1 << 20))
+
+    @property
+    def device_memory_size(self) -> int:
+        if self._trt.version_at_least(11, 0):
+            raise AttributeError(
+                "'ICudaEngine' has no attribute 'device_memory_size' (removed in TensorRT 11)"
+            )
+        return int(self.plan.get("device_memory", 1 << 20))
+
+    def create_execution_context(
+        self, strategy: FakeExecutionContextAllocationStrategy = FakeExecutionContextAllocationStrategy.STATIC
+    ) -> FakeExecutionContext | None:
+        self._trt._record("ICudaEngine.create_execution_context", self.label, strategy.name)
         if self.label in self._trt.context_fails:
             return None  # the real call returns None (out of memory, say), it does not raise
-        return FakeExecutionContext(self._trt, self)
+        ctx = FakeExecutionContext(self._trt, self, strategy)
+        cuda = self._trt.cuda
+        if cuda is not None and strategy != FakeExecutionContextAllocationStrategy.USER_MANAGED:
+            cuda.unsafe("createExecutionContext (cudaMalloc)")
+            object.__setattr__(
+                ctx, "_memory", cuda.reserve(int(self.plan.get("device_memory", 1 << 20)) or 1)
+            )
+        return ctx
 
 
 class FakeExecutionContext:
     """IExecutionContext; enforces the shape/address/stream rules of ``execute_async_v3``."""
 
-    def __init__(self, trt: FakeTensorRT, engine: FakeEngine) -> None:
-        self._trt, self.engine = trt, engine
+    def __init__(
+        self, trt: FakeTensorRT, engine: FakeEngine, strategy: FakeExecutionContextAllocationStrategy
+    ) -> None:
+        self._trt, self.engine, self.strategy = trt, engine, strategy
         self.input_shapes: dict[str, tuple[int, ...]] = {}
         self.addresses: dict[str, int] = {}
+        self._memory = 0  # activation memory: its own (STATIC) or the application's
+        self.generation = 0  # bumped by every change a captured graph depends on
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "device_memory":  # the binding's write-only property (TensorRT 10.0's way)
+            self._trt._record("IExecutionContext.device_memory=", self.engine.label, value)
+            self._use_memory(value, self.engine.plan.get("device_memory", 1 << 20))
+            return
+        object.__setattr__(self, name, value)
+
+    @property
+    def set_device_memory(self) -> Any:
+        """TensorRT 10.1+ (absent before, so ``hasattr`` says which API a version has)."""
+        if not self._trt.version_at_least(10, 1):
+            raise AttributeError("'IExecutionContext' has no attribute 'set_device_memory' (TensorRT 10.1+)")
+        return self._set_device_memory
+
+    def _set_device_memory(self, memory: int, size: int) -> None:
+        """256-byte aligned memory of at least ``device_memory_size_v2`` bytes."""
+        self._trt._record("IExecutionContext.set_device_memory", self.engine.label, memory, size)
+        if size < self.engine.device_memory_size_v2:
+            raise AssertionError(
+                f"set_device_memory: {size} B < device_memory_size_v2 {self.engine.device_memory_size_v2}"
+            )
+        self._use_memory(memory, size)
+
+    def _use_memory(self, memory: int, size: int) -> None:
+        if not isinstance(memory, int) or isinstance(memory, bool) or memory % 256:
+            raise AssertionError(f"device memory must be a 256-byte aligned int address, got {memory!r}")
+        cuda = self._trt.cuda
+        if cuda is not None and cuda.device_bytes_at(memory) < size:
+            raise AssertionError(f"device memory at {memory:#x} holds fewer than {size} B")
+        self._memory = memory
+        self.generation += 1
 
     def _dynamic_inputs(self) -> list[str]:
         e = self.engine
@@ -83,6 +165,7 @@ class FakeExecutionContext:
         if not all(a <= s <= b for a, s, b in zip(lo, shape, hi)):
             return False
         self.input_shapes[name] = shape
+        self.generation += 1
         return True
 
     def get_tensor_shape(self, name: str) -> tuple[int, ...]:
@@ -112,6 +195,7 @@ class FakeExecutionContext:
         if cuda is not None and not cuda.is_device_address(memory):
             raise AssertionError(f"set_tensor_address({name!r}, {memory:#x}): not a device address")
         self.addresses[name] = memory
+        self.generation += 1
         return True
 
     def execute_async_v3(self, stream_handle: int) -> bool:
@@ -124,10 +208,84 @@ class FakeExecutionContext:
         missing = [n for n in self.engine._names if n not in self.addresses]
         if missing:
             raise AssertionError(f"execute_async_v3 on {self.engine.label}: no address set for {missing}")
-        if self._trt.cuda is not None:
+        cuda = self._trt.cuda
+        if cuda is not None:
+            capture = cuda.capture_of(stream_handle)
+            why = self._uncapturable() if capture is not None else ""
+            if why:
+                cuda._invalidate(capture, why)
+                return False  # enqueue fails when the capture fails (trtexec's comment)
             self._check_buffer_sizes()
-            self._trt.cuda.enqueue(stream_handle, "execute_async_v3", self.engine.plan["exec_ms"])
+            if self.strategy == FakeExecutionContextAllocationStrategy.USER_MANAGED and not self._memory:
+                raise AssertionError(
+                    f"execute_async_v3 on {self.engine.label}: USER_MANAGED context without device memory"
+                )
+            cuda.enqueue(
+                stream_handle,
+                "execute_async_v3",
+                self.engine.plan["exec_ms"],
+                self._work(stream_handle),
+                tuple(self.addresses.values()),
+            )
         return self._trt.execute_result
+
+    def _uncapturable(self) -> str:
+        """Why this enqueue cannot be captured ("" if it can)."""
+        e = self.engine
+        for name in e._names:
+            if e.get_tensor_mode(name) == FakeTensorIOMode.OUTPUT and any(
+                d < 0 for d in self.get_tensor_shape(name)
+            ):
+                return f"output {name!r} is data-dependent: its output allocator allocates during the capture"
+        allocating = sorted(set(e.plan.get("plugins", ())) & self._trt.plugin_allocates)
+        if allocating:
+            return f"plugin {allocating[0]} allocates in its enqueue"
+        if e.plan.get("dla_core", -1) >= 0:
+            return "a DLA engine (whether DLA work can be captured is unconfirmed)"
+        return ""
+
+    def _work(self, stream_handle: int):
+        """What this enqueue does to memory, on the state set now (a graph keeps this state)."""
+        trt, e = self._trt, self.engine
+        cuda, generation, memory = trt.cuda, self.generation, self._memory
+        shapes = {n: self.get_tensor_shape(n) for n in self.addresses}
+        addresses = dict(self.addresses)
+        shared = self.strategy == FakeExecutionContextAllocationStrategy.USER_MANAGED
+
+        def arrays() -> dict[str, np.ndarray]:
+            out = {}
+            for n, a in addresses.items():
+                dtype = np.dtype(_NP[e.get_tensor_dtype(n)])
+                raw = cuda.view(a, int(np.prod(shapes[n])) * dtype.itemsize)
+                out[n] = raw.view(dtype).reshape(shapes[n])
+            return out
+
+        baked = {n: v.copy() for n, v in arrays().items()} if trt.bake_inputs and trt.kernel else None
+
+        def run() -> None:
+            if self.generation != generation:
+                raise AssertionError(
+                    f"{e.label}: a graph replayed after its execution context changed (shapes, addresses or "
+                    "device memory set after the capture): it would compute with the captured ones"
+                )
+            if shared:
+                last = trt.scratch_streams.get(memory)
+                other = cuda.streams.get(last) if last is not None else None
+                if other is not None and last != stream_handle and other.pending:
+                    raise AssertionError(
+                        f"{e.label}: two execution contexts use the same device memory at once "
+                        "(undefined behaviour)"
+                    )
+                trt.scratch_streams[memory] = stream_handle
+            if trt.kernel is None:
+                return
+            now = arrays()
+            source = baked if baked is not None else now
+            ins = {n: v for n, v in source.items() if e.get_tensor_mode(n) == FakeTensorIOMode.INPUT}
+            outs = {n: v for n, v in now.items() if e.get_tensor_mode(n) == FakeTensorIOMode.OUTPUT}
+            trt.kernel(e.label, ins, outs)
+
+        return run
 
 
 def _check_sizes(ctx: FakeExecutionContext) -> None:
@@ -160,6 +318,8 @@ class FakeRuntime:
     def deserialize_cuda_engine(self, serialized_engine: Any) -> FakeEngine | None:
         data = bytes(serialized_engine)
         self._trt._record("Runtime.deserialize_cuda_engine", len(data), self.DLA_core)
+        if self._trt.cuda is not None and self._trt.cuda.initialized:
+            self._trt.cuda._legacy_stream("deserialize_cuda_engine (the weights' upload)")
         if not data.startswith(MAGIC):
             return None
         try:

@@ -42,6 +42,14 @@ _FROM_ONNX = {
 }
 
 
+class FakeExecutionContextAllocationStrategy(enum.Enum):
+    """trt.ExecutionContextAllocationStrategy (TensorRT 10)."""
+
+    STATIC = 0
+    ON_PROFILE_CHANGE = 1
+    USER_MANAGED = 2
+
+
 class FakeTensorIOMode(enum.Enum):
     NONE = 0
     INPUT = 1

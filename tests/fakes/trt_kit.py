@@ -19,6 +19,7 @@ from edge_agent.models.manifest import InputFormat
 from edge_agent.models.testmodels import constant_detector, yolov8_output
 from edge_agent.pipelines.backends import trt_build
 from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
+from fakes.fake_cudart import FakeCudart
 from fakes.fake_pycuda import FakeCudaDriver
 from fakes.fake_tensorrt import FakeTensorRT
 
@@ -39,15 +40,21 @@ FLOAT_FMT_SCALED = InputFormat(
 
 
 class Fakes:
-    """One fake GPU: a FakeTensorRT and a FakeCudaDriver sharing one call log."""
+    """One fake GPU: a FakeTensorRT and a FakeCudaDriver sharing one call log, and with
+    ``graphs`` cuda-python's runtime (FakeCudart) as well; without it the backend finds no
+    cuda-python, as on a Jetson without the ``jetson`` extra."""
 
-    def __init__(self, num_dla: int = 0, version: str = "10.3.0", sm_count: int = 8) -> None:
+    def __init__(
+        self, num_dla: int = 0, version: str = "10.3.0", sm_count: int = 8, graphs: bool = False
+    ) -> None:
         self.calls: list[tuple[str, tuple]] = []
         self.cuda = FakeCudaDriver(self.calls, sm_count=sm_count)
         self.trt = FakeTensorRT(version=version, num_dla_cores=num_dla, calls=self.calls, cuda=self.cuda)
+        self.cudart = FakeCudart(self.cuda) if graphs else None
 
     def backend(self, cache: Path, **cfg) -> TensorRTBackend:
-        return TensorRTBackend(TensorRTConfig(cache_dir=str(cache), **cfg), modules=(self.trt, self.cuda))
+        modules = (self.trt, self.cuda) if self.cudart is None else (self.trt, self.cuda, self.cudart)
+        return TensorRTBackend(TensorRTConfig(cache_dir=str(cache), **cfg), modules=modules)
 
     def names(self) -> list[str]:
         return [n for n, _ in self.calls]

@@ -10,7 +10,6 @@ each frame's result is known exactly and a batch mix-up shows.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,7 +30,7 @@ from edge_agent.core.config import (
 )
 from edge_agent.core.source_config import ImageFolderSourceConfig
 from edge_agent.models.manifest import ModelError, resolve_model
-from edge_agent.models.testmodels import brightness_detector
+from edge_agent.models.testmodels import brightness_detector, efficient_nms_plugin_graph
 from edge_agent.pipelines.backends import registry
 from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
 from edge_agent.pipelines.model import load_model
@@ -429,35 +428,8 @@ def test_an_efficient_nms_model_publishes_its_detections(tmp_path):
 # -- TensorRT: the same decoders on the engine's tensors ----------------------------------------
 
 
-def _plugin_graph(path: Path, k: int = 10) -> Path:
-    """An ONNX holding TensorRT's EfficientNMS_TRT plugin, as YOLOv7's ``--end2end`` writes
-    it: ONNX Runtime cannot load it; TensorRT's parser can, once the plugins are registered."""
-    import onnx
-
-    x = helper.make_tensor_value_info("images", F, [1, 3, 32, 32])
-    outs = [
-        helper.make_tensor_value_info("num_dets", I32, [1, 1]),
-        helper.make_tensor_value_info("det_boxes", F, [1, k, 4]),
-        helper.make_tensor_value_info("det_scores", F, [1, k]),
-        helper.make_tensor_value_info("det_classes", I32, [1, k]),
-    ]
-    node = helper.make_node(
-        "EfficientNMS_TRT", ["images"], [o.name for o in outs], domain="TRT", score_threshold=0.25
-    )
-    graph = helper.make_graph([node], "plugin", [x], outs)
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("TRT", 1)]
-    )
-    model.ir_version = 8
-    onnx.save(model, str(path))
-    path.with_suffix(".yaml").write_text(
-        "name: p\ninput: {height: 32, width: 32}\noutput: {decoder: efficient_nms}\nlabels: [a, b, c, d]\n"
-    )
-    return path
-
-
 def test_tensorrt_loads_an_efficient_nms_plugin_graph_and_decodes_its_int32_tensors(tmp_path, monkeypatch):
-    path = _plugin_graph(tmp_path / "plugin.onnx")
+    path = efficient_nms_plugin_graph(tmp_path / "plugin.onnx")
     calls: list = []
     cuda = FakeCudaDriver(calls)
     trt = FakeTensorRT(calls=calls, cuda=cuda)
@@ -495,12 +467,12 @@ def test_without_registered_plugins_the_parser_names_the_plugin(tmp_path):
 
     trt = FakeTensorRT()
     parser = FakeOnnxParser(trt, trt.Builder(None).create_network(0), None)
-    assert not parser.parse_from_file(str(_plugin_graph(tmp_path / "plugin.onnx")))
+    assert not parser.parse_from_file(str(efficient_nms_plugin_graph(tmp_path / "plugin.onnx")))
     assert "EfficientNMS_TRT" in parser.get_error(0).desc()
 
 
 def test_onnx_runtime_refuses_the_efficient_nms_plugin_saying_which_backend_runs_it(tmp_path):
-    path = _plugin_graph(tmp_path / "plugin.onnx")
+    path = efficient_nms_plugin_graph(tmp_path / "plugin.onnx")
     with pytest.raises(RuntimeError, match="EfficientNMS_TRT plugin, which only the tensorrt backend runs"):
         load_model(ModelConfig(path=str(path), input_adapter="off"), OnnxRuntimeConfig())
     assert resolve_model(str(path)).manifest.output.decoder == "efficient_nms"
