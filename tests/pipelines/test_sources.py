@@ -389,6 +389,7 @@ class FakeStalledCapture:
     def __init__(self, frames: int) -> None:
         self.left = frames
         self.unblock = threading.Event()
+        self.blocked = threading.Event()  # set once a read() is in the hang
         self.released = False
 
     def read(self, image=None):
@@ -399,6 +400,7 @@ class FakeStalledCapture:
             time.sleep(0.02)
             self.left -= 1
             return True, np.full((48, 64, 3), self.left % 256, np.uint8)
+        self.blocked.set()
         self.unblock.wait(10)
         return False, None
 
@@ -443,7 +445,8 @@ def test_a_stop_waits_for_a_reader_blocked_in_the_driver_only_as_long_as_asked(t
     src = OpenCvCapture(cfg, opener=lambda: cap)
     src.open()
     try:
-        wait_until(lambda: cap.left == 0, 10, message="the reader blocked in the driver")
+        # In the hang itself: after its last frame the reader could still see the stop.
+        wait_until(cap.blocked.is_set, 10, message="the reader blocked in the driver")
         assert src.stop(0.05) is False  # it says the reader did not end
     finally:
         cap.unblock.set()
