@@ -216,12 +216,20 @@ class ModelBuffers:
                 )
                 for i in range(slots)
             ]
-            if not self.pools:  # the model is not running yet: inference may run here
+            if not self.pools:
                 self.warm_ns[1] = _warm(m.backend, made[0].io)
-                for s in made[1:]:
-                    m.backend.prepare(s.io)
             pool = self.pools[source] = SlotPool(made)
         return pool
+
+    def prepare_slots(self) -> None:
+        """The backend's per-set work (``InferenceBackend.prepare``) on every frame slot and
+        batch set: it runs inferences, so only while no pipeline runs this model."""
+        backend = self.model.backend
+        for pool in self.pools.values():
+            for s in pool.slots:
+                backend.prepare(s.io)
+        for io in self.batches.values():
+            backend.prepare(io)
 
     def batch_limit(self) -> int:
         """The largest batch the model runs (its fixed batch, or unlimited)."""
@@ -302,10 +310,10 @@ def prepare_buffers(
     """Allocate every source's frame slots in each profile it may use, and each profile's
     batch sets up to the number of sources that use it (and ``max_batch``).
 
-    ``warm``: also warm up batch sets not warmed yet. A reload prepares its buffers while
-    the old pipeline still runs, with ``warm`` off for profiles that pipeline is using
-    (one backend must not run two inferences at once); the new pipeline warms them after
-    the drain.
+    ``warm``: also warm up batch sets not warmed yet and prepare every set
+    (``ModelBuffers.prepare_slots``). A reload prepares its buffers while the old pipeline
+    still runs, with ``warm`` off for profiles that pipeline is using (one backend must not
+    run two inferences at once); the new pipeline warms them after the drain.
     """
     users: dict[int, list[Any]] = {}
     for name, profiles in lanes:
@@ -315,6 +323,8 @@ def prepare_buffers(
     cap = min(max_batch or len(lanes), len(lanes))
     for p, n in users.values():
         p.prepare_batches(min(cap, n), warm)
+        if warm:
+            p.prepare_slots()
 
 
 def _warm(backend: Any, io: IOSet, timed: int = 3) -> int:

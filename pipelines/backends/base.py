@@ -109,8 +109,9 @@ class InferenceBackend(ABC):
         return _NO_TIMINGS
 
     def prepare(self, io: IOSet) -> None:  # noqa: B027 - most backends need nothing
-        """Once per buffer set, before frames, at a time inference may run: a backend with
-        work to do per set does it here (TensorRT captures the set's CUDA graphs)."""
+        """Before frames, for every buffer set, at a time inference may run (``prepare_buffers``
+        with ``warm``; may come more than once): a backend with work to do per set does it
+        here (TensorRT captures the set's CUDA graphs)."""
 
     def warmup(self, io: IOSet, runs: int = 3) -> None:
         # The first runs pay for lazy initialisation (memory arenas, kernel selection);

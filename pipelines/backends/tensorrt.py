@@ -628,8 +628,8 @@ class TensorRTBackend(InferenceBackend):
                 g.close()
 
     def _check_replay(self, slot: _Slot, io: IOSet, graphs: dict[str, trt_graphs.CudaGraph]) -> None:
-        """Replay the graphs once on another input than the captured frame's (its values
-        inverted) into outputs filled with 0xFF, on the host and (device buffers) on the
+        """Replay the graphs once on another input than the captured frame's (``other_frame``)
+        into outputs filled with 0xFF, on the host and (device buffers) on the
         device, then run the same input plainly and compare: a value the graphs do not write,
         or one baked in at the capture (a plugin doing host work in its enqueue), shows. The
         frame's input and the plain run's outputs are put back after. Once per slot."""
@@ -717,6 +717,14 @@ class TensorRTBackend(InferenceBackend):
         """
         if self._cuda_ctx is None:
             return
+        try:
+            self._free()
+        finally:  # the context is released even if a free raised
+            with contextlib.suppress(Exception):
+                self._cuda_ctx.detach()
+            self._cuda_ctx = None
+
+    def _free(self) -> None:
         with self._current():
             for slot in self._slots:
                 # The graphs and contexts first: they hold the buffers' addresses.
@@ -738,14 +746,20 @@ class TensorRTBackend(InferenceBackend):
             if self._scratch is not None:
                 self._scratch.free()
                 self._scratch = None
-        with contextlib.suppress(Exception):
-            self._cuda_ctx.detach()
-        self._cuda_ctx = None
 
 
 def other_frame(frame: np.ndarray) -> None:
-    """Make ``frame`` another input, in place: integers bit-inverted, floats as 1 - x (finite
-    stays finite)."""
+    """Make ``frame`` another input than it holds, in place: a fixed ramp of finite values
+    (a buffer never written may hold NaN, which would hide an unwritten output), inverted
+    where it happens to equal the frame."""
+    ramp = np.arange(frame.size, dtype=np.int64) % 251
+    kept = frame.copy()
+    if frame.dtype.kind == "f":
+        frame.reshape(-1)[:] = ramp / 251.0
+    else:
+        frame.reshape(-1)[:] = ramp
+    if not np.array_equal(frame, kept):
+        return
     if frame.dtype.kind == "f":
         np.subtract(1, frame, out=frame)
     else:

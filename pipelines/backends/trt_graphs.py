@@ -113,14 +113,17 @@ def capture(cudart: Any, stream: int, work: Callable[[], bool]) -> CudaGraph:
     if not _ok(cudart, err):
         cudart.cudaGetLastError()
         raise GraphRefused(f"cudaStreamBeginCapture failed: {_error_name(cudart, err)}")
-    why = ""
+    why, done = "", False
     try:
         if not work():
             why = "an enqueue failed during the capture (the engine holds work a graph cannot hold)"
+        done = True
     except Exception as e:  # pycuda raises for a call the capture forbids
-        why = f"{type(e).__name__} during the capture: {e}"
+        why, done = f"{type(e).__name__} during the capture: {e}", True
     finally:
         err, graph = cudart.cudaStreamEndCapture(stream)  # always: the stream must leave capture
+        if not done and graph is not None and _ok(cudart, err):
+            cudart.cudaGraphDestroy(graph)  # an interrupt passing through
     if not _ok(cudart, err):
         why = why or f"cudaStreamEndCapture failed: {_error_name(cudart, err)}"
     if why:
@@ -170,8 +173,9 @@ class GraphPolicy:
 
     def refuse(self, reason: str) -> None:
         """Graphs off for this model, said once in the log; with ``on`` an error instead."""
+        first = not self.off
+        self.off = self.off or reason
         if self.mode == "on":
             raise BackendError(f"cuda_graphs is on, but this model cannot run from a CUDA graph: {reason}")
-        if not self.off:
-            self.off = reason
+        if first:
             log.warning("tensorrt: CUDA graphs off for this model (plain execute_async_v3): %s", reason)

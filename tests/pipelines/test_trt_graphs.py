@@ -557,22 +557,52 @@ def test_a_reload_loading_an_engine_during_a_capture_does_not_break_it(const_mod
     be.close()
 
 
-def test_every_slot_of_a_models_first_pool_is_captured_before_frames(const_model, cache, monkeypatch):
-    """The pool's first slot is warmed up; the others are prepared (captured) then too, so
-    no live frame pays for a capture."""
+def test_every_slot_of_every_source_is_captured_before_frames(const_model, cache, monkeypatch):
+    """prepare_buffers (the pipeline's warm-up) prepares every frame slot and batch set of
+    every source: no live frame pays for a capture; a reload's slots likewise after its
+    drain (the same call, with warm on)."""
     from edge_agent.core.config import ModelConfig
     from edge_agent.pipelines.backends import registry
     from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
     from edge_agent.pipelines.model import load_model
-    from edge_agent.pipelines.slots import SLOTS, ModelBuffers
+    from edge_agent.pipelines.slots import SLOTS, ModelBuffers, prepare_buffers
 
     f = graph_fakes()
     modules = (f.trt, f.cuda, f.cudart)
     monkeypatch.setitem(registry._REGISTRY, "tensorrt", lambda cfg: TensorRTBackend(cfg, modules=modules))
-    model = load_model(ModelConfig(path=str(const_model)), f.backend(cache).config)
+    model = load_model(ModelConfig(path=str(const_model)), f.backend(cache, max_batch=2).config)
     try:
-        pool = ModelBuffers("m", model).pool("cam0")
-        assert all(s.io.handle.graphs for s in pool.slots) and len(pool.slots) == SLOTS
-        assert model.backend.graph_state()["captured_slots"] == SLOTS
+        buffers = ModelBuffers("m", model)
+        lanes = [("cam0", {"m": buffers}), ("cam1", {"m": buffers})]
+        prepare_buffers(lanes, 2, warm=False)  # a reload while the old pipeline runs: nothing runs
+        assert model.backend.graph_state()["captured_slots"] == 1, "only the first slot's warm-up"
+        prepare_buffers(lanes, 2)  # the warm-up (after the drain)
+        sets = [s.io for pool in buffers.pools.values() for s in pool.slots] + list(buffers.batches.values())
+        assert len(sets) == 2 * SLOTS + 1 and all(io.handle.graphs for io in sets)
+        assert model.backend.graph_state()["captured_slots"] == len(sets)
+        mark = len(f.calls)
+        prepare_buffers(lanes, 2)  # again: nothing more to do
+        assert count(f, "cudaStreamBeginCapture", mark) == 0
     finally:
         model.close()
+
+
+def test_the_check_runs_on_finite_values_whatever_the_buffer_held(float_model, cache):
+    """A set never written may hold NaN: the check's own input is a finite ramp, so an
+    output the replay leaves unwritten still shows (NaN in and NaN out would hide it)."""
+    f = graph_fakes()
+    calls = []
+
+    def skips_the_replay(label, ins, outs):
+        calls.append(label)
+        if len(calls) != 2:
+            mean_kernel(label, ins, outs)
+
+    f.trt.kernel = skips_the_replay
+    be, _ = graph_backend(float_model, cache, fakes=f, fmt=FLOAT_FMT_SCALED, preprocess="cpu")
+    io = be.allocate()
+    io.inputs[be.inputs[0].name][...] = np.nan
+    be.infer(io)
+    assert "unwritten values" in be.describe()["cuda_graphs"]["off"]
+    assert np.isnan(io.inputs[be.inputs[0].name]).all(), "the set's own input is put back"
+    be.close()
