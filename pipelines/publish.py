@@ -513,6 +513,7 @@ class MessageBuilder:
         self.encoding = encoding
         self._pack = _packer(encoding)
         self._heads = [_detection_head(label, c) for c, label in enumerate(labels)]
+        self._templates: dict[str, str] = {}  # one detection's JSON template, by task tail
         # Monotonic stamps are converted to wall-clock time with one offset taken at start,
         # so a clock step (NTP) never makes latencies negative.
         self._unix_offset_ns = time.time_ns() - time.monotonic_ns()
@@ -562,10 +563,15 @@ class MessageBuilder:
                 flat.append(age)
             if values is not None:
                 flat.extend(next(values))
-        one = _TRACKED_JSON if self.tracks else _DETECTION_JSON
-        if tail:
-            one = one[:-1] + tail + "}"
-        return "[" + ",".join([one] * n) % tuple(flat) + "]"
+        return "[" + ",".join([self._template(tail)] * n) % tuple(flat) + "]"
+
+    def _template(self, tail: str) -> str:
+        """One detection's JSON template with the task's fields (made once per task)."""
+        one = self._templates.get(tail)
+        if one is None:
+            one = _TRACKED_JSON if self.tracks else _DETECTION_JSON
+            self._templates[tail] = one = one[:-1] + tail + "}" if tail else one
+        return one
 
     def encode(self, message: dict[str, Any], slot: FrameSlot) -> bytes:
         """The message (from ``build``, latencies filled in) with the slot's detections, as

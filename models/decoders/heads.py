@@ -17,7 +17,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from edge_agent.models.decoders.base import Decoder, Shape, need
+from edge_agent.models.decoders.base import Decoded, DecodeParams, Decoder, Shape, need, unbatched
+from edge_agent.models.decoders.nms import keep_best, ranked
 from edge_agent.models.decoders.recognition import (
     BY_ANCHORS,
     BY_LABELS,
@@ -45,6 +46,20 @@ def classic_candidates(
     idx = np.flatnonzero(best > threshold)
     cand = out[:, idx].T  # one gather of the few candidates
     return cand, best[idx], cand[:, 4 : 4 + classes].argmax(axis=1)
+
+
+def classic_with_values(pred: np.ndarray, classes: int, p: DecodeParams) -> Decoded:
+    """A classic head's detections (NMS here), each with its task values: the columns after
+    the class scores (keypoints, mask coefficients)."""
+    cand, best, cls = classic_candidates(unbatched(pred), classes, p.score_threshold)
+    return keep_best(cand[:, :4], best, cls, p, cand[:, 4 + classes :])
+
+
+def end_to_end_with_values(pred: np.ndarray, p: DecodeParams) -> Decoded:
+    """An end-to-end head's rows (x1, y1, x2, y2, score, class id), each with its task
+    values: the columns after the sixth."""
+    out = unbatched(pred)
+    return ranked(out[:, :4], out[:, 4], out[:, 5], p, out[:, 6:])
 
 
 @dataclass(frozen=True)

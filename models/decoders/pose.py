@@ -14,9 +14,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from edge_agent.models.decoders.base import Decoded, DecodeParams, OutputMismatch, Shape, unbatched
-from edge_agent.models.decoders.heads import TaskHead, classic_candidates, single
-from edge_agent.models.decoders.nms import keep_best, ranked
+from edge_agent.models.decoders.base import Decoded, DecodeParams, OutputMismatch, Shape
+from edge_agent.models.decoders.heads import TaskHead, classic_with_values, end_to_end_with_values, single
 from edge_agent.models.decoders.recognition import Seen
 
 
@@ -70,8 +69,7 @@ class YoloV8Pose(_Pose):
     nms_in_model: ClassVar[bool] = False
 
     def decode(self, outputs: tuple[np.ndarray, ...], p: DecodeParams) -> Decoded:
-        cand, best, cls = classic_candidates(unbatched(outputs[0]), self.classes, p.score_threshold)
-        return keep_best(cand[:, :4], best, cls, p, cand[:, 4 + self.classes :])
+        return classic_with_values(outputs[0], self.classes, p)
 
 
 @dataclass(frozen=True)
@@ -84,8 +82,7 @@ class End2EndPose(_Pose):
     end_to_end: ClassVar[bool] = True
 
     def decode(self, outputs: tuple[np.ndarray, ...], p: DecodeParams) -> Decoded:
-        out = unbatched(outputs[0])
-        return ranked(out[:, :4], out[:, 4], out[:, 5], p, out[:, 6:])
+        return end_to_end_with_values(outputs[0], p)
 
 
 DECODERS = (YoloV8Pose(), End2EndPose())  # the registry collects them by their names

@@ -18,9 +18,13 @@ from typing import ClassVar
 
 import numpy as np
 
-from edge_agent.models.decoders.base import Decoded, DecodeParams, Shape, need, unbatched
-from edge_agent.models.decoders.heads import TaskHead, check_extra, classic_candidates
-from edge_agent.models.decoders.nms import keep_best, ranked
+from edge_agent.models.decoders.base import Decoded, DecodeParams, Shape, need
+from edge_agent.models.decoders.heads import (
+    TaskHead,
+    check_extra,
+    classic_with_values,
+    end_to_end_with_values,
+)
 from edge_agent.models.decoders.recognition import Seen, Tensor
 
 #: Ultralytics' name of the prototypes' output, the manifest's default for ``output.protos``.
@@ -73,8 +77,7 @@ class YoloV8Seg(_Seg):
     nms_in_model: ClassVar[bool] = False
 
     def decode(self, outputs: tuple[np.ndarray, ...], p: DecodeParams) -> Decoded:
-        cand, best, cls = classic_candidates(unbatched(outputs[0]), self.classes, p.score_threshold)
-        return keep_best(cand[:, :4], best, cls, p, cand[:, 4 + self.classes :])
+        return classic_with_values(outputs[0], self.classes, p)
 
 
 @dataclass(frozen=True)
@@ -87,8 +90,7 @@ class End2EndSeg(_Seg):
     end_to_end: ClassVar[bool] = True
 
     def decode(self, outputs: tuple[np.ndarray, ...], p: DecodeParams) -> Decoded:
-        out = unbatched(outputs[0])
-        return ranked(out[:, :4], out[:, 4], out[:, 5], p, out[:, 6:])
+        return end_to_end_with_values(outputs[0], p)
 
 
 DECODERS = (YoloV8Seg(), End2EndSeg())  # the registry collects them by their names

@@ -181,9 +181,7 @@ class TensorRTBackend(InferenceBackend):
         self._graphs.refuse(reason)
         self.notes.append(f"CUDA graphs off: {reason}")
         for slot in list(self._slots):
-            for g in (slot.graphs or {}).values():
-                g.close()
-            slot.graphs = {}
+            _drop_graphs(slot)
 
     # -- loading --------------------------------------------------------------------
 
@@ -538,7 +536,7 @@ class TensorRTBackend(InferenceBackend):
     def infer(self, io: IOSet) -> None:
         slot: _Slot = io.handle
         stream = slot.stream
-        start, mid, end, done = slot.events
+        start, mid, end, _done = slot.events
         graphs = slot.graphs if self._graphs.replay else None
         with self._current():
             if not slot.uploaded:
@@ -557,8 +555,7 @@ class TensorRTBackend(InferenceBackend):
             # The host reads the outputs next: everything on the stream must be done. A
             # BLOCKING_SYNC event sleeps the thread; stream.synchronize() on the primary
             # context (CU_CTX_SCHED_AUTO) would spin a CPU core for the whole inference.
-            done.record(stream)
-            done.synchronize()
+            self._wait(slot)
             slot.uploaded = False
             io.extra["device_preprocess_ms"] = mid.time_since(start)
             io.extra["device_compute_ms"] = end.time_since(mid)
@@ -666,7 +663,8 @@ class TensorRTBackend(InferenceBackend):
             name = self._inputs[0].name
             self.cuda.memcpy_htod_async(slot.allocations[name], slot.host[name], slot.stream)
 
-    def _wait(self, slot: _Slot) -> None:
+    @staticmethod
+    def _wait(slot: _Slot) -> None:
         done = slot.events[3]
         done.record(slot.stream)
         done.synchronize()
@@ -728,9 +726,8 @@ class TensorRTBackend(InferenceBackend):
         with self._current():
             for slot in self._slots:
                 # The graphs and contexts first: they hold the buffers' addresses.
-                for g in (slot.graphs or {}).values():
-                    g.close()
-                slot.graphs, slot.context, slot.pre_context = {}, None, None
+                _drop_graphs(slot)
+                slot.context, slot.pre_context = None, None
                 for mem in slot.allocations.values():
                     mem.free()
                 for arr in slot.host.values():
@@ -746,6 +743,12 @@ class TensorRTBackend(InferenceBackend):
             if self._scratch is not None:
                 self._scratch.free()
                 self._scratch = None
+
+
+def _drop_graphs(slot: _Slot) -> None:
+    for g in (slot.graphs or {}).values():
+        g.close()
+    slot.graphs = {}
 
 
 def other_frame(frame: np.ndarray) -> None:
