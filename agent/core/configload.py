@@ -238,8 +238,13 @@ class Builder:
         if t is Any:
             return value
         if typing.get_origin(t) is Literal:
-            if value in typing.get_args(t):
+            options = typing.get_args(t)
+            if value in options:
                 return value
+            # YAML 1.1 reads a plain on/off/yes/no as a bool: an option spelled so (cuda_graphs:
+            # on, input_adapter: off) is meant as written.
+            if isinstance(value, bool) and node.style is None and node.value in options:
+                return node.value
             return self.fail(node, path, f"expected one of {_type_name(t)}, got {short(repr(value))}")
         if t is float and isinstance(value, int) and not isinstance(value, bool):
             return float(value)

@@ -762,3 +762,19 @@ def test_the_config_hash_of_a_rendered_config_does_not_depend_on_the_home_folder
         assert cfg.model.cache_dir.startswith(home)
         hashes.add(config_hash(cfg))
     assert len(hashes) == 1
+
+
+def test_an_option_spelled_as_a_yaml_boolean_is_read_as_written():
+    """YAML 1.1 reads a plain on/off as a bool; a choice of words that includes it means the
+    word (``cuda_graphs: on``, ``input_adapter: off``); anything else is still an error."""
+    cfg = load(
+        AgentConfig, doc("backend: {type: tensorrt, cuda_graphs: on}\nmodel: {input_adapter: off}"), FILE
+    )
+    assert cfg.backend.cuda_graphs == "on" and cfg.model.input_adapter == "off"
+    for text, got in (
+        ("cuda_graphs: true", "True"),
+        ("cuda_graphs: yes", "True"),
+        ("cuda_graphs: 'no'", "'no'"),
+    ):
+        with pytest.raises(ConfigError, match=rf"backend\.cuda_graphs: expected one of .*, got {got}"):
+            load(AgentConfig, doc(f"backend: {{type: tensorrt, {text}}}"), FILE)
