@@ -15,7 +15,7 @@ import sys
 from typing import Any, get_args, get_type_hints
 
 from edge_agent import __version__
-from edge_agent.commands.common import EXIT_USAGE, fail, problem_lines
+from edge_agent.commands.common import EXIT_FAILED, EXIT_USAGE, fail, problem_lines
 from edge_agent.commands.configs import cmd_config
 from edge_agent.commands.device import cmd_power, cmd_service
 from edge_agent.commands.measure import cmd_bench, cmd_tune
@@ -357,8 +357,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         return fail(f"invalid config:\n{problem_lines(e)}", EXIT_USAGE)
     except (RuntimeError, OSError, ValueError) as e:
-        # Models, sources and sockets raise these with the file, device or endpoint named.
-        return fail(str(e))
+        from edge_agent.models.manifest import ModelError
+
+        # Models, sources and sockets raise these with the file, device or endpoint named; a
+        # model file the agent cannot use is the user's to change, as `models check` says (2).
+        return fail(str(e), EXIT_USAGE if isinstance(e, ModelError) else EXIT_FAILED)
 
 
 if __name__ == "__main__":

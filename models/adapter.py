@@ -19,14 +19,12 @@ input format and this module's version; the original file is never modified.
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from edge_agent.core.files import file_sha256
+from edge_agent.core.files import atomic_write, file_sha256
 from edge_agent.models.manifest import InputFormat
 
 log = logging.getLogger(__name__)
@@ -71,15 +69,7 @@ def adapt(path: str, fmt: InputFormat, cache_dir: str, input_name: str = "") -> 
         raise NotAdaptable("the onnx package is not installed") from None
     model = onnx.load(path)
     rewrite(model, fmt, input_name)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=out.name, suffix=".tmp")
-    os.close(fd)
-    try:
-        onnx.save(model, tmp)
-        os.replace(tmp, out)  # whole or not at all: a crash mid-write leaves no half copy
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write(out, model.SerializeToString())  # whole or not at all, never through a symlink
     log.info("input adapter: wrote %s (from %s)", out, path)
     return str(out)
 

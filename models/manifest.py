@@ -12,16 +12,32 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import yaml
+
 from edge_agent.core import configload
-from edge_agent.core.configload import check
+from edge_agent.core.configload import FieldError, check
+from edge_agent.core.files import FileRefused, read_regular
+from edge_agent.core.yamlnodes import ConfigError, Problem
 from edge_agent.models import onnx_info
 from edge_agent.models.decoders import registry as decoders
 from edge_agent.models.decoders.efficient_nms import NMS_OUTPUTS
 from edge_agent.models.decoders.pose import kpt_shape_of
 from edge_agent.models.decoders.seg import PROTOS
 
+# The labels' bounds hold for a manifest's labels and the metadata's names alike.
+from edge_agent.models.onnx_info import MAX_LABEL_CHARS as MAX_LABEL_CHARS
+from edge_agent.models.onnx_info import MAX_LABELS, label_problem
+
 BUNDLED_DIR = Path(__file__).resolve().parent
 BUNDLED_MODEL = "shapes-det"
+
+#: A manifest is read whole, bounded before it is parsed: 10,000 labels of 100 characters fit.
+MAX_MANIFEST_BYTES = 1 << 20
+#: YAML nodes (scalars, lists, mappings) in a manifest, counted by libyaml's parser before the
+#: document is composed (composing 500,000 nodes took 25 s): the labels and 2,000 more.
+MAX_MANIFEST_NODES = MAX_LABELS + 2000
+#: A model input's side in pixels: exports run at 320 to 1280, some at 2048 or 4096.
+MAX_INPUT_SIDE = 8192
 
 
 @dataclass(frozen=True)
@@ -67,6 +83,11 @@ class InputSpec:
 
     def __post_init__(self) -> None:
         check(self.height > 0 and self.width > 0, "height", "input size must be positive")
+        check(
+            self.height <= MAX_INPUT_SIDE and self.width <= MAX_INPUT_SIDE,
+            "height",
+            f"input {self.width}x{self.height} is larger than {MAX_INPUT_SIDE} pixels a side",
+        )
         check(all(s > 0 for s in self.std), "std", "must be > 0")
         check(0 <= self.pad_value <= 255, "pad_value", "must be within 0..255")
 
@@ -141,6 +162,13 @@ class ModelManifest:
 
     def __post_init__(self) -> None:
         check(len(self.labels) > 0, "labels", "at least one class label")
+        check(
+            len(self.labels) <= MAX_LABELS,
+            "labels",
+            f"{len(self.labels):,} labels (at most {MAX_LABELS:,})",
+        )
+        bad = next(((i, p) for i, p in enumerate(map(label_problem, self.labels)) if p), None)
+        check(bad is None, "labels", f"label {bad[0]}: {bad[1]}" if bad else "")
 
 
 @dataclass(frozen=True)
@@ -172,19 +200,79 @@ def resolve_model(path: str, manifest_path: str = "") -> ResolvedModel:
                 manifest_path = str(candidate)
                 break
     if manifest_path:
-        manifest = configload.load_file(ModelManifest, manifest_path)
-        return ResolvedModel(path, manifest, manifest_path)
+        return ResolvedModel(path, load_manifest(manifest_path), manifest_path)
     manifest, notes = manifest_from_onnx(path)
     return ResolvedModel(path, manifest, "", tuple(notes))
 
 
+def load_manifest(path: str) -> ModelManifest:
+    """The manifest at ``path`` (``read_manifest``'s bounds, then the typed load). Raises
+    ModelError for a file past its bounds, ConfigError for its content (file, line, key)."""
+    text = read_manifest(path)
+    try:
+        return configload.load(ModelManifest, text, path)
+    except FieldError as e:  # outside the builder: an empty document, whose defaults have no labels
+        raise ConfigError([Problem(path, 0, 0, e.key, f"an empty manifest: {e}")]) from None
+    except yaml.reader.ReaderError as e:  # raised before the composer's own handling
+        line = text.count("\n", 0, e.position) + 1
+        why = f"character {e.character:#x} is not allowed in YAML (a binary file?)"  # its code point
+        raise ConfigError([Problem(path, line, 0, "", why)]) from None
+    except yaml.MarkedYAMLError as e:  # a tag no safe loader knows (!!python/object), bad !!binary
+        mark = e.problem_mark
+        line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
+        raise ConfigError([Problem(path, line, col, "", e.problem or "not YAML")]) from None
+
+
+def read_manifest(path: str) -> str:
+    """A manifest's text, read once and bounded before it is parsed: a regular file (a FIFO
+    would block the read) of at most ``MAX_MANIFEST_BYTES``, UTF-8, whose YAML holds at most
+    ``MAX_MANIFEST_NODES`` nodes. Raises ModelError naming the file and the bound."""
+    try:
+        data = read_regular(path, MAX_MANIFEST_BYTES)
+    except FileRefused as e:
+        raise ModelError(f"manifest {path}: {e}") from None
+    except OSError as e:
+        raise ModelError(f"manifest {path}: cannot read: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ModelError(f"manifest {path}: byte {e.start} is not UTF-8 (a manifest is YAML text)") from None
+    nodes = 0
+    try:
+        for event in yaml.parse(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+            nodes += isinstance(event, yaml.NodeEvent)
+            if nodes > MAX_MANIFEST_NODES:
+                raise ModelError(
+                    f"manifest {path}: more than {MAX_MANIFEST_NODES:,} YAML nodes (room for "
+                    f"{MAX_LABELS:,} labels and the other keys); is this a manifest?"
+                )
+    except yaml.YAMLError:
+        pass  # composing it again names the line (configload)
+    return text
+
+
 def manifest_from_onnx(path: str) -> tuple[ModelManifest, list[str]]:
     """Build a manifest from the ONNX's shapes and metadata; returns it with the assumptions
-    (each names the rule behind it). Raises ModelError for a model the agent cannot run."""
+    (each names the rule behind it). Raises ModelError for a model the agent cannot run,
+    naming the file and, for metadata it cannot use, the key."""
     try:
         info = onnx_info.read(path)
     except Exception as e:  # protobuf's DecodeError, OSError, ...: the file is not a model
         raise ModelError(f"cannot load model {path}: {e}") from None
+    return manifest_from_info(path, info)
+
+
+def manifest_from_info(path: str, info: onnx_info.OnnxInfo) -> tuple[ModelManifest, list[str]]:
+    """``manifest_from_onnx`` for what was read of the model at ``path``: every error of
+    its metadata (and any input size out of range) is a ModelError naming the file."""
+    try:
+        return _from_info(path, info)
+    except (onnx_info.UnsupportedModel, FieldError) as e:  # MetadataError, an input out of range
+        key = f"{e.key}: " if isinstance(e, FieldError) else ""
+        raise ModelError(f"{path}: {key}{e}") from None
+
+
+def _from_info(path: str, info: onnx_info.OnnxInfo) -> tuple[ModelManifest, list[str]]:
     if not info.inputs or not info.outputs:
         raise ModelError(f"{path}: the graph has no input or no output")
     inp = info.inputs[0]
@@ -196,12 +284,8 @@ def manifest_from_onnx(path: str) -> tuple[ModelManifest, list[str]]:
     color = "bgr" if dtype == "uint8" and nhwc else "rgb"
     scaling = "no scaling (uint8: normalisation in the graph)" if dtype == "uint8" else "scaled by 1/255"
     notes.append(f"input {inp.name!r} {'NHWC' if nhwc else 'NCHW'} {dtype}, {color.upper()}, {scaling}")
-    names = info.meta("names")
-    labels = tuple(str(names[k]) for k in sorted(names)) if isinstance(names, dict) and names else ()
-    try:
-        choice = onnx_info.choose(info, len(labels), h, w)
-    except onnx_info.UnsupportedModel as e:
-        raise ModelError(f"{path}: {e}") from None
+    labels = info.labels()
+    choice = onnx_info.choose(info, len(labels), h, w)
     decoder = decoders.get(choice.decoder)
     notes.append(f"decoder {decoder.name}, chosen by {choice.rule}")
     if choice.ignored:
@@ -255,7 +339,11 @@ def _input_size(info: onnx_info.OnnxInfo, shape: list, nhwc: bool, notes: list[s
     if not (h and w):
         imgsz = info.meta("imgsz")
         if isinstance(imgsz, (list, tuple)) and len(imgsz) == 2:
-            h, w = int(imgsz[0]), int(imgsz[1])
+            if not all(type(v) is int and 0 < v <= MAX_INPUT_SIDE for v in imgsz):
+                raise onnx_info.MetadataError(
+                    f"metadata 'imgsz' {imgsz!r} is not [height, width] within 1..{MAX_INPUT_SIDE}"
+                )
+            h, w = imgsz
             notes.append(f"input size {w}x{h} from metadata imgsz")
         else:
             h = w = 640

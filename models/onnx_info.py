@@ -13,15 +13,21 @@ it, for the log and ``models check``:
 4. The output's shape, against the anchor counts of the input size and the label count.
 
 A shape no rule accepts is refused with the shapes seen and the decoders known.
+
+Metadata is the model author's text: each value read is bounded in length before it is
+parsed, and parsed by a scanner of flat literals (``models/literals.py``) that cannot recurse
+or grow past its bounds, where ``ast.literal_eval`` overflowed the stack on a deep expression
+(a RecursionError, or a segfault on Python 3.10) and the parser's own stack on a long one.
 """
 
 from __future__ import annotations
 
-import ast
 from dataclasses import dataclass
+from typing import Any
 
 from edge_agent.models.decoders import registry as decoders
 from edge_agent.models.decoders.recognition import BY_METADATA, Seen, Tensor
+from edge_agent.models.literals import NotLiteral, literal
 
 _ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 10: "float16"}
 #: The Ultralytics tasks the agent runs (each has its decoders: ``Decoder.task``).
@@ -33,8 +39,97 @@ _REFUSED = {
 }
 
 
+#: Bounds on the metadata values the agent reads, checked before a value is parsed. ``names``:
+#: room for ``MAX_LABELS`` labels of up to 90 characters as Ultralytics writes them
+#: (``{0: 'aerosol_can', ...}``: LVIS' 1,203 take 30 KB); read in about 0.1 s.
+MAX_NAMES_CHARS = 1 << 20
+#: ``args``, the export's arguments: about 300 characters.
+MAX_ARGS_CHARS = 4096
+#: Any other key read (task, imgsz, kpt_shape, end2end, head): a word or a short list.
+MAX_VALUE_CHARS = 256
+_MAX_CHARS = {"names": MAX_NAMES_CHARS, "args": MAX_ARGS_CHARS}
+#: Labels, from the metadata or a manifest: LVIS has 1,203 classes, Objects365 365, Open
+#: Images 601; 10,000 leaves room for any detector's label set (its output's class axis is
+#: bounded separately: ``decoders.base.MAX_OUTPUT_ELEMENTS``). A label goes into every
+#: detection of every message: 128 characters hold the longest real ones (LVIS' are under 40).
+MAX_LABELS = 10_000
+MAX_LABEL_CHARS = 128
+#: Containers within containers in a metadata literal (``args`` holds lists in a dict).
+MAX_DEPTH = 3
+
+
 class UnsupportedModel(ValueError):
     """The model is not one the agent can decode; the message says why."""
+
+
+class MetadataError(UnsupportedModel):
+    """A metadata value the agent reads is past its bounds or not what exporters write; the
+    message names the key (the caller adds the file)."""
+
+
+def label_problem(label: object) -> str:
+    """Why ``label`` cannot be a label ("" when it can): not a string, longer than
+    ``MAX_LABEL_CHARS``, or not encodable as UTF-8 (a lone surrogate, which no message could
+    carry). Control characters are kept: every terminal path escapes them (``core.text``)."""
+    if not isinstance(label, str):
+        return f"{type(label).__name__} {label!r} is not a string"
+    if len(label) > MAX_LABEL_CHARS:
+        return f"{len(label)} characters (at most {MAX_LABEL_CHARS} characters)"
+    try:
+        label.encode("utf-8")
+    except UnicodeEncodeError:
+        return f"{label!r} is not UTF-8 text (a lone surrogate)"
+    return ""
+
+
+def _bounded(key: str, text: str) -> str:
+    limit = _MAX_CHARS.get(key, MAX_VALUE_CHARS)
+    if len(text) > limit:
+        raise MetadataError(f"metadata {key!r} is {len(text):,} characters (at most {limit:,})")
+    return text.strip()
+
+
+def parse_value(key: str, text: str) -> Any:
+    """Metadata ``key``'s value ``text`` as the literal it spells (Ultralytics writes dicts
+    and lists as their repr: ``parse_names``' grammar), or the text itself when it spells none
+    (``detect``, ``RTDETRDecoder``). Raises MetadataError when ``text`` is past its bound."""
+    s = _bounded(key, text)
+    try:
+        return literal(s, MAX_LABELS, MAX_DEPTH)
+    except Exception:  # NotLiteral, or anything else the scan raised: not a literal, as before
+        return text
+
+
+def parse_names(text: str) -> tuple[str, ...]:
+    """Labels from metadata ``names``: a dict of class ids (ints from 0) to labels, as
+    Ultralytics writes it, or a list of labels (older YOLOv5 exports), in class-id order.
+    Raises MetadataError naming the key: past ``MAX_NAMES_CHARS``, more than ``MAX_LABELS``,
+    a label past ``label_problem``'s bounds, or not such a literal."""
+    s = _bounded("names", text)
+    try:
+        value = literal(s, MAX_LABELS, MAX_DEPTH)
+    except NotLiteral as e:
+        raise MetadataError(f"metadata 'names' is not a flat dict or list of labels: {e}") from None
+    except Exception as e:  # whatever else the scan raised: a refusal, never a traceback
+        raise MetadataError(f"metadata 'names' could not be read ({type(e).__name__})") from None
+    if isinstance(value, dict):
+        bad = next((k for k in value if type(k) is not int or k < 0), None)
+        if bad is not None:
+            raise MetadataError(f"metadata 'names' has {bad!r} among its class ids (ints from 0)")
+        labels = tuple(value[k] for k in sorted(value))
+    elif isinstance(value, (list, tuple)):
+        labels = tuple(value)
+    else:
+        raise MetadataError(
+            f"metadata 'names' is a {type(value).__name__}, not a dict of class ids to labels"
+        )
+    if not labels:
+        raise MetadataError("metadata 'names' holds no labels")
+    for i, label in enumerate(labels):
+        problem = label_problem(label)
+        if problem:
+            raise MetadataError(f"metadata 'names': label {i}: {problem}")
+    return labels
 
 
 @dataclass(frozen=True)
@@ -44,16 +139,17 @@ class OnnxInfo:
     metadata: dict[str, str]
     ops: frozenset[str]  # op types in the graph (plugins show here)
 
-    def meta(self, key: str):
+    def meta(self, key: str) -> Any:
         """A metadata value as a Python literal (Ultralytics writes dicts and lists as
-        their repr), the string itself when it is not one, or None."""
+        their repr), the string itself when it is not one, or None. Raises MetadataError
+        for a value past its bound (``parse_value``)."""
         text = self.metadata.get(key)
-        if text is None:
-            return None
-        try:
-            return ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            return text
+        return None if text is None else parse_value(key, text)
+
+    def labels(self) -> tuple[str, ...]:
+        """The labels metadata ``names`` gives, () without it. Raises MetadataError."""
+        text = self.metadata.get("names")
+        return () if text is None else parse_names(text)
 
 
 def read(path: str) -> OnnxInfo:

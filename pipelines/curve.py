@@ -1,16 +1,23 @@
 """CURVE clients allowed on the result stream: a folder of public keys, read key by key (a
 bad file is named and skipped), swapped in atomically, refusals logged with a bound: once a
-minute per key and at most ``REFUSED_LOG_MAX`` warnings a minute in all."""
+minute per key and at most ``REFUSED_LOG_MAX`` warnings a minute in all. Also the reading
+of every key file (the server's secret one included): bounded, never blocking, each key
+checked before libzmq sees it."""
 
 from __future__ import annotations
 
 import logging
 import os
-import stat
+import re
+import struct
 import time
 
+import zmq
 from zmq.utils import z85
 from zmq.utils.z85 import Z85CHARS
+
+from edge_agent.core.files import FileRefused, read_regular
+from edge_agent.core.text import printable
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +28,15 @@ REFUSED_LOG_MAX = 10
 REFUSED_KEYS_TRACKED = 1024  # keys remembered for the per-key limit (the oldest forgotten)
 MAX_KEY_FILE_BYTES = 64 * 1024  # a public certificate is ~300 bytes
 MAX_CLIENT_KEY_FILES = 10_000  # files read from the allowed-clients folder, at most
+# Entries of that folder looked at, at most: listing a folder of millions of names would
+# take the reload's time and memory before any cap applied.
+MAX_FOLDER_ENTRIES = 100_000
+_KEY_LINE = re.compile(rb"(public|secret)-key(?![-\w])")
+_SHOWN_MAX = 512  # characters of a path in a message (a name from the folder is anyone's)
+
+
+class KeyFileError(ValueError):
+    """A CURVE key file that cannot be used: the message names the file, and the line."""
 
 
 class AllowedClients:
@@ -94,51 +110,127 @@ def read_client_keys(folder: str) -> tuple[frozenset[bytes], str]:
     """The public keys (z85) of the ``*.key`` files in ``folder`` (the files pyzmq's
     ``load_certificates`` reads), and what made the folder unreadable ("" if nothing). Each
     file is read on its own: a bad one is named in a warning and skipped; only regular files
-    (a symlink to one included) of at most ``MAX_KEY_FILE_BYTES`` are read."""
-
+    (a symlink to one included) of at most ``MAX_KEY_FILE_BYTES`` are read, the first
+    ``MAX_CLIENT_KEY_FILES`` by name among the first ``MAX_FOLDER_ENTRIES`` entries."""
     try:
-        names = sorted(
-            e.name for e in os.scandir(folder) if e.name.endswith(".key") and not e.name.startswith(".")
-        )
+        names, found, looked = _key_names(folder)
     except OSError as e:
-        return frozenset(), f"cannot read the allowed-clients folder {folder}: {e.strerror or e}"
+        return frozenset(), f"cannot read the allowed-clients folder {_shown(folder)}: {e.strerror or e}"
+    if looked > MAX_FOLDER_ENTRIES:
+        log.warning(
+            "CURVE: more than %d entries in %s: only the first %d (in the folder's order) were looked at",
+            MAX_FOLDER_ENTRIES,
+            _shown(folder),
+            MAX_FOLDER_ENTRIES,
+        )
+    if found > MAX_CLIENT_KEY_FILES:
+        log.warning(
+            "CURVE: %d .key files in %s: only the first %d (by name) are read",
+            found,
+            _shown(folder),
+            MAX_CLIENT_KEY_FILES,
+        )
     keys = set()
     # A bad file is skipped rather than failing the whole read: refusing the reload would
     # keep the old list, and with it a client whose key was just removed.
-    if len(names) > MAX_CLIENT_KEY_FILES:
-        log.warning(
-            "CURVE: %d .key files in %s: only the first %d (by name) are read",
-            len(names),
-            folder,
-            MAX_CLIENT_KEY_FILES,
-        )
-        names = names[:MAX_CLIENT_KEY_FILES]
     for name in names:
         path = os.path.join(folder, name)
         try:
-            public, secret = _parse_certificate(_read_key_file(path))
-        except (OSError, ValueError) as e:
-            log.warning("CURVE: skipped allowed-client file %s: %s", path, e)
+            public, secret = parse_certificate(read_key_file(path), path)
+        except KeyFileError as e:
+            log.warning("CURVE: skipped allowed-client file %s", e)
             continue
-        except Exception as e:  # e.g. a "public-key" line cut off before its "="
-            log.warning("CURVE: skipped allowed-client file %s: not a public certificate (%r)", path, e)
-            continue
-        key = bytes(public)
-        if not _z85_key(key):
-            log.warning(
-                "CURVE: skipped allowed-client file %s: its public-key %r is not a 40-character "
-                "Z85 key (truncated?)",
-                path,
-                key[:50],
-            )
-            continue
-        if secret:
+        if secret is not None:
             log.warning(
                 "CURVE: allowed-client file %s holds a secret key; only the public .key belongs there",
-                path,
+                _shown(path),
             )
-        keys.add(key)
+        keys.add(public)
     return frozenset(keys), ""
+
+
+def _key_names(folder: str) -> tuple[list[str], int, int]:
+    """(the first ``MAX_CLIENT_KEY_FILES`` names of ``*.key`` files by name, how many there
+    were, how many entries were looked at): at most ``MAX_FOLDER_ENTRIES`` + 1 entries are
+    read and twice the cap of names held, however large the folder."""
+    names: list[str] = []
+    found = looked = 0
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            looked += 1
+            if looked > MAX_FOLDER_ENTRIES:
+                break
+            if entry.name.endswith(".key") and not entry.name.startswith("."):
+                found += 1
+                names.append(entry.name)
+                if len(names) >= 2 * MAX_CLIENT_KEY_FILES:
+                    names = sorted(names)[:MAX_CLIENT_KEY_FILES]
+    return sorted(names)[:MAX_CLIENT_KEY_FILES], found, looked
+
+
+def read_server_key(path: str) -> tuple[bytes, bytes]:
+    """The server's (public, secret) key pair, z85, from its ``.key_secret`` file: read as
+    ``read_key_file`` reads, each key checked, and the public key the one of the secret.
+    Raises KeyFileError naming the file (and the line): libzmq given a malformed key fails
+    with a bare "Invalid argument", after the socket exists."""
+    public, secret = parse_certificate(read_key_file(path), path)
+    if secret is None:
+        raise KeyFileError(f"{_shown(path)} holds no secret key (use the .key_secret file)")
+    try:
+        derived = zmq.curve_public(secret)
+    except (zmq.ZMQError, NotImplementedError):  # a libzmq without CURVE: the bind says so
+        return public, secret
+    if derived != public:
+        raise KeyFileError(f"{_shown(path)}: its public-key does not match its secret-key (another pair's?)")
+    return public, secret
+
+
+def read_key_file(path: str) -> bytes:
+    """The file's bytes, if it is a regular file of at most ``MAX_KEY_FILE_BYTES``
+    (``core.files.read_regular``: a FIFO or device is never opened); raises KeyFileError
+    naming it otherwise."""
+    try:
+        return read_regular(path, MAX_KEY_FILE_BYTES)
+    except FileRefused as e:
+        raise KeyFileError(f"{_shown(path)}: {e}") from None
+    except OSError as e:
+        raise KeyFileError(f"{_shown(path)}: cannot read it: {e.strerror or e}") from None
+
+
+def parse_certificate(data: bytes, path: str = "the key file") -> tuple[bytes, bytes | None]:
+    """(public key, secret key or None), each 40 Z85 characters, from a certificate's bytes
+    already read with a bound: ZeroMQ's zcert text as pyzmq and czmq write it, the
+    ``public-key = "..."`` and ``secret-key = "..."`` lines read as pyzmq's
+    ``load_certificate`` reads them (any section, quotes optional, ``#`` comments); other
+    lines (the metadata) are ignored. Raises KeyFileError naming ``path`` and the line: a
+    key line without ``=``, a key given twice, a key that is not 40 Z85 characters."""
+    where = _shown(path)
+    found: dict[bytes, tuple[bytes, int]] = {}
+    for number, raw in enumerate(data.splitlines(), 1):
+        line = raw.strip()
+        named = _KEY_LINE.match(line)
+        if named is None:  # a comment, a section, metadata
+            continue
+        name = named.group(0)
+        what = name.decode()
+        rest = line[named.end() :].lstrip()
+        if not rest.startswith(b"="):
+            raise KeyFileError(f"{where}, line {number}: {what} without '= its key'")
+        if name in found:
+            raise KeyFileError(
+                f"{where}, line {number}: a second {what} (the first on line {found[name][1]})"
+            )
+        key = rest[1:].strip(b" \t'\"")
+        if not _z85_key(key):
+            raise KeyFileError(
+                f"{where}, line {number}: its {what} is not a 40-character Z85 key "
+                f"({len(key)} characters; truncated or mangled?)"
+            )
+        found[name] = (key, number)
+    if b"public-key" not in found:
+        raise KeyFileError(f"{where}: no public-key line (not a ZeroMQ certificate)")
+    secret = found.get(b"secret-key")
+    return found[b"public-key"][0], None if secret is None else secret[0]
 
 
 def _z85_key(key: bytes) -> bool:
@@ -146,45 +238,12 @@ def _z85_key(key: bytes) -> bool:
         return False
     try:
         z85.decode(key)  # a group above 2**32 does not decode
-    except Exception:
+    except (ValueError, struct.error):
         return False
     return True
 
 
-def _read_key_file(path: str) -> bytes:
-    """The file's bytes, if it is a regular file of at most ``MAX_KEY_FILE_BYTES``. Opened
-    non-blocking and checked on the open descriptor: a FIFO would hang the reload and a
-    device such as /dev/zero would never end, and the check must hold for what is read,
-    not for what was at the path a moment before."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError("not a regular file (a FIFO, device or folder is never read)")
-        if st.st_size > MAX_KEY_FILE_BYTES:
-            raise ValueError(f"{st.st_size} bytes, more than a certificate ({MAX_KEY_FILE_BYTES} at most)")
-        data = os.read(fd, MAX_KEY_FILE_BYTES + 1)  # the size may have grown since fstat
-    finally:
-        os.close(fd)
-    if len(data) > MAX_KEY_FILE_BYTES:
-        raise ValueError(f"more than {MAX_KEY_FILE_BYTES} bytes, more than a certificate")
-    return data
-
-
-def _parse_certificate(data: bytes) -> tuple[bytes, bytes | None]:
-    """(public key, secret key or None) as pyzmq's ``load_certificate`` reads a file, from
-    bytes already read with a bound."""
-    public = secret = None
-    for raw in data.splitlines():
-        line = raw.strip()
-        if line.startswith(b"#"):
-            continue
-        if line.startswith(b"public-key"):
-            public = line.split(b"=", 1)[1].strip(b" \t'\"")
-        if line.startswith(b"secret-key"):
-            secret = line.split(b"=", 1)[1].strip(b" \t'\"")
-        if public and secret:
-            break
-    if public is None:
-        raise ValueError("no public key found")
-    return public, secret
+def _shown(path: str) -> str:
+    # A name in the folder is anyone's who can write there: no raw control characters into
+    # the log (a newline would forge a line), and no unbounded length.
+    return printable(path, _SHOWN_MAX)

@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from edge_agent.core.config import BackendConfig, ModelConfig
+from edge_agent.core.text import printable
 from edge_agent.models import adapter
 from edge_agent.models.decoders import registry as decoders
-from edge_agent.models.decoders.base import BoundDecoder, Decoded, DecodeParams, OutputMismatch
+from edge_agent.models.decoders.base import BoundDecoder, Decoded, DecodeParams, OutputMismatch, oversized
 from edge_agent.models.manifest import (
     InputFormat,
     InputSpec,
@@ -115,7 +116,13 @@ def check_io(
 
 def check_outputs(m: ModelManifest, path: str, outputs: list[TensorSpec]) -> BoundDecoder:
     """The manifest's decoder, set up for the model's outputs (their shapes checked by the
-    decoder) and bound to the ones it reads. Raises ModelError naming the file and the output."""
+    decoder) and bound to the ones it reads. Raises ModelError naming the file and the output,
+    also for any output past ``MAX_OUTPUT_ELEMENTS`` per frame (its open axes counted as 1:
+    the backend checks them again once they are known)."""
+    for t in outputs:
+        why = oversized(t.name, t.shape)
+        if why:
+            raise ModelError(f"{path}: {why}")
     names = [t.name for t in outputs]
     wanted = m.output.names()
     missing = [n for n in wanted if n and n not in names]
@@ -138,8 +145,8 @@ def check_outputs(m: ModelManifest, path: str, outputs: list[TensorSpec]) -> Bou
 def load_model(model: ModelConfig, backend_config: BackendConfig) -> LoadedModel:
     """Resolve, load and check a model. Raises ModelError, ConfigError or BackendError."""
     resolved = resolve_model(model.path, model.manifest)
-    for note in resolved.assumptions:
-        log.warning("model %s has no manifest; assumed: %s", resolved.path, note)
+    for note in resolved.assumptions:  # they quote the model's own names: escaped
+        log.warning("model %s has no manifest; assumed: %s", resolved.path, printable(note, None))
     m = resolved.manifest
     backend = create_backend(backend_config)
     fmt = m.input.format()

@@ -26,7 +26,7 @@ import zmq
 from edge_agent.core.config import PublishConfig
 from edge_agent.core.exposure import on_loopback
 from edge_agent.core.stamps import CAPTURED, N_STAMPS, PUBLISH, STAGES
-from edge_agent.pipelines.curve import AllowedClients, read_client_keys
+from edge_agent.pipelines.curve import AllowedClients, read_client_keys, read_server_key
 from edge_agent.pipelines.slots import FrameSlot
 from edge_agent.pipelines.stream_guard import SubscriberGuard
 from edge_agent.pipelines.tasks.base import task_of
@@ -179,12 +179,9 @@ class ZmqPublisher:
         return sock
 
     def _curve(self) -> None:
-        import zmq.auth
         from zmq.auth.thread import ThreadAuthenticator
 
-        public, secret = zmq.auth.load_certificate(self.curve_server_key)
-        if secret is None:
-            raise ValueError(f"{self.curve_server_key} holds no secret key (use the .key_secret file)")
+        public, secret = read_server_key(self.curve_server_key)  # bounded, each key checked
         mode = stat.S_IMODE(os.stat(self.curve_server_key).st_mode)
         if mode & 0o077:
             log.warning(

@@ -23,10 +23,10 @@ import sys
 from collections.abc import Iterator
 from dataclasses import replace
 
-import cv2
 import numpy as np
 
 from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig
+from edge_agent.pipelines.images import ImageError, read_image_file
 from edge_agent.pipelines.model import LoadedModel, load_model
 from edge_agent.pipelines.slots import FrameSlot
 from edge_agent.pipelines.sources.files import list_images
@@ -42,10 +42,10 @@ def frames_of(path: str) -> Iterator[np.ndarray]:
     if not files:
         raise SystemExit(f"{path}: no images")
     for f in files:
-        image = cv2.imread(f, cv2.IMREAD_COLOR)
-        if image is None:
-            raise SystemExit(f"{f}: cannot read the image")
-        yield image
+        try:
+            yield read_image_file(f)
+        except ImageError as e:
+            raise SystemExit(f"cannot read the image {e}") from None
 
 
 def dump(loaded: LoadedModel, frames: Iterator[np.ndarray]) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:

@@ -18,6 +18,8 @@ from edge_agent.checks.evaluation import heldout_images
 from edge_agent.core import configload
 from edge_agent.core.budget_fit import BudgetFit
 from edge_agent.core.config import BackendConfig, ModelConfig
+from edge_agent.core.files import atomic_write
+from edge_agent.core.text import printable
 from edge_agent.models.decoders import registry as decoders
 from edge_agent.models.manifest import ModelManifest
 from edge_agent.pipelines.model import LoadedModel, load_model, model_notes_once
@@ -36,8 +38,10 @@ class CheckReport:
         self.lines.append((what, text))
 
     def format(self) -> str:
+        """The lines, each value escaped: labels, tensor names and notes are the model
+        author's text (``core.text.printable``; a label is bounded where it is read)."""
         width = max(len(k) for k, _ in self.lines)
-        return "\n".join(f"{k:<{width}}  {v}" for k, v in self.lines)
+        return "\n".join(f"{k:<{width}}  {printable(v, None)}" for k, v in self.lines)
 
 
 def check_model(
@@ -129,8 +133,5 @@ def write_manifest(m: ModelManifest, path: str, force: bool = False) -> str:
         "# Edit it (labels, thresholds, input) and keep it beside the model: it is read instead of the\n"
         "# ONNX's metadata from now on.\n" + yaml.safe_dump(plain, sort_keys=False)
     )
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    atomic_write(path, text.encode(), mode=0o644)  # beside the model, read by whoever runs it
     return path

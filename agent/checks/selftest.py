@@ -25,7 +25,7 @@ import numpy as np
 from edge_agent import __version__
 from edge_agent.checks.evaluation import FrameResult, heldout_images, mean_average_precision
 from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig, TensorRTConfig
-from edge_agent.core.files import read_text
+from edge_agent.core.files import atomic_write, read_text
 from edge_agent.models.decoders.nms import box_iou
 from edge_agent.pipelines.preprocess import Letterbox, boxes_to_source
 
@@ -203,12 +203,11 @@ def float_variant(folder: str) -> ModelConfig:
         else:
             d.dim_value = value
     out = Path(folder) / "shapes-det-float"
-    out.mkdir(parents=True, exist_ok=True)
-    onnx.save(proto, str(out / "model.onnx"))
+    atomic_write(out / "model.onnx", proto.SerializeToString())
     text = (src / "manifest.yaml").read_text()
     text = text.replace("layout: NHWC", "layout: NCHW").replace("dtype: uint8", "dtype: float32")
     text = text.replace("  color: bgr", "  color: bgr\n  scale: 1.0")
-    (out / "manifest.yaml").write_text(text)
+    atomic_write(out / "manifest.yaml", text.encode())
     return ModelConfig(
         path=str(out / "model.onnx"), manifest=str(out / "manifest.yaml"), score_threshold=0.001
     )
@@ -384,7 +383,9 @@ def write_report(checks: list[Check], path: str) -> tuple[Path, Path]:
     base = Path(path)
     json_path = base.with_suffix(".json")
     md_path = base.with_suffix(".md")
-    json_path.write_text(json.dumps([c.__dict__ for c in checks], indent=2, default=str))
+    atomic_write(
+        json_path, json.dumps([c.__dict__ for c in checks], indent=2, default=str).encode(), mode=0o644
+    )
     lines = [
         f"# edge-agent self-test ({time.strftime('%Y-%m-%d %H:%M:%S')})",
         "",
@@ -392,5 +393,5 @@ def write_report(checks: list[Check], path: str) -> tuple[Path, Path]:
         "| --- | --- | --- |",
     ]
     lines += [f"| {c.name} | {c.status} | {c.detail} |" for c in checks]
-    md_path.write_text("\n".join(lines) + "\n")
+    atomic_write(md_path, ("\n".join(lines) + "\n").encode(), mode=0o644)
     return json_path, md_path

@@ -13,7 +13,7 @@ from edge_agent.commands.common import EXIT_OK, EXIT_USAGE, load_config, problem
 
 if TYPE_CHECKING:
     from edge_agent.core.config import AgentConfig
-    from edge_agent.core.effective.parse import Rendered
+    from edge_agent.core.effective.parse import ConfigFile, Rendered
 
 log = logging.getLogger("edge_agent")
 
@@ -61,25 +61,29 @@ def _for_diff(path: str, device: str | None) -> AgentConfig:
 
 
 def _validate(path: str) -> int:
-    from edge_agent.core.effective.render import is_fleet, load_effective
+    from edge_agent.core.effective.parse import ConfigFile
+    from edge_agent.core.effective.render import load_effective
 
-    if is_fleet(path):
-        return _validate_fleet(path)
-    rendered = load_effective(path, check_files=True)
+    # Read once: whether it is a fleet and what it says come from the same bytes (a pipe
+    # has no second read: a second one found it empty).
+    source = ConfigFile.read(path)
+    if source.is_fleet:
+        return _validate_fleet(source)
+    rendered = load_effective(source, check_files=True)
     note = " (empty: the embedded default, every key at its default)" if rendered.defaults_only else ""
     print(f"{path}: OK{note}")
     _warn(path, rendered)
     return EXIT_OK
 
 
-def _validate_fleet(path: str) -> int:
+def _validate_fleet(source: ConfigFile) -> int:
     from edge_agent.core.configload import ENV_PREFIX, ConfigError
     from edge_agent.core.effective.render import load_fleet, validate_fleet
 
-    problems = validate_fleet(path)
+    problems = validate_fleet(source)
     if problems:
         raise ConfigError(problems)
-    fleet = load_fleet(path)
+    fleet, path = load_fleet(source), source.path
     print(f"{path}: OK ({len(fleet.device_ids())} devices, {len(fleet.group_names())} groups)")
     print("the files a device's config names are checked on the device, when it loads its config")
     # ${VAR} as in validate_fleet; the EDGE_AGENT__ variables are this machine's, not the devices'.

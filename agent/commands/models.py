@@ -40,6 +40,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from edge_agent.checks.modelcheck import check_model, write_manifest
+    from edge_agent.core.text import printable
     from edge_agent.models.manifest import ModelError
     from edge_agent.pipelines.backends.base import BackendError
 
@@ -49,7 +50,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     try:
         report, loaded = check_model(model, config.backend, args.frames, config.deadline.budget_ms)
     except (ModelError, BackendError) as e:  # the model, or the backend refused it
-        print(f"refused: {e}")
+        print(f"refused: {printable(str(e), None)}")  # it may quote the model's own text
         return EXIT_USAGE
     print(report.format())
     if args.write_manifest is not None:

@@ -57,15 +57,23 @@ def _summary(lane: LaneSnapshot, elapsed_s: float) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from edge_agent.core.effective.parse import ConfigFile
     from edge_agent.core.effective.render import load_effective
+    from edge_agent.core.yamlnodes import is_stream
     from edge_agent.service.runner import Agent
     from edge_agent.service.sdnotify import Notifier
     from edge_agent.service.supervisor import Signals, Supervisor
 
     flags = _flags(args)
+    source: str | ConfigFile | None = args.config
 
     def load():
-        rendered = load_effective(args.config, args.device, args.overlay, check_files=True, flags=flags)
+        nonlocal source
+        if isinstance(source, str) and is_stream(source):
+            # stdin, a pipe or a FIFO is read once: a reload takes the same document (and
+            # reads the overlay again); read again, a pipe is empty, a FIFO may never come
+            source = ConfigFile.read(source)
+        rendered = load_effective(source, args.device, args.overlay, check_files=True, flags=flags)
         if args.view:  # --view holds for the run, reloads included
             cfg = rendered.config
             rendered = dataclasses.replace(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -12,8 +13,15 @@ import time
 from typing import Any
 
 from edge_agent.commands.common import EXIT_FAILED, EXIT_OK, EXIT_USAGE, fail
+from edge_agent.core.text import printable
 
 log = logging.getLogger("edge_agent")
+
+
+def _say(line: str) -> None:
+    """One line of what a peer sent (labels, source names, topics, counts), its control
+    characters escaped: an ESC sequence must not redraw the terminal, a CR or LF forge a line."""
+    print(printable(line, None), flush=True)
 
 
 def _track(d: Any) -> str:
@@ -48,7 +56,7 @@ def _joined(gaps: Any, topic: str) -> str:
 def cmd_listen(args: argparse.Namespace) -> int:
     import zmq
 
-    from edge_agent.client import Event, GapTracker, Health, connect, decode, parse
+    from edge_agent.client import Event, GapTracker, Health, MessageError, connect, decode, parse
 
     topics = tuple(args.topic or [""])
     sock = connect(args.endpoint, topics, args.server_key, args.client_cert)
@@ -70,18 +78,26 @@ def cmd_listen(args: argparse.Namespace) -> int:
                     nothing_yet_s = 0.0
                 continue
             t_last = time.monotonic()
-            topic, body = decode(frame)
-            first = topic not in gaps.last
-            msg = parse(topic, body, gaps.update(topic, int(body["seq"])) if "seq" in body else 0)
-            count += 1
-            if args.stats:
-                if not isinstance(msg, (Health, Event)):
-                    per_topic.setdefault(topic, []).append(msg.latency_ms.get("total", 0.0))
-                if t_last - t_start >= 1.0:
-                    _print_stats(per_topic, gaps, t_last - t_start)
-                    per_topic, t_start = {}, t_last
-            else:
-                _print_message(args, topic, body, msg, gaps, first)
+            try:  # anyone may publish on the endpoint: one bad message is told and skipped
+                topic, body = decode(frame)
+                first = topic not in gaps.last
+                msg = parse(topic, body)
+                seq = body.get("seq")
+                if isinstance(seq, int) and not isinstance(seq, bool):
+                    gap = gaps.update(topic, seq)
+                    if gap and not isinstance(msg, Health):
+                        msg = dataclasses.replace(msg, gap=gap)
+                count += 1
+                if args.stats:
+                    if not isinstance(msg, (Health, Event)):
+                        per_topic.setdefault(topic, []).append(float(msg.latency_ms.get("total", 0.0)))
+                    if t_last - t_start >= 1.0:
+                        _print_stats(per_topic, gaps, t_last - t_start)
+                        per_topic, t_start = {}, t_last
+                else:
+                    _print_message(args, topic, body, msg, gaps, first)
+            except (MessageError, TypeError, ValueError, AttributeError) as e:  # fields of odd types
+                print(printable(f"listen: a message skipped: {e}", 300), file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         pass
     finally:
@@ -105,12 +121,11 @@ def _print_stats(per_topic: dict[str, list[float]], gaps: Any, elapsed_s: float)
 
     for name, lat in per_topic.items():
         a = np.asarray(lat)
-        print(
+        _say(
             f"{name.partition('.')[2] or name}: {len(a) / elapsed_s:6.1f} msg/s"
             f"  e2e p50 {np.percentile(a, 50):6.2f} ms "
             f"p99 {np.percentile(a, 99):6.2f} ms  lost {gaps.lost.get(name, 0)}"
-            f" ({_joined(gaps, name)})",
-            flush=True,
+            f" ({_joined(gaps, name)})"
         )
 
 
@@ -119,18 +134,17 @@ def _print_message(args: argparse.Namespace, topic: str, body: Any, msg: Any, ga
     from edge_agent.client import Event, Health
 
     if args.json:
-        print(json.dumps(body), flush=True)
+        print(json.dumps(body), flush=True)  # ASCII: json escapes every control character
     elif isinstance(msg, Health):
         c = msg.counts
-        print(
+        _say(
             f"{topic} fps={msg.fps:.1f} captured={c.get('captured')} late={c.get('late')} "
-            f"dropped={c.get('dropped')}{' final' if msg.final else ''}",
-            flush=True,
+            f"dropped={c.get('dropped')}{' final' if msg.final else ''}"
         )
     else:
-        if first and gaps.joined[topic]:
-            print(f"{topic}: {_joined(gaps, topic)}", flush=True)
-        print(_format_event(msg) if isinstance(msg, Event) else _format_result(msg), flush=True)
+        if first and gaps.joined.get(topic):
+            _say(f"{topic}: {_joined(gaps, topic)}")
+        _say(_format_event(msg) if isinstance(msg, Event) else _format_result(msg))
 
 
 def cmd_keys(args: argparse.Namespace) -> int:

@@ -2,10 +2,11 @@
 count (``pipelines/analytics``). Checked once at load: a polygon must be simple (no edge
 crossing another, some area), a line must have a length, names must be unique, points must
 lie in the frame (fractions within 0..1; pixels within the source's size where the config
-states it)."""
+states it, and within ``MAX_COORDINATE`` everywhere)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -39,6 +40,10 @@ ANCHORS: dict[str, tuple[float, float]] = {
 MAX_ITEMS = 32  # zones, and lines, per source
 MAX_POINTS = 64  # per polygon
 MAX_DWELL_STEPS = 16
+#: Pixels, either way from 0: no camera's frame is this large (8K is 7680 wide), and below
+#: it the geometry's products stay exact in float64 and no drawn point nears int32's range.
+#: A camera states no size in its config, so only this bounds its pixels at load.
+MAX_COORDINATE = 65_536.0
 
 
 @dataclass(frozen=True)
@@ -70,8 +75,9 @@ class ZoneConfig(_Counted):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        problem = polygon_problem(self.points)
-        check(problem is None, "points", problem or "")
+        if _points_bounded(self.points):  # a polygon test on 1e308 overflows to nonsense
+            problem = polygon_problem(self.points)
+            check(problem is None, "points", problem or "")
         check(len(self.dwell_s) <= MAX_DWELL_STEPS, "dwell_s", f"at most {MAX_DWELL_STEPS} steps")
         check(all(0 < s <= 86_400 for s in self.dwell_s), "dwell_s", "each must be within (0, 86400] s")
         check(list(self.dwell_s) == sorted(set(self.dwell_s)), "dwell_s", "must be ascending, each once")
@@ -92,6 +98,7 @@ class LineConfig(_Counted):
     def __post_init__(self) -> None:
         super().__post_init__()
         check(0 <= self.band <= 1, "band", "must be within 0..1 (a fraction of the box's height)")
+        _points_bounded(self.points)
         pts = self.points
         check(len(pts) == 2, "points", f"a line is two points, got {len(pts)}")
         check(len(pts) != 2 or pts[0] != pts[1], "points", "a line of zero length (its two points are equal)")
@@ -140,11 +147,17 @@ class AnalyticsConfig:
             f"names given twice: {', '.join(twice)} (zones and lines share one namespace)",
         )
         rule = "each coordinate within 0..1" if self.units == "fraction" else "no negative coordinate"
+        low, high = (0.0, 1.0) if self.units == "fraction" else (0.0, MAX_COORDINATE)
         for key, items in (("zones", self.zones), ("lines", self.lines)):
             for i, item in enumerate(items):
-                bad = next((p for p in item.points if not _in_frame(p, self.units)), None)
-                where = f"[{i}] {item.name}: point {bad} is outside the frame (units {self.units}: {rule})"
-                check(bad is None, key, where)
+                for j, p in enumerate(item.points):
+                    bad = next((f"{a} = {v:g}" for a, v in zip("xy", p) if not low <= v <= high), None)
+                    where = f"{key}[{i}].points[{j}]"
+                    check(
+                        bad is None,
+                        where,
+                        f"{bad} is outside the frame ({item.name}; units {self.units}: {rule})",
+                    )
 
     @property
     def enabled(self) -> bool:
@@ -161,8 +174,24 @@ class AnalyticsConfig:
         return None
 
 
-def _in_frame(p: Point, units: str) -> bool:
-    return all(0.0 <= v <= 1.0 for v in p) if units == "fraction" else all(v >= 0.0 for v in p)
+def _points_bounded(points: tuple[Point, ...]) -> bool:
+    """Whether every coordinate is a finite number within ``MAX_COORDINATE`` (whatever the
+    units: a fraction's own rule is narrower); each one that is not is a problem at its point."""
+    ok = True
+    for j, p in enumerate(points):
+        for axis, v in zip("xy", p):
+            if not math.isfinite(v):
+                check(False, f"points[{j}]", f"{axis} = {v!r} is not a finite number")
+            elif abs(v) > MAX_COORDINATE:
+                check(
+                    False,
+                    f"points[{j}]",
+                    f"{axis} = {v:g} is beyond ±{MAX_COORDINATE:,.0f} pixels (no frame is that large)",
+                )
+            else:
+                continue
+            ok = False
+    return ok
 
 
 def polygon_problem(points: tuple[Point, ...]) -> str | None:

@@ -10,13 +10,16 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
+import sys
 import threading
 import types
 import typing
 from typing import Any, Literal, Union
 
 import yaml
-from yaml.constructor import SafeConstructor
+
+from edge_agent.core.yamlnodes import STDIN, Scalars
 
 # Re-exported: the loader's callers name these as configload's.
 from edge_agent.core.yamlnodes import ConfigError as ConfigError
@@ -100,11 +103,22 @@ def path_field(kind: PathKind, default: str = "", reload: tuple[str, ...] = (), 
 def _origin_dir(mark_file: str | None, fallback: str) -> str | None:
     """The folder a relative path set at a node resolves against; None: leave it as written."""
     origin = mark_file if mark_file and not mark_file.startswith("<") else fallback
-    if origin.startswith(ENV_ORIGIN + ENV_PREFIX):
+    if origin.startswith(ENV_ORIGIN + ENV_PREFIX) or _pipe_name(origin):
         return os.getcwd()
     if not origin or origin.startswith("<"):
         return None
     return os.path.dirname(os.path.abspath(origin))
+
+
+def _pipe_name(path: str) -> bool:
+    """``-``, ``/dev/stdin``, ``/dev/fd/N``, ``/proc/self/fd/N``: stdin or a pipe, in no
+    folder of its own (not /dev): its relative paths are the working folder's, as a shell's."""
+    folder = os.path.dirname(os.path.abspath(path))
+    return (
+        path == STDIN
+        or folder in ("/dev", "/dev/fd")
+        or re.fullmatch(r"/proc/(self|\d+)/fd", folder) is not None
+    )
 
 
 def _missing(kind: PathKind, path: str) -> str | None:
@@ -116,7 +130,8 @@ def _missing(kind: PathKind, path: str) -> str | None:
 
 
 _MISSING = object()
-_scalars = SafeConstructor()
+_scalars = Scalars()
+_FLOAT_MAX = int(sys.float_info.max)
 
 
 def _type_name(t: Any) -> str:
@@ -247,6 +262,8 @@ class Builder:
                 return node.value
             return self.fail(node, path, f"expected one of {_type_name(t)}, got {short(repr(value))}")
         if t is float and isinstance(value, int) and not isinstance(value, bool):
+            if abs(value) > _FLOAT_MAX:  # float() would raise OverflowError: as .inf, refused
+                return self.fail(node, path, f"expected a finite number, got {short(node.value)}")
             return float(value)
         if t is float and isinstance(value, float) and not math.isfinite(value):
             # .inf and .nan are valid YAML, but no duration, rate or budget here is infinite.
@@ -474,8 +491,23 @@ class Builder:
         # A check on a key left out blames the section it belongs to, as written.
         base, section, _flat = self.sections.get(id(node), (path, node, node))
         for e in errors:
-            self.fail(nodes.get(e.key, section), wheres.get(e.key) or _join(base, e.key), str(e))
+            self.fail(_part(nodes, e.key) or section, wheres.get(e.key) or _join(base, e.key), str(e))
         return _MISSING if errors else value
+
+
+def _part(nodes: dict[str, yaml.Node], key: str) -> yaml.Node | None:
+    """The node a check's key names: its field's, or a part of it (``points[2]``,
+    ``zones[0].points[2]``), as deep as the document has it."""
+    name, *steps = re.findall(r"[^.\[\]]+|\[\d+\]", key) or [key]
+    node = nodes.get(name)
+    for step in steps:
+        if step[0] == "[" and isinstance(node, yaml.SequenceNode) and int(step[1:-1]) < len(node.value):
+            node = node.value[int(step[1:-1])]
+        elif isinstance(node, yaml.MappingNode) and lookup(node, step) is not None:
+            node = lookup(node, step)
+        else:
+            break
+    return node
 
 
 def to_plain(value: Any, home: bool = False) -> Any:

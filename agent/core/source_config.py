@@ -47,6 +47,22 @@ class TrackerConfig:
         return self.type != "none"
 
 
+#: An image source's default ``max_pixels``: 40 MP is 120 MB as a BGR frame, above the
+#: photos cameras and traps drop (12-24 MP), well within an 8 GB Jetson beside its models.
+IMAGE_MAX_PIXELS = 40_000_000
+#: The most ``max_pixels`` may be: OpenCV's own cap, ``OPENCV_IO_MAX_IMAGE_PIXELS``, which
+#: the package root sets to this unless the environment has it.
+IMAGE_MAX_PIXELS_LIMIT = 100_000_000
+
+
+def _check_max_pixels(value: int) -> None:
+    check(
+        1 <= value <= IMAGE_MAX_PIXELS_LIMIT,
+        "max_pixels",
+        f"must be within 1..{IMAGE_MAX_PIXELS_LIMIT} (images declaring more are skipped unread)",
+    )
+
+
 @dataclass(frozen=True)
 class _SourceBase:
     name: str = "cam0"
@@ -136,10 +152,12 @@ class ImageFolderSourceConfig(_SourceBase):
     path: str = path_field("dir")
     patterns: tuple[str, ...] = ("*.jpg", "*.jpeg", "*.png", "*.bmp")
     loop: bool = False
+    max_pixels: int = IMAGE_MAX_PIXELS  # an image whose header declares more is skipped, unread
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(bool(self.path), "path", "an image folder is required")
+        _check_max_pixels(self.max_pixels)
 
 
 @dataclass(frozen=True)
@@ -153,12 +171,14 @@ class WatchFolderSourceConfig(_SourceBase):
     existing: bool = False  # also the images already there at start (else only new ones)
     poll_s: float = 0.2  # how often the folder is looked at
     settle_s: float = 0.5  # a file is read once its size has not changed for this long
+    max_pixels: int = IMAGE_MAX_PIXELS  # an image whose header declares more is skipped, unread
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check(bool(self.path), "path", "a folder to watch is required")
         check(0.01 <= self.poll_s <= 60, "poll_s", "must be within 0.01..60")
         check(0 <= self.settle_s <= 3600, "settle_s", "must be within 0..3600")
+        _check_max_pixels(self.max_pixels)
 
 
 @dataclass(frozen=True)

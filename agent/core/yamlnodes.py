@@ -1,17 +1,38 @@
-"""YAML nodes with their marks: text and files composed into nodes (syntax errors, alias
-loops and bombs, unreadable files named), a problem at a node, duplicate keys, lookups and
-node kinds for messages. The config loader (``configload``) and the fleet's merge work on these."""
+"""YAML nodes with their marks: files read once and bounded, text and files composed into
+nodes (syntax errors, alias loops and bombs, documents too large, unreadable files named), a
+problem at a node, duplicate keys, lookups and node kinds for messages. The config loader
+(``configload``) and the fleet's merge work on these."""
 
 from __future__ import annotations
 
 import os
+import select
+import stat
+import time
 from dataclasses import dataclass
 
 import yaml
 import yaml.reader
 from yaml.constructor import SafeConstructor
 
-_scalars = SafeConstructor()
+from edge_agent.core.text import printable
+
+
+class Scalars(SafeConstructor):
+    """SafeConstructor for one scalar at a time, keeping nothing: its cache of what it
+    constructed is emptied only at the end of a document, which a lone call never reaches,
+    so every node it saw stayed, and through the node's marks the whole text (a reload's
+    config each time)."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> object:
+        try:
+            return super().construct_object(node, deep)
+        finally:
+            self.constructed_objects.clear()
+            self.state_generators.clear()
+
+
+_scalars = Scalars()
 
 
 def join_path(path: str, key: str) -> str:
@@ -27,9 +48,12 @@ class Problem:
     message: str
 
     def __str__(self) -> str:
-        where = f"{self.file}:{self.line}:{self.column}" if self.line else self.file
-        key = f" {self.path}:" if self.path else ""
-        return f"{where}:{key} {self.message}"
+        # Keys, names and values come from the file: escaped and cut, so a key of ESC codes
+        # cannot redraw the terminal, nor a megabyte key make a megabyte message.
+        file = printable(self.file, 400)
+        where = f"{file}:{self.line}:{self.column}" if self.line else file
+        key = f" {printable(self.path, 200)}:" if self.path else ""
+        return f"{where}:{key} {printable(self.message, 2000)}"
 
 
 class ConfigError(ValueError):
@@ -62,59 +86,127 @@ MAX_ALIAS_NODES = 100_000
 #: thousands of ``[`` would overflow the stack of every recursive walk, the composer's first.
 MAX_DEPTH = 100
 
+#: The most nodes (every scalar, list and mapping; a key and its value are two) one document
+#: may compose, aliases counted once here. A config is a few hundred; a source with every zone
+#: and line the schema allows (32 + 32 polygons of 64 points) about 13,000; a fleet file of
+#: 1,000 devices some 10,000. Composing costs ~40 µs and ~0.4 KiB a node in pure-Python
+#: PyYAML, so the bound keeps a refusal to seconds and tens of MiB; unbounded, a 400 kB list
+#: took 10 s and 184 MB to reach the schema's refusal.
+MAX_NODES = 100_000
+
+#: The largest YAML file read (a config, a fleet file, an overlay, a manifest): real ones are
+#: a few KiB. Refused before composing: 4 MB of plain YAML took over a minute and 1.4 GB.
+MAX_FILE_BYTES = 1 << 20
+
+#: How long a pipe, a FIFO or stdin may take to deliver a whole file (the writer started,
+#: written, closed): a generator piped in (``config render ... |``) takes a few seconds on a
+#: Jetson; a FIFO nobody writes would otherwise block the command, or a reload, forever.
+READ_TIMEOUT_S = 10.0
+
+#: The path that names standard input.
+STDIN = "-"
+
+#: The longest integer scalar: Python refuses to read one of over 4,300 digits (a
+#: ValueError where a config problem is due), and no config value needs a tenth of that.
+MAX_INT_CHARS = 4_000
+_INT_TAG = "tag:yaml.org,2002:int"
+_STR_TAG = "tag:yaml.org,2002:str"
+
+#: The tags safe loading knows (``!!str``, ``!!int``, ``!!map``, ``!!set``...).
+_SAFE_TAGS = frozenset(tag for tag in SafeConstructor.yaml_constructors if tag is not None)
+
 _LOOP = "an alias refers to a mapping or list that contains it (a loop)"
 
 
+class _Mark(yaml.Mark):
+    """A mark in slots, without a dict: two per node, so a quarter less memory a document."""
+
+    __slots__ = ("buffer", "column", "index", "line", "name", "pointer")
+
+
 class _BoundedLoader(yaml.SafeLoader):
-    """A composer that counts the nodes each alias adds, as it composes (an alias to a node
-    costs that node's size after expansion, known once the node is complete), and refuses a
-    document past ``MAX_ALIAS_NODES``, or an alias inside what it names (a loop, which every
-    walk over the tree would follow forever), naming the alias's line; and nesting deeper
-    than ``MAX_DEPTH``."""
+    """A composer that counts nodes as it composes, before the tree is complete: it refuses a
+    document of more than ``MAX_NODES`` nodes, or whose aliases add more than
+    ``MAX_ALIAS_NODES`` (an alias to a node costs that node's size after expansion, known
+    once the node is complete), or an alias inside what it names (a loop, which every walk
+    over the tree would follow forever), naming the line; and nesting deeper than
+    ``MAX_DEPTH``."""
 
     def __init__(self, text: str, file: str) -> None:
         super().__init__(text)
         self.file = file
-        self.sizes: dict[int, int] = {}  # a complete node's size after expansion, by id
+        # an anchored node's size after expansion, by id, once complete: only aliases ask
+        self.sizes: dict[int, int] = {}
+        self.nodes = 0  # composed, an alias once
+        self.expanded = 0  # composed, an alias as the nodes it repeats
         self.alias_nodes = 0
         self.depth = 0
 
+    def get_mark(self) -> yaml.Mark:
+        return _Mark(self.name, self.index, self.line, self.column, self.buffer, self.pointer)
+
     def compose_node(self, parent: yaml.Node | None, index: object) -> yaml.Node:
         if not self.check_event(yaml.AliasEvent):
+            self.nodes += 1
+            if self.nodes > MAX_NODES:
+                self._refuse(f"more than {MAX_NODES} nodes in one document (is it a config?)")
             self.depth += 1
             if self.depth > MAX_DEPTH:
                 self._refuse(f"lists and mappings nested more than {MAX_DEPTH} deep")
+            anchored = self.peek_event().anchor is not None
+            before = self.expanded
+            self.expanded += 1
             node = super().compose_node(parent, index)
             self.depth -= 1
-            self.sizes[id(node)] = 1 + sum(self.sizes[id(c)] for c in _children(node))
+            if isinstance(node, yaml.ScalarNode) and node.tag == _INT_TAG and len(node.value) > MAX_INT_CHARS:
+                self._refuse(
+                    f"an integer of {len(node.value)} characters (at most {MAX_INT_CHARS})", node.start_mark
+                )
+            if node.tag not in _SAFE_TAGS:  # !!python/object, !custom: no constructor, a traceback later
+                self._refuse(
+                    f"unknown tag {short(node.tag)!r} (a config takes YAML's own tags only)", node.start_mark
+                )
+            if isinstance(node, yaml.ScalarNode) and node.tag != _STR_TAG:
+                self._constructs(node)
+            if anchored:
+                self.sizes[id(node)] = self.expanded - before
             return node
         mark = self.peek_event().start_mark
         node = super().compose_node(parent, index)  # an undefined alias: a syntax error
         size = self.sizes.get(id(node))
         if size is None:  # named before it is complete: the alias is inside it
             self._refuse(_LOOP, mark)
+        self.expanded += size
         self.alias_nodes += size
         if self.alias_nodes > MAX_ALIAS_NODES:
             much = f"aliases (*name) expand this document by more than {MAX_ALIAS_NODES} nodes"
             self._refuse(f"{much} (an alias bomb? write the values out, or alias less)", mark)
         return node
 
+    def _constructs(self, node: yaml.ScalarNode) -> None:
+        """Refuse a scalar that its tag cannot construct (``!!int x``, ``!!binary #``, the
+        date 2001-13-45), here with its line: later, a ValueError or a KeyError escaped."""
+        try:
+            _scalars.construct_object(node)
+        except Exception as e:  # each constructor fails its own way
+            what = f"not a valid {node.tag.rsplit(':', 1)[-1]}: {short(repr(node.value))}"
+            reason = str(e).partition("\n")[0]  # a ConstructorError's next lines quote the text
+            why = "" if isinstance(e, KeyError) else f" ({short(reason, 80)})"
+            self._refuse(what + why, node.start_mark)
+
     def _refuse(self, message: str, mark: yaml.Mark | None = None) -> None:
         mark = mark or self.peek_event().start_mark
         raise ConfigError([Problem(self.file, mark.line + 1, mark.column + 1, "", message)])
 
 
-def _children(node: yaml.Node) -> list[yaml.Node]:
-    if isinstance(node, yaml.SequenceNode):
-        return node.value
-    if isinstance(node, yaml.MappingNode):
-        return [n for pair in node.value for n in pair]
-    return []
-
-
 def _compose(text: str, file: str, name: str) -> yaml.Node | None:
     """``text`` composed with its marks named ``name``; an empty document gives None."""
-    loader = _BoundedLoader(text, file)
+    if len(text) > MAX_FILE_BYTES:  # characters: at least as many bytes
+        raise ConfigError([Problem(file, 0, 0, "", f"larger than {_mib(MAX_FILE_BYTES)}")])
+    try:
+        loader = _BoundedLoader(text, file)  # a str's control characters are refused here
+    except yaml.YAMLError as e:
+        raise _syntax_error(e, file, text) from None
     loader.name = name
     try:
         node = loader.get_single_node()
@@ -134,19 +226,18 @@ def compose(text: str, file: str) -> yaml.Node | None:
 
 
 def compose_file(path: str) -> yaml.Node | None:
-    """Compose a YAML file; every mark names the file, so a tree merged from several files
-    blames the right one.
+    """Compose a YAML file (``-``: stdin), read once (``read_file``); every mark names the
+    file, so a tree merged from several files blames the right one.
 
     An empty document (or one with every line commented out) gives None. An unreadable,
-    binary or non-UTF-8 file, or a YAML syntax error, raises ``ConfigError`` naming it.
+    binary, non-UTF-8 or too large file, or a YAML syntax error, raises ``ConfigError``
+    naming it.
     """
-    if os.path.isdir(path):
-        raise ConfigError([Problem(path, 0, 0, "", "is a directory, not a YAML file")])
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise ConfigError([Problem(path, 0, 0, "", f"cannot read: {e.strerror}")]) from None
+    return compose_bytes(read_file(path), path)
+
+
+def compose_bytes(data: bytes, path: str) -> yaml.Node | None:
+    """Compose the bytes of file ``path``, as ``compose_file`` does once it has read them."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -154,6 +245,86 @@ def compose_file(path: str) -> yaml.Node | None:
         problem = f"not text (a binary file?): byte {e.start} is not UTF-8 ({e.reason})"
         raise ConfigError([Problem(path, line, 0, "", problem)]) from None
     return _compose(text, path, path)
+
+
+def read_file(path: str, limit: int = MAX_FILE_BYTES, timeout_s: float = READ_TIMEOUT_S) -> bytes:
+    """The bytes of ``path``, read once: a regular file, stdin (``-``), a pipe
+    (``/dev/stdin``, ``/dev/fd/N`` of a shell's ``<(...)``) or a FIFO. A pipe, a FIFO or stdin
+    must deliver the whole file (its writer closes it) within ``timeout_s`` seconds; a FIFO is
+    opened without waiting for a writer, so one with none is refused then too.
+
+    Raises ``ConfigError`` naming ``path``: not there or not readable, a folder, a terminal,
+    more than ``limit`` bytes (refused at the first byte over, an endless device too), or
+    nothing complete within ``timeout_s``.
+    """
+    fd, own = 0, path != STDIN
+    if own:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            raise _unreadable(path, e) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise ConfigError([Problem(path, 0, 0, "", "is a directory, not a YAML file")])
+        if os.isatty(fd):  # a person typing a config has no end of file, nor a deadline
+            raise ConfigError([Problem(path, 0, 0, "", "is a terminal: give a file, or pipe the config in")])
+        if stat.S_ISREG(mode) and os.fstat(fd).st_size > limit:
+            raise ConfigError([Problem(path, 0, 0, "", f"larger than {_mib(limit)}")])
+        data = _read_until(fd, path, limit + 1, time.monotonic() + timeout_s, timeout_s)
+    except OSError as e:
+        raise _unreadable(path, e) from None
+    finally:
+        if own:
+            os.close(fd)
+    if len(data) > limit:
+        raise ConfigError([Problem(path, 0, 0, "", f"larger than {_mib(limit)}")])
+    return data
+
+
+def _read_until(fd: int, path: str, most: int, deadline: float, timeout_s: float) -> bytes:
+    """Up to ``most`` bytes of ``fd`` up to its end, waiting for a pipe only until ``deadline``.
+
+    poll() first: stdin stays blocking (its file description is shared with the caller), and
+    for a FIFO with no writer yet, read() would say end of file at once where poll() waits."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    chunks: list[bytes] = []
+    size = 0
+    while size < most:
+        left = deadline - time.monotonic()
+        if left <= 0 or not poller.poll(left * 1000):
+            late = f"nothing complete to read within {timeout_s:g} s"
+            why = "a pipe or FIFO with no writer, or one that never closes"
+            raise ConfigError([Problem(path, 0, 0, "", f"{late} ({why})")])
+        try:
+            chunk = os.read(fd, min(1 << 16, most - size))
+        except BlockingIOError:
+            continue
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def _unreadable(path: str, e: OSError) -> ConfigError:
+    return ConfigError([Problem(path, 0, 0, "", f"cannot read: {e.strerror or e}")])
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:g} MiB"
+
+
+def is_stream(path: str) -> bool:
+    """Whether ``path`` is stdin, a pipe, a FIFO or a device: what can be read only once."""
+    if path == STDIN:
+        return True
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def problem_at(node: yaml.Node | None, path: str, message: str, file: str = "") -> Problem:

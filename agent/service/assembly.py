@@ -215,9 +215,8 @@ def check_labels(src: SourceConfig, labels: tuple[str, ...], key: str) -> None:
         for i, item in enumerate(items):
             unknown = [name for name in item.labels if name not in labels]
             if unknown:
-                message = (
-                    f"label {', '.join(map(repr, unknown))} is not one of the model's ({', '.join(labels)})"
-                )
+                known = ", ".join(map(repr, labels))  # repr: a model's label may hold control characters
+                message = f"label {', '.join(map(repr, unknown))} is not one of the model's ({known})"
                 problems.append(Problem("config", 0, 0, f"{key}.{kind}[{i}].labels", message))
     if problems:
         raise ConfigError(problems)

@@ -11,7 +11,8 @@ taking each response or part, and ``Connection: close`` on every answer. It serv
 and ``HEAD``: of one path (``render``), or of whatever ``handle`` answers (the live view:
 pages, JSON, answers that wait for a frame, MJPEG streams), and has no authentication of
 its own. With ``allowed_hosts`` it answers only requests whose ``Host`` names one of them
-(DNS rebinding: a web page whose name now points at this machine cannot read it).
+(DNS rebinding: a web page whose name now points at this machine cannot read it). The
+request head is read by ``parse_head``, a pure function of the bytes received so far.
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ _REQUEST_LINE = re.compile(rb"(" + _TOKEN + rb"{1,32}) ([\x21-\x7e]+) HTTP/(\d)\
 _REQUEST_LINE_START = re.compile(
     _TOKEN + rb"{1,32}(?: (?:[\x21-\x7e]+(?: (?:H(?:T(?:T(?:P(?:/(?:\d(?:\.\d?)?)?)?)?)?)?)?)?)?)?"
 )
+#: A header line (its final CR taken off): a token, a colon, then visible characters, spaces
+#: and tabs: no whitespace before the colon, no NUL or bare CR (RFC 9112 §5.1, RFC 9110 §5.5).
+_FIELD = re.compile(rb"(" + _TOKEN + rb"+):([\t\x20-\x7e\x80-\xff]*)")
+#: A Host value: an address in brackets or a registered name (RFC 3986's characters), and
+#: an optional port of digits; nothing after it.
+_HOST = re.compile(rb"(\[[0-9A-Za-z:.%_~-]+\]|[0-9A-Za-z._~!$&'()*+,;=%-]*)(?::[0-9]{0,5})?")
 _READING, _WAITING, _WRITING = "reading", "waiting", "writing"
 _STREAMING, _LINGERING = "streaming", "lingering"
 _LINGER_S = 2.0  # after a response: read and discard what the client still sends, then close
@@ -56,6 +63,108 @@ class Request:
     method: str  # GET or HEAD
     path: str
     query: dict[str, list[str]]
+
+
+class RequestRefused(ValueError):
+    """A request head answered at once with ``status`` (4xx or 505), ``body`` saying why and
+    ``headers``, then closed; ``head_only`` for a HEAD request (no body sent)."""
+
+    def __init__(
+        self, status: int, body: bytes = b"", headers: tuple[str, ...] = (), *, head_only: bool = False
+    ) -> None:
+        why = body.decode("latin-1").strip()
+        super().__init__(f"{status} {HTTPStatus(status).phrase}{f': {why}' if why else ''}")
+        self.status, self.body, self.headers, self.head_only = status, body, headers, head_only
+
+
+def parse_head(
+    data: bytes,
+    max_bytes: int = 8192,
+    allowed_hosts: frozenset[str] | None = None,
+    setting: str = "http",
+) -> Request | None:
+    """The request whose head ``data`` (what a connection has sent so far) begins with, or
+    None while that head is not whole yet. Pure: no I/O, no state.
+
+    A head is at most ``max_bytes`` (empty lines before it included); its request line is
+    ``METHOD TARGET HTTP/1.x``; each header line ``name: value`` (a token; then visible
+    characters, spaces and tabs: no NUL, bare CR or folded line); at most one ``Host``, a
+    ``host[:port]`` one of ``allowed_hosts`` (lower case, as ``_host_name`` gives them;
+    None: any) when present; every ``Content-Length`` one same number. Only GET and HEAD;
+    the path percent-decoded as UTF-8 without control characters. Anything else raises
+    RequestRefused (400, 405, 421 naming ``setting``.allowed_hosts, 431 or 505); what is not
+    HTTP (a TLS hello) is refused as soon as its first bytes show it, not at the deadline.
+    """
+    buf = data.lstrip(b"\r\n")
+    end_of_line = buf.find(b"\n")
+    if end_of_line < 0:
+        line = _chomp(buf)
+        if line and not _REQUEST_LINE_START.fullmatch(line):
+            raise RequestRefused(400, b"not an HTTP/1.x request\n")
+        if len(data) > max_bytes:
+            raise RequestRefused(431)
+        return None
+    request_line = _REQUEST_LINE.fullmatch(_chomp(buf[:end_of_line]))
+    if request_line is None:  # HTTP/0.9 (no version), garbage with a newline
+        raise RequestRefused(400, b"not an HTTP/1.x request\n")
+    ends = [i for i in (buf.find(b"\n\r\n", end_of_line), buf.find(b"\n\n", end_of_line)) if i >= 0]
+    if not ends:
+        if len(data) > max_bytes:
+            raise RequestRefused(431)
+        return None
+    if len(data) - len(buf) + min(ends) + 3 > max_bytes:
+        raise RequestRefused(431)
+    method, target, major = request_line.group(1), request_line.group(2), request_line.group(3)
+    head_only = method == b"HEAD"
+    hosts, lengths = _fields(buf[end_of_line + 1 : min(ends)], head_only)
+    if major != b"1":
+        raise RequestRefused(505)
+    if method not in (b"GET", b"HEAD"):
+        raise RequestRefused(405, headers=("Allow: GET, HEAD",))
+    if len(hosts) > 1:
+        raise RequestRefused(400, b"more than one Host header\n", head_only=head_only)
+    # No Host at all is let through: browsers always send one, so its absence is no rebinding.
+    if hosts and not _HOST.fullmatch(hosts[0]):
+        raise RequestRefused(400, b"malformed Host header\n", head_only=head_only)
+    if hosts and allowed_hosts is not None and _host_name(hosts[0].decode("ascii")) not in allowed_hosts:
+        why = f"this server does not answer to that host name (see {setting}.allowed_hosts)\n"
+        raise RequestRefused(421, why.encode(), head_only=head_only)
+    if len(lengths) > 1 or not all(n.isdigit() for n in lengths):
+        raise RequestRefused(400, b"malformed Content-Length\n", head_only=head_only)
+    raw_path, _, raw_query = target.partition(b"?")
+    try:
+        path = unquote_to_bytes(raw_path).decode("utf-8")
+    except UnicodeDecodeError:
+        raise RequestRefused(
+            400, b"the path is not UTF-8 once percent-decoded\n", head_only=head_only
+        ) from None
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
+        raise RequestRefused(400, b"control characters in the path\n", head_only=head_only)
+    # The target is visible ASCII (the request line's pattern), so is its query.
+    query = parse_qs(raw_query.decode("ascii"), keep_blank_values=True)
+    return Request(method.decode(), path, query)
+
+
+def _chomp(line: bytes) -> bytes:
+    """``line`` without the CR of its CRLF (one: a second is a bare CR)."""
+    return line[:-1] if line.endswith(b"\r") else line
+
+
+def _fields(block: bytes, head_only: bool) -> tuple[list[bytes], set[bytes]]:
+    """The Host values and the Content-Length values of a head's header lines; raises
+    RequestRefused (400) at a line outside the grammar (a folded line included)."""
+    hosts: list[bytes] = []
+    lengths: set[bytes] = set()
+    for raw in block.split(b"\n") if block else ():
+        field = _FIELD.fullmatch(_chomp(raw))
+        if field is None:
+            raise RequestRefused(400, b"malformed header\n", head_only=head_only)
+        name, value = field.group(1).lower(), field.group(2).strip(b" \t")
+        if name == b"host":
+            hosts.append(value)
+        elif name == b"content-length":
+            lengths.update(n.strip(b" \t") for n in value.split(b","))
+    return hosts, lengths
 
 
 class Stream(Protocol):
@@ -142,7 +251,8 @@ class _Conn:
 
 
 def _host_name(value: str) -> str:
-    """A Host header's or an address's name: lower case, without port, brackets or final dot."""
+    """A Host header's or an address's name: lower case, without port, brackets or final dot
+    (a Host is checked against ``_HOST`` first: nothing follows its port)."""
     value = value.strip().lower()
     if value.startswith("["):
         value = value[1:].split("]", 1)[0]
@@ -465,73 +575,15 @@ class HttpEndpoint:
             self._parse(conn)
 
     def _parse(self, conn: _Conn) -> None:
-        buf = bytes(conn.buf).lstrip(b"\r\n")
-        end_of_line = buf.find(b"\n")
-        if end_of_line < 0:
-            line = buf.rstrip(b"\r")
-            if line and not _REQUEST_LINE_START.fullmatch(line):
-                self._respond(conn, self._plain(400, b"not an HTTP/1.x request\n"))
-            elif len(conn.buf) > self.max_request_bytes:
-                self._respond(conn, self._plain(431))
-            return
-        request = _REQUEST_LINE.fullmatch(buf[:end_of_line].rstrip(b"\r"))
-        if request is None:  # HTTP/0.9 (no version), garbage with a newline
-            self._respond(conn, self._plain(400, b"not an HTTP/1.x request\n"))
-            return
-        ends = [i for i in (buf.find(b"\n\r\n", end_of_line), buf.find(b"\n\n", end_of_line)) if i >= 0]
-        if not ends:
-            if len(conn.buf) > self.max_request_bytes:
-                self._respond(conn, self._plain(431))
-            return
-        if min(ends) + 3 > self.max_request_bytes:
-            self._respond(conn, self._plain(431))
-            return
-        headers = [h.rstrip(b"\r") for h in buf[end_of_line + 1 : min(ends)].split(b"\n")]
-        if any(b":" not in h or h[:1] in (b" ", b"\t") for h in headers if h):
-            self._respond(conn, self._plain(400, b"malformed header\n"))
-            return
-        method, target, major = request.group(1), request.group(2), request.group(3)
-        if major != b"1":
-            self._respond(conn, self._plain(505))
-        elif method not in (b"GET", b"HEAD"):
-            self._respond(conn, self._plain(405, extra=("Allow: GET, HEAD",)))
-        else:
-            conn.head_only = method == b"HEAD"
-            refused = self._refused_host(headers)
-            if refused:
-                self._respond(conn, self._plain(refused[0], refused[1], head_only=conn.head_only))
-                return
-            self._answer(conn, method.decode(), target)
-
-    def _refused_host(self, headers: list[bytes]) -> tuple[int, bytes] | None:
-        """Why the ``Host`` header is refused (status, body), or None. No ``Host`` at all
-        is let through: browsers always send one, so its absence is no rebinding."""
-        hosts = [
-            h.split(b":", 1)[1].strip() for h in headers if h.split(b":", 1)[0].strip().lower() == b"host"
-        ]
-        if len(hosts) > 1:
-            return 400, b"more than one Host header\n"
-        if self.allowed_hosts is None or not hosts:
-            return None
-        if _host_name(hosts[0].decode("latin-1")) in self.allowed_hosts:
-            return None
-        return (
-            421,
-            f"this server does not answer to that host name (see {self.setting}.allowed_hosts)\n".encode(),
-        )
-
-    def _answer(self, conn: _Conn, method: str, target: bytes) -> None:
-        raw_path, _, raw_query = target.partition(b"?")
         try:
-            path = unquote_to_bytes(raw_path).decode("utf-8")
-        except UnicodeDecodeError:
-            self._respond(conn, self._plain(400, b"the path is not UTF-8 once percent-decoded\n"))
+            request = parse_head(bytes(conn.buf), self.max_request_bytes, self.allowed_hosts, self.setting)
+        except RequestRefused as e:
+            self._respond(conn, self._plain(e.status, e.body, head_only=e.head_only, extra=e.headers))
             return
-        if any(ord(c) < 0x20 or ord(c) == 0x7F for c in path):
-            self._respond(conn, self._plain(400, b"control characters in the path\n"))
+        if request is None:  # not whole yet
             return
-        query = parse_qs(raw_query.decode("ascii"), keep_blank_values=True)
-        answer = self._handle(Request(method, path, query))
+        conn.head_only = request.method == "HEAD"
+        answer = self._handle(request)
         if isinstance(answer, Response):
             self._start_response(conn, answer)
         else:  # not ready: polled from now on

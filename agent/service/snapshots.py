@@ -5,16 +5,14 @@ The post stage hands over a frame with events (``offer``): its pixels (the slot'
 ``FrameSlot.pixels``) and detections go into one of ``POOL`` preallocated frames, or the
 frame is dropped and counted when all are busy; nothing else happens on the frame path.
 The writer thread draws it as the live view does (``view.annotate``), encodes it once and
-writes it under each event's name, atomically (a temporary file renamed). Per folder the
-files it wrote are kept within ``max_files`` and ``max_mib``, the oldest deleted first,
-counting what an earlier run left there.
+writes it under each event's name, atomically and never through a symlink
+(``core.files.SafeDir``). Per folder the files it wrote are kept within ``max_files`` and
+``max_mib``, the oldest deleted first, counting what an earlier run left there.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import re
 import threading
 import time
@@ -25,6 +23,7 @@ from typing import Any
 import cv2
 
 from edge_agent.core.analytics_config import SnapshotConfig
+from edge_agent.core.files import open_dir
 from edge_agent.pipelines.view_tap import ViewFrame
 from edge_agent.service.view.annotate import annotate
 
@@ -33,6 +32,8 @@ log = logging.getLogger(__name__)
 POOL = 4  # frames waiting to be written at most; more are dropped and counted
 #: What this writer names its files (and so what it may delete): time, source, event seq.
 NAME = re.compile(r"^\d{8}T\d{6}\.\d{3}Z_[A-Za-z0-9_-]+_\d+_[a-z]+_[A-Za-z0-9_-]+(_(in|out))?_t\d+\.jpg$")
+#: How the writer named its temporaries before they were unpredictable: stale, removed at start.
+_OLD_TEMPORARY = re.compile(r"^\." + NAME.pattern[1:-1] + r"\.tmp$")
 
 
 @dataclass
@@ -44,31 +45,45 @@ class _Job:
 
 
 class _Folder:
-    """The files written in one folder, oldest first, with their sizes."""
+    """One snapshot folder, opened once as a descriptor (``core.files.SafeDir``: never
+    through a symlink, not one others can write to, created 0700), with the files written
+    in it, oldest first, with their sizes. Every write, rename and removal is relative to
+    that descriptor: names planted in the folder, or the folder swapped for a symlink later,
+    send nothing elsewhere."""
 
     def __init__(self, path: str) -> None:
+        self.dir = open_dir(path)
         self.path = path
         self.files: deque[tuple[str, int]] = deque()
         self.bytes = 0
-        os.makedirs(path, exist_ok=True)
-        found = []
-        with os.scandir(path) as it:
-            for entry in it:
-                if NAME.match(entry.name) and entry.is_file(follow_symlinks=False):
-                    found.append((entry.stat().st_mtime_ns, entry.name, entry.stat().st_size))
+        try:
+            # A crash or a full disk in an earlier run left these; they count against no cap.
+            self.stale = self.dir.remove_stale(also=_OLD_TEMPORARY)
+            found = [
+                (st.st_mtime_ns, name, st.st_size) for name, st in self.dir.entries() if NAME.match(name)
+            ]
+        except BaseException:
+            self.dir.close()
+            raise
         for _t, name, size in sorted(found):
             self.files.append((name, size))
             self.bytes += size
 
-    def add(self, name: str, size: int, config: SnapshotConfig) -> None:
-        self.files.append((name, size))
-        self.bytes += size
+    def write(self, name: str, data: bytes, config: SnapshotConfig) -> None:
+        # A failure leaves no temporary behind. Not fsync'ed: a snapshot lost to a power cut
+        # is acceptable, two fsyncs per event on an SD card (tens of ms) would drop events.
+        self.dir.write(name, data, durable=False)
+        self.files.append((name, len(data)))
+        self.bytes += len(data)
         limit = int(config.max_mib * 2**20)
         while self.files and (len(self.files) > config.max_files or self.bytes > limit):
             old, old_size = self.files.popleft()
             self.bytes -= old_size
-            with contextlib.suppress(FileNotFoundError):  # removed by someone else
-                os.unlink(os.path.join(self.path, old))
+            self.dir.unlink(old)  # gone already (removed by someone else): nothing to do
+
+
+class _Refused(Exception):
+    """A snapshot folder that could not be opened (the reason already logged)."""
 
 
 class SnapshotService:
@@ -78,6 +93,7 @@ class SnapshotService:
         self.written = 0  # files
         self.dropped = 0  # frames with events not written: the pool was full, or writing failed
         self.failed = 0  # of which writing failed
+        self.stale = 0  # temporaries an earlier run left, removed when their folder was opened
         self._free: list[ViewFrame] = []
         self._made = 0
         self._jobs: deque[_Job] = deque()
@@ -85,6 +101,7 @@ class SnapshotService:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._folders: dict[str, _Folder] = {}
+        self._refused: dict[str, str] = {}  # folder -> why, as last logged
 
     # -- the frame path ------------------------------------------------------------------
 
@@ -138,15 +155,17 @@ class SnapshotService:
                 job = self._jobs.popleft()
             try:
                 self._write(job)
-            except Exception:  # a full disk, a folder removed: counted, the agent goes on
+            except Exception as e:  # a full disk, a folder removed or refused: counted, the agent goes on
                 self.dropped += 1
                 self.failed += 1
-                if self.failed in (1, 10) or self.failed % 1000 == 0:  # not a line per event
-                    log.exception(
-                        "snapshots: frame %d of %s not written (%d failures)",
-                        job.frame.frame_id,
-                        job.source,
-                        self.failed,
+                if isinstance(e, _Refused):
+                    pass  # logged once per folder and reason
+                elif self.failed in (1, 10) or self.failed % 1000 == 0:  # not a line per event
+                    # an OSError names the path and why; anything else is a bug: its traceback
+                    log.error(
+                        "snapshots: frame %d of %s not written (%d failures): %s",
+                        *(job.frame.frame_id, job.source, self.failed, e),
+                        exc_info=not isinstance(e, OSError),
                     )
             with self._cond:
                 self._free.append(job.frame)
@@ -157,18 +176,29 @@ class SnapshotService:
         ok, jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, job.config.jpeg_quality])
         if not ok:
             raise RuntimeError("JPEG encoding failed")
-        folder = self._folders.get(job.config.dir)
-        if folder is None:
-            folder = self._folders[job.config.dir] = _Folder(job.config.dir)
+        folder = self._folder(job.config.dir)
         data = jpeg.tobytes()
         for event in job.events:
-            name = file_name(job.source, event)
-            tmp = os.path.join(folder.path, f".{name}.tmp")
-            with open(tmp, "wb") as out:
-                out.write(data)
-            os.replace(tmp, os.path.join(folder.path, name))
-            folder.add(name, len(data), job.config)
+            folder.write(file_name(job.source, event), data, job.config)
             self.written += 1
+
+    def _folder(self, path: str) -> _Folder:
+        folder = self._folders.get(path)
+        if folder is not None:
+            return folder
+        try:
+            folder = _Folder(path)
+        except OSError as e:  # refused (a symlink, others can write to it): tried again next time
+            if self._refused.get(path) != str(e):  # each folder's reason once, not a line per event
+                self._refused[path] = str(e)
+                log.error("snapshots: none written: %s", e)
+            raise _Refused from e
+        self._refused.pop(path, None)
+        self._folders[path] = folder
+        self.stale += folder.stale
+        if folder.stale:
+            log.info("snapshots: removed %d stale temporaries in %s", folder.stale, path)
+        return folder
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -184,7 +214,12 @@ class SnapshotService:
         if thread is None:
             return True
         thread.join(timeout_s)
-        return not thread.is_alive()
+        if thread.is_alive():
+            return False
+        for folder in self._folders.values():  # the thread is gone: nobody uses them
+            folder.dir.close()
+        self._folders.clear()
+        return True
 
 
 def file_name(source: str, event: dict) -> str:

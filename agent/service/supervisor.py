@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from edge_agent.core.files import atomic_write
 from edge_agent.service.sdnotify import Notifier
 
 log = logging.getLogger(__name__)
@@ -289,7 +290,7 @@ def install(
             if dry_run:  # what would be written, indented under its path
                 print("".join(f"    {line}" if line.strip() else line for line in text.splitlines(True)))
             else:
-                Path(what).write_text(text)
+                atomic_write(what, text.encode(), mode=0o644)  # systemd and `systemctl cat` read it
             continue
         print(" ".join(step))
         if not dry_run:

@@ -15,6 +15,7 @@ import yaml
 
 from edge_agent.core.config import AgentConfig
 from edge_agent.core.configload import to_plain
+from edge_agent.core.files import atomic_write
 from edge_agent.tune.candidates import Candidate, TuneSettings
 
 log = logging.getLogger(__name__)
@@ -65,10 +66,11 @@ def write_outputs(
         ]
         body = overlay_for(base, chosen)
         text = "\n".join(header) + "\n" + (yaml.safe_dump(body, sort_keys=False) if body else "{}\n")
-        paths["overlay"].write_text(text)
+        atomic_write(paths["overlay"], text.encode(), mode=0o644)
     else:
         paths.pop("overlay")
-    paths["report"].write_text(report_markdown(s, grid, chosen, host, model, now, took_s, notes or {}))
+    report = report_markdown(s, grid, chosen, host, model, now, took_s, notes or {})
+    atomic_write(paths["report"], report.encode(), mode=0o644)
     write_chart(grid, s.budget_ms, paths["chart"])
     return paths
 
@@ -168,8 +170,10 @@ def write_chart(grid: list[Candidate], budget_ms: float, path: Path) -> None:
             y = int(y0 + 20 + h - h * min(c.e2e["p99"], top) / top)
             cv2.circle(img, (x, y), 5, (200, 80, 0), -1)
             cv2.putText(img, c.name[:20], (x + 6, y), font, 0.35, (0, 0, 0), 1)
-    if not cv2.imwrite(str(path), img):
-        raise OSError(f"cannot write {path}")
+    ok, png = cv2.imencode(".png", img)
+    if not ok:
+        raise OSError(f"cannot encode {path}")
+    atomic_write(path, png.tobytes(), mode=0o644)
 
 
 def rows(grid: list[Candidate]) -> list[Candidate]:

@@ -11,7 +11,6 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
-import cv2
 import numpy as np
 
 from edge_agent.bench.configs import lane_settings, private_config
@@ -22,6 +21,7 @@ from edge_agent.core.source_config import (
     SyntheticSourceConfig,
     VideoSourceConfig,
 )
+from edge_agent.pipelines.images import ImageError, read_image_file
 from edge_agent.pipelines.sources.base import SourceError
 from edge_agent.pipelines.sources.files import (
     IMAGE_PATTERNS,
@@ -54,9 +54,17 @@ def image_files(
     files = list_images(folder, patterns)
     if not files:
         raise FramesError(f"{what} {folder} holds no images (looked for {' '.join(patterns)})")
-    if not any(cv2.imread(f, cv2.IMREAD_COLOR) is not None for f in files):
+    if not any(_readable(f) for f in files):
         raise FramesError(f"{what} {folder}: none of its {len(files)} images can be read")
     return files
+
+
+def _readable(path: str) -> bool:
+    try:
+        read_image_file(path)
+    except ImageError:
+        return False
+    return True
 
 
 @dataclass

@@ -9,6 +9,7 @@ pixels (the caller maps them to source pixels).
 
 from __future__ import annotations
 
+import math
 import operator
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -20,6 +21,29 @@ import numpy as np
 from edge_agent.models.decoders.recognition import Guess, Seen
 
 Shape = tuple[int | None, ...]  # None for a dynamic axis
+
+#: The most values one output may hold per frame (its batch axis left out): 16 Mi, 64 MiB as
+#: float32. Real exports stay below 11 M: YOLOv8 at 1280 has 84 x 33,600 = 2.8 M, its
+#: segmentation prototypes 32 x 320 x 320 = 3.3 M, YOLOv5 at 1280 85 x 100,800 = 8.6 M, an
+#: LVIS detector (1,203 classes) at 640 1,207 x 8,400 = 10.1 M. Past it a frame's output is
+#: gigabytes to allocate and seconds to decode: a 632-byte graph expanding to [1, 56, 5e6]
+#: took 4.5 GB and 2.3 s a frame.
+MAX_OUTPUT_ELEMENTS = 16 * 2**20
+
+
+def oversized(name: str, shape: Shape) -> str:
+    """Why an output of ``shape`` is refused ("" when it is not): more than
+    ``MAX_OUTPUT_ELEMENTS`` values per frame. Axis 0 (the batch, or the rows of a
+    ``[N, K]`` output, bounded by its backend) is left out; an axis still open (None)
+    counts as 1, so for a shape read before the first run this is a lower bound."""
+    per_frame = math.prod(d or 1 for d in (shape[1:] if len(shape) > 1 else shape))
+    if per_frame <= MAX_OUTPUT_ELEMENTS:
+        return ""
+    dims = ", ".join("?" if d is None else str(d) for d in shape)
+    return (
+        f"output {name!r} [{dims}] holds {per_frame:,} values per frame, more than the "
+        f"{MAX_OUTPUT_ELEMENTS:,} the agent takes (real exports hold under 11 M: docs/models.md)"
+    )
 
 
 class Decoded(NamedTuple):

@@ -20,10 +20,11 @@ import hashlib
 import json
 import logging
 import os
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from edge_agent.core.files import atomic_write, file_sha256
+from edge_agent.core.files import SafeDir, atomic_write, file_sha256, open_dir
 
 log = logging.getLogger(__name__)
 
@@ -71,18 +72,33 @@ class EngineCache:
         return self.dir / f"{stem}.engine", self.dir / f"{stem}.json"
 
     def lookup(self, name: str, key: EngineKey) -> Path | None:
-        """The engine file for ``key`` if it is there and intact, else None (reason logged)."""
+        """The engine file for ``key`` if it is there and intact, else None (reason logged).
+
+        Raises UnsafePathError (an OSError) for a cache folder that another user owns or
+        can write to, or with such a folder above it (``core.files.open_dir``, the rule
+        ``store`` writes by): they could plant an engine and a sidecar that vouches for it.
+        An engine or sidecar that is not a regular file of this user's (or root's) is not
+        loaded but rebuilt: in a sticky folder of ours, anyone may add files."""
         engine, sidecar = self.paths(name, key)
-        if not engine.exists():
+        try:
+            folder = open_dir(self.dir, create=False, private=False)
+        except FileNotFoundError:
+            folder = None
+        if folder is None or not _exists(folder, engine.name):
+            if folder is not None:
+                folder.close()
             log.info("engine cache: no engine for %s", key.describe())
             return None
-        reason = self._invalid(engine, sidecar, key)
+        with folder:
+            reason = _not_ours(folder, engine.name) or _not_ours(folder, sidecar.name)
+        reason = reason or self._invalid(engine, sidecar, key)
         if reason:
             log.warning("engine cache: rebuilding %s: %s", engine.name, reason)
             return None
         return engine
 
     def _invalid(self, engine: Path, sidecar: Path, key: EngineKey) -> str:
+        # Read by path: the folder was checked, and only root or we may replace what is in it.
         try:
             meta = json.loads(sidecar.read_text())
         except FileNotFoundError:
@@ -134,3 +150,26 @@ class EngineCache:
 
     def calibration_cache_path(self, name: str, onnx_sha256: str, images_sha256: str) -> Path:
         return self.dir / f"{name}-calib-{onnx_sha256[:12]}-{images_sha256[:12]}.cache"
+
+
+def _exists(folder: SafeDir, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=folder.fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _not_ours(folder: SafeDir, name: str) -> str:
+    """Why ``name`` in ``folder`` is not a file to trust ("" when it is: a regular file of
+    this user's or root's); a missing one is for ``_invalid`` to name."""
+    try:
+        st = os.stat(name, dir_fd=folder.fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return ""
+    if not stat.S_ISREG(st.st_mode):
+        return f"{name} is not a regular file"
+    me = os.geteuid()
+    if st.st_uid not in (me, 0):
+        return f"{name} is owned by uid {st.st_uid}, not by this user (uid {me}): someone else put it there"
+    return ""

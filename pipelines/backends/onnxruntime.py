@@ -8,6 +8,10 @@ that gives one row per kept box, e.g. YOLOv7's ``--max-wh``: ``[N, 7]``, N not t
 has no size to bind. ONNX Runtime allocates it on each run; its rows are copied into a
 slot of ``MAX_ROWS`` rows and the slot's output is the view of the rows given. Such a model
 runs one frame at a time: its rows carry a batch id instead of a batch axis.
+
+Every output is held to ``MAX_OUTPUT_ELEMENTS`` per frame once its size is known: at load
+for the axes the graph or ONNX Runtime fixes (``pipelines.model.check_outputs``), here for
+those only the probe run tells, before any slot is allocated.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import numpy as np
 import onnxruntime as ort
 
 from edge_agent.core.config import OnnxRuntimeConfig
+from edge_agent.models.decoders.base import oversized
+from edge_agent.models.manifest import ModelError
 from edge_agent.pipelines.backends.base import BackendError, InferenceBackend, IOSet, TensorSpec
 
 _DTYPES = {
@@ -71,6 +77,7 @@ class OnnxRuntimeBackend(InferenceBackend):
         self._inputs: list[TensorSpec] = []
         self._outputs: list[TensorSpec] = []
         self._rows: list[int] = []  # outputs whose first axis is a row count, not the batch
+        self._path = ""
 
     def load(self, model_path: str, input_format: Any = None) -> None:
         c = self.config
@@ -94,6 +101,7 @@ class OnnxRuntimeBackend(InferenceBackend):
         opts.log_severity_level = 3
         if not os.path.isfile(model_path):
             raise BackendError(f"model file not found: {model_path}")
+        self._path = model_path
         try:
             self.session = ort.InferenceSession(model_path, sess_options=opts, providers=list(c.providers))
         except Exception as e:  # ORT raises Fail/InvalidGraph/... for unreadable models
@@ -145,15 +153,24 @@ class OnnxRuntimeBackend(InferenceBackend):
         return IOSet(inputs, outputs, binding, extra={"rows": rows} if rows else {})
 
     def _output_shapes(self, inputs: dict[str, np.ndarray], batch: int) -> list[tuple[int, ...]]:
+        """The outputs' shapes for ``batch`` frames (a row output's: one row); ModelError for
+        one past ``MAX_OUTPUT_ELEMENTS`` per frame, its rows' slot counted whole."""
         try:
-            return [
+            shapes = [
                 _row_shape(spec) if i in self._rows else spec.concrete(batch)
                 for i, spec in enumerate(self._outputs)
             ]
         except BackendError:
-            # Exports with symbolic output axes: one probe run tells the real sizes.
+            # Exports with symbolic output axes: one probe run tells the real sizes (its
+            # outputs are ONNX Runtime's, given back at once; the slots are not made).
             assert self.session is not None
-            return [o.shape for o in self.session.run(None, inputs)]
+            shapes = [o.shape for o in self.session.run(None, inputs)]
+        for i, (spec, shape) in enumerate(zip(self._outputs, shapes)):
+            # A row output's slot holds MAX_ROWS rows of one frame.
+            why = oversized(spec.name, (1, MAX_ROWS, *shape[1:]) if i in self._rows else shape)
+            if why:
+                raise ModelError(f"{self._path}: {why}")
+        return shapes
 
     def infer(self, io: IOSet) -> None:
         assert self.session is not None

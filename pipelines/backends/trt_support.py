@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -20,6 +21,8 @@ from edge_agent.core.files import file_sha256, read_text
 from edge_agent.models.manifest import InputFormat
 from edge_agent.pipelines.backends import trt_build
 from edge_agent.pipelines.backends.base import BackendError
+
+log = logging.getLogger(__name__)
 
 DEVICE_TREE_MODEL = "/proc/device-tree/model"
 
@@ -145,20 +148,22 @@ def calibration(
     np_dtype = np.dtype(dtype)
 
     def batches():
-        import cv2
-
+        from edge_agent.pipelines.images import ImageError, read_image_file
         from edge_agent.pipelines.preprocess import Letterbox, Preprocessor
 
         pre = Preprocessor(fmt)
         tensor = np.zeros(shape, np.dtype(fmt.dtype))
         fed = np.zeros(shape, np_dtype) if np_dtype != tensor.dtype else tensor
         for f in files:
-            img = cv2.imread(f, cv2.IMREAD_COLOR)
-            if img is not None:
-                pre(img, tensor, Letterbox())  # the same letterbox as live frames
-                if fed is not tensor:
-                    fed[...] = tensor  # the model input's own type
-                yield fed
+            try:  # a calibration folder is outside input too: capped as a source's images
+                img = read_image_file(f)
+            except ImageError as e:
+                log.warning("int8 calibration: skipping %s", e)
+                continue
+            pre(img, tensor, Letterbox())  # the same letterbox as live frames
+            if fed is not tensor:
+                fed[...] = tensor  # the model input's own type
+            yield fed
 
     nbytes = int(np.prod(shape)) * np_dtype.itemsize
 

@@ -8,7 +8,6 @@ import contextlib
 import glob
 import logging
 import os
-import stat
 import time
 from collections.abc import Collection, Iterator
 from dataclasses import fields, replace
@@ -18,6 +17,7 @@ import cv2
 import numpy as np
 
 from edge_agent.core.source_config import ImageFolderSourceConfig, VideoSourceConfig
+from edge_agent.pipelines.images import MAX_IMAGE_BYTES, MAX_PIXELS, ImageError, read_image_file
 from edge_agent.pipelines.sources.base import (
     BufferPolicy,
     EndOfStream,
@@ -29,8 +29,6 @@ from edge_agent.pipelines.sources.base import (
 )
 
 log = logging.getLogger(__name__)
-
-MAX_IMAGE_BYTES = 64 << 20  # an image file larger than this is skipped, not read
 
 
 #: Containers whose frame count comes from an index (OpenCV reads the stream's nb_frames).
@@ -340,7 +338,7 @@ class ImageFolderSource(Source):
             path = self._files[self._pos]
             index = self._pos
             self._pos += 1
-            img = read_image(path, self.name)
+            img = read_image(path, self.name, max_pixels=self.config.max_pixels)
             if img is None:
                 self.unreadable += 1
                 continue
@@ -353,32 +351,19 @@ class ImageFolderSource(Source):
         return {**super().describe(), "files": len(self._files)}
 
 
-def read_image(path: str, source: str, max_bytes: int | None = None) -> np.ndarray | None:
-    """The image in ``path``, decoded; None, with a warning, when it is not a regular file,
-    is over ``max_bytes`` (default ``MAX_IMAGE_BYTES``) or does not decode. The checks are
-    made on the open file, which is opened without waiting: a FIFO or a device put in the
-    image's place after the folder was listed is refused, never waited on or read for ever.
-    OpenCV's own cap on an image's pixels (``OPENCV_IO_MAX_IMAGE_PIXELS``) bounds what the
-    file may decode to."""
+def read_image(
+    path: str, source: str, max_bytes: int | None = None, max_pixels: int = MAX_PIXELS
+) -> np.ndarray | None:
+    """The image in ``path``, decoded by ``images.read_image_file``; None, with a warning
+    naming the file and why, when it is not a regular file, is over ``max_bytes`` (default
+    ``MAX_IMAGE_BYTES``), declares over ``max_pixels`` pixels, is not a format read there, or
+    does not decode. Nothing waits on a FIFO or a device put in the image's place."""
     limit = MAX_IMAGE_BYTES if max_bytes is None else max_bytes
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as e:
-        log.warning("source %s: skipping %s: %s", source, path, e.strerror)
+        return read_image_file(path, max_pixels, limit)
+    except ImageError as e:
+        log.warning("source %s: skipping %s", source, e)
         return None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            log.warning("source %s: skipping %s: not a regular file", source, path)
-            return None
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        log.warning("source %s: skipping %s: over %d bytes", source, path, limit)
-        return None
-    img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-    if img is None:
-        log.warning("source %s: skipping unreadable image %s", source, path)
-    return img
 
 
 # -- a file's frames, decoded beforehand --------------------------------------------------
@@ -428,7 +413,7 @@ def file_frames(src: FileSourceConfig, picks: Collection[int] | None = None) -> 
     if isinstance(src, ImageFolderSourceConfig) and wanted is not None:
         files = folder_images(src)
         for i in wanted:
-            if i < len(files) and (img := read_image(files[i], src.name)) is not None:
+            if i < len(files) and (img := read_image(files[i], src.name, None, src.max_pixels)) is not None:
                 yield img
         return
     once: FileSourceConfig = replace(src, loop=False)

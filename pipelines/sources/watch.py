@@ -9,7 +9,9 @@ removed is new. Unreadable files are skipped and counted.
 
 The folder may be written by others (an FTP drop): files are read with ``files.read_image``,
 which takes regular files of at most ``files.MAX_IMAGE_BYTES`` only, checked on the open file
-(a FIFO swapped in would block the read, a device never end).
+(a FIFO swapped in would block the read, a device never end), and reads each one's header
+before decoding it: one declaring over ``max_pixels`` (a decompression bomb: a 110 kB PNG can
+declare 30000x30000 pixels, 2.7 GB decoded) is skipped unread (``pipelines/images.py``).
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ class WatchFolderSource(Source):
         """The oldest settled file's image (unreadable ones skipped); None when none is left."""
         while self._ready:
             path = self._ready.pop(0)
-            img = read_image(path, self.name)
+            img = read_image(path, self.name, max_pixels=self.config.max_pixels)
             if img is None:
                 self.unreadable += 1
                 continue

@@ -364,3 +364,29 @@ def test_answers_that_wait_cannot_fill_every_slot():
         finally:
             for sock in waiting:
                 sock.close()
+
+
+# Heads that break HTTP/1.1's grammar where it says a server MUST refuse (RFC 9112 §5.1,
+# RFC 9110 §5.5, §8.6; issue 43): the old server answered them 200. Whatever a proxy in
+# front or the server make of them must not differ.
+MALFORMED_HEADS = {
+    "space before the colon": b"GET /metrics HTTP/1.1\r\nHost : localhost\r\n\r\n",
+    "NUL in a value": b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nX-A: a\x00b\r\n\r\n",
+    "bare CR in a value": b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nX-A: a\rb\r\n\r\n",
+    "a name that is not a token": b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nX(y): 1\r\n\r\n",
+    "two Content-Lengths that differ": (
+        b"GET /metrics HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 99\r\n\r\nx"
+    ),
+    "a Content-Length that is no number": b"GET /metrics HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+    "a Host that is no host": b"GET /metrics HTTP/1.1\r\nHost: a b\r\n\r\n",
+    "a Host with junk after its address": b"GET /metrics HTTP/1.1\r\nHost: [::1]evil.example\r\n\r\n",
+    "a port that is no number": b"GET /metrics HTTP/1.1\r\nHost: localhost:notaport\r\n\r\n",
+}
+
+
+@pytest.mark.parametrize("head", MALFORMED_HEADS.values(), ids=list(MALFORMED_HEADS))
+def test_a_head_outside_http_grammar_is_answered_400(head):
+    with serving(request_timeout_s=300) as server:
+        response = exchange(server.port, head, timeout_s=60)
+        assert status_of(response) == 400, response[:200]
+        assert scrape(server.port)[0] == 200

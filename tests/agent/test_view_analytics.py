@@ -19,7 +19,7 @@ from edge_agent.core.analytics_config import AnalyticsConfig, LineConfig, ZoneCo
 from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig, ViewConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.core.stamps import CAPTURED, PUBLISH
-from edge_agent.pipelines.analytics.geometry import Geometry, shapes_of
+from edge_agent.pipelines.analytics.geometry import Geometry, LineShape, Shapes, ZoneShape, shapes_of
 from edge_agent.pipelines.analytics.step import SourceAnalytics
 from edge_agent.pipelines.backends.base import IOSet
 from edge_agent.pipelines.slots import FrameSlot
@@ -199,6 +199,46 @@ def test_zones_in_pixels_are_drawn_where_they_are():
     assert (image[150, 100] == np.array(zone_colour(0))).all()
 
 
+# -- hostile coordinates --------------------------------------------------------------------------
+
+
+def spy_on_drawing(monkeypatch) -> list[np.ndarray]:
+    """Every point OpenCV's polygon and line calls are handed while the test runs (the real
+    calls still draw): a list that fills as they are made."""
+    handed: list[np.ndarray] = []
+
+    def spy(real):
+        def call(image, *args, **kw):
+            for a in args[:2]:
+                if isinstance(a, (list, tuple)) and a and isinstance(a[0], np.ndarray):
+                    handed.extend(np.asarray(p).reshape(-1, 2) for p in a)
+                elif isinstance(a, tuple) and len(a) == 2:
+                    handed.append(np.asarray([a]))
+            return real(image, *args, **kw)
+
+        return call
+
+    for name in ("fillPoly", "polylines", "line", "arrowedLine"):
+        monkeypatch.setattr(cv2, name, spy(getattr(cv2, name)))
+    return handed
+
+
+@pytest.mark.parametrize("far", [3e9, 1e308, -3e9, float("nan")], ids=["3e9", "1e308", "-3e9", "nan"])
+def test_annotate_hands_opencv_only_points_near_the_image_whoever_made_the_shapes(far, monkeypatch):
+    """Shapes made without ``shapes_of`` (so not clipped, not bounded): ``annotate`` clips
+    them itself, and draws what shows (3e9 wrapped in int32 and took ~20 s per zone, then
+    ``cv2.line`` raised on the line's ends)."""
+    zones = (ZoneShape("z", np.array([(10.0, 10.0), (far, 10.0), (far, far), (10.0, 200.0)])),)
+    lines = (LineShape("l", np.array([(20.0, 20.0), (far, far / 3)]), "left"),)
+    handed = spy_on_drawing(monkeypatch)
+    image = np.zeros((H, W, 3), np.uint8)
+    annotate(image, frame(Shapes(zones, lines), None))
+    limit = 2 * max(W, H)
+    assert all(np.abs(p).max() <= limit for p in handed), [p.tolist() for p in handed]
+    if far > 0:  # its left edge (x = 10) shows, in its colour
+        assert (image[150, 10] == np.array(zone_colour(0))).all(), image[150, 10]
+
+
 # -- a running agent ---------------------------------------------------------------------------------
 
 
@@ -243,3 +283,46 @@ def test_a_running_agent_draws_its_zones_and_lines_with_their_counts(const_model
     assert zone_colour(0) == (0, 255, 255) and line_colour(0) == (255, 255, 255)
     assert yellow[160:220, 302:307].sum() >= 50 and yellow[160:220, 275:298].sum() < 5, "the zone's edge"
     assert white[160:220, 254:259].sum() >= 50 and white[160:220, 265:298].sum() < 5, "the line"
+
+
+def test_a_zone_and_a_line_far_beyond_a_small_camera_are_drawn_clipped(const_model, tmp_path, monkeypatch):
+    """Issue 43, trial 5: pixel coordinates far beyond a camera's frame (here at the bound, on
+    160x120 frames) reach OpenCV clipped to the frame and its margin, never as given (3e9
+    wrapped in int32 and took 17.6 s per ``cv2.fillPoly``), and still count. Loaded from
+    YAML by the real loader; drawn by the real ``annotate`` in the agent's view thread."""
+    from edge_agent.core.configload import load
+
+    w, h, far = 160, 120, 65536
+    limit = 2 * max(w, h)  # the frame, its margin, and room: nothing near ``far``
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    for i in range(3):
+        cv2.imwrite(str(folder / f"{i}.png"), np.full((h, w, 3), 90 + 10 * i, np.uint8))
+    port = free_port()
+    text = (
+        f"source:\n  type: images\n  path: {folder}\n  loop: true\n  analytics:\n    units: pixels\n"
+        "    zones:\n      - name: far\n        min_frames: 1\n"
+        f"        points: [[4, 4], [{far}, 4], [{far}, {far}], [4, {far}]]\n"
+        f"    lines:\n      - {{name: long, points: [[{w // 2}, 0], [{far}, {far}]]}}\n"
+        f"model: {{path: {const_model}}}\npublish: {{endpoint: '{free_endpoint()}'}}\n"
+        f"metrics: {{enabled: false}}\nview: {{enabled: true, port: {port}, fps: 10}}\n"
+    )
+    cfg = load(AgentConfig, text, str(tmp_path / "agent.yaml"))
+    handed = spy_on_drawing(monkeypatch)
+    url = f"http://127.0.0.1:{port}/snapshot/cam0.jpg"
+    with started(cfg) as agent:
+        tap = agent.view.taps["cam0"]
+        seen = ViewFrame(tap.max_det)
+
+        def counted() -> bool:
+            urllib.request.urlopen(url, timeout=10).read()  # keeps the tap taking frames
+            tap.take(seen, -1)
+            return bool(seen.counts and seen.counts["zones"]["far"]["objects"] == 2)
+
+        wait_until(counted, 60, message="both boxes counted in the far zone, in the view's frame")
+        urllib.request.urlopen(url, timeout=10).read()  # one more frame drawn with the counts
+    zone, line = seen.shapes.zones[0].points, seen.shapes.lines[0].points
+    assert np.abs(zone).max() <= limit and np.abs(line).max() <= limit, (zone.tolist(), line.tolist())
+    assert handed, "the view drew the zone and the line"
+    worst = max(int(np.abs(p).max()) for p in handed)
+    assert worst <= limit, f"OpenCV was handed a point {worst} px out (the frame is {w}x{h})"

@@ -349,3 +349,23 @@ def test_snapshots_waiting_for_a_frame_cannot_lock_new_clients_out():
         for s in waiting:
             s.close()
         view.stop()
+
+
+@pytest.mark.parametrize(
+    "host", ["[::1]evil.example", "localhost:notaport", "localhost:80:evil", "local host", "localhost\x00x"]
+)
+def test_a_host_that_only_starts_like_an_allowed_one_is_refused(host):
+    """The name was cut at the first ']' or ':' and compared: ``[::1]evil.example`` passed
+    as the loopback. A Host that is not ``host[:port]`` is a bad request (RFC 9112 §3.2)."""
+    from edge_agent.service.view.server import ViewServer
+
+    view = ViewServer(ViewConfig(enabled=True, port=0), lambda: {"cam0": {}})
+    view.start()
+    try:
+        assert view._http is not None
+        status, headers, _ = request(view._http.port, "/api/health", host=host)
+        assert status in (400, 421), (host, status)
+        assert SECURITY_HEADERS.items() <= headers.items(), headers
+        assert request(view._http.port, "/api/health", host="localhost")[0] == 200
+    finally:
+        view.stop()

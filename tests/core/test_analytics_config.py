@@ -8,9 +8,15 @@ import textwrap
 
 import pytest
 
-from edge_agent.core.analytics_config import AnalyticsConfig, LineConfig, ZoneConfig, polygon_problem
+from edge_agent.core.analytics_config import (
+    MAX_COORDINATE,
+    AnalyticsConfig,
+    LineConfig,
+    ZoneConfig,
+    polygon_problem,
+)
 from edge_agent.core.config import AgentConfig
-from edge_agent.core.configload import ConfigError, Problem, load
+from edge_agent.core.configload import ConfigError, FieldError, Problem, load
 
 FILE = "agent.yaml"
 TRI = "[[0.1, 0.1], [0.5, 0.1], [0.1, 0.5]]"  # a good zone
@@ -151,9 +157,59 @@ def test_a_pixel_point_outside_a_synthetic_source_is_refused_naming_zone_and_poi
 
 def test_a_negative_pixel_coordinate_is_refused():
     text = analytics("units: pixels\nzones:\n  - name: door\n    points: [[10, 10], [-7, 10], [10, 50]]\n")
-    p = only_problem(text)
-    assert (p.path, p.line) == ("source.analytics.zones", line_of(text, "zones:") + 1), str(p)
-    assert "[0] door: point (-7.0, 10.0) is outside the frame" in p.message and "no negative" in p.message
+    p = assert_at(text, "[-7, 10]", "source.analytics.zones[0].points[1]", "x = -7 is outside the frame")
+    assert "door" in p.message and "no negative" in p.message
+
+
+def camera(body: str) -> str:
+    """A camera (no size in its config: only the bound limits its pixels) with ``body`` under
+    ``analytics:``."""
+    return "source:\n  type: v4l2\n  analytics:\n" + textwrap.indent(body, "    ")
+
+
+@pytest.mark.parametrize(
+    "value, shown",
+    [("3000000000", "3e+09"), ("3.0e+9", "3e+09"), ("1.0e+308", "1e+308"), ("65536.5", "65536.5")],
+    ids=["3e9-int", "3e9-float", "1e308", "just-beyond"],
+)
+def test_a_pixel_coordinate_beyond_the_bound_is_refused_at_its_point(value, shown):
+    """Issue 43, trial 5: 3e9 on a camera passed ``config validate`` and wrapped in int32
+    when drawn (17.6 s per ``cv2.fillPoly``)."""
+    text = camera(
+        "units: pixels\nzones:\n  - name: door\n    points:\n"
+        f"      - [10, 10]\n      - [{value}, 10]\n      - [10, 50]\n"
+    )
+    p = assert_at(text, f"[{value}, 10]", "source.analytics.zones[0].points[1]", f"x = {shown} is beyond")
+    assert f"±{MAX_COORDINATE:,.0f} pixels" in p.message, p.message
+
+
+def test_a_pixel_coordinate_at_the_bound_loads_on_a_camera():
+    text = camera(f"units: pixels\nlines:\n  - name: gate\n    points: [[0, 10], [{MAX_COORDINATE}, 10]]\n")
+    assert load(AgentConfig, text, FILE).source.analytics.lines[0].points[1] == (MAX_COORDINATE, 10.0)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [float("nan"), float("inf"), -float("inf"), 1e308, -3e9],
+    ids=["nan", "inf", "-inf", "1e308", "-3e9"],
+)
+def test_a_coordinate_not_finite_or_beyond_the_bound_is_refused_however_it_is_built(value):
+    """Built in code (tools, tests) as from YAML: the bound holds in the dataclass."""
+    for make in (
+        lambda: ZoneConfig(name="z", points=((0.1, 0.1), (0.5, value), (0.1, 0.5))),
+        lambda: LineConfig(name="l", points=((value, 0.1), (0.5, 0.5))),
+    ):
+        with pytest.raises(FieldError) as info:
+            make()
+        assert info.value.key in ("points[0]", "points[1]") and " = " in str(info.value), str(info.value)
+
+
+def test_nan_and_inf_in_yaml_are_refused_at_the_coordinate():
+    text = camera("units: pixels\nzones:\n  - name: door\n    points: [[10, 10], [.nan, 10], [10, .inf]]\n")
+    with pytest.raises(ConfigError) as info:
+        load(AgentConfig, text, FILE)
+    got = sorted(p.path for p in info.value.problems)
+    assert got == ["source.analytics.zones[0].points[1][0]", "source.analytics.zones[0].points[2][1]"], got
 
 
 # -- names ---------------------------------------------------------------------------------------

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from edge_agent.core.analytics_config import AnalyticsConfig, LineConfig, ZoneConfig
+from edge_agent.core.analytics_config import MAX_COORDINATE, AnalyticsConfig, LineConfig, ZoneConfig
 from edge_agent.core.stamps import CAPTURED, N_STAMPS
 from edge_agent.pipelines.analytics.counter import IN, OUT, Counter
-from edge_agent.pipelines.analytics.geometry import Geometry
+from edge_agent.pipelines.analytics.geometry import Geometry, clip_polygon, clip_segment, clip_window
 from edge_agent.pipelines.analytics.step import SourceAnalytics
 
 W, H, FPS = 640, 480, 30.0
@@ -385,3 +385,77 @@ def test_the_counter_keeps_nothing_per_frame_or_per_track():
     assert feed.c.entered.sum() > 500 and feed.c.crossed.sum() > 500
     assert current - mid < 16 * 1024, f"grew by {current - mid} B"
     assert peak - mid < 64 * 1024, f"peak {peak - mid} B"
+
+
+# -- far beyond the frame: clipped shapes, exact counts ------------------------------------------
+
+WINDOW = (-80.0, -80.0, 720.0, 560.0)  # 640 x 480 and its clip margin
+
+
+@pytest.mark.parametrize(
+    "points, want",
+    [
+        ([(10, 10), (100, 10), (50, 90)], [(10, 10), (100, 10), (50, 90)]),  # inside: as it is
+        ([(0, 0), (1000, 0), (1000, 100), (0, 100)], [(0, 0), (720, 0), (720, 100), (0, 100)]),
+        ([(800, 0), (900, 0), (900, 100)], []),  # wholly beyond: nothing
+        (
+            [(-65536, 240), (65536, 240), (0, 300)],
+            [(-80, 240), (720, 240), (720, 299.3408203125), (0, 300), (-80, 299.9267578125)],
+        ),
+    ],
+    ids=["inside", "one-side", "beyond", "far-triangle"],
+)
+def test_clip_polygon_keeps_the_part_inside_the_window(points, want):
+    got = clip_polygon(np.array(points, float), WINDOW)
+    assert got.shape[1:] == (2,)
+    # the same corners up to where the cycle starts (Sutherland-Hodgman starts it anywhere)
+    got_set = {(round(x, 6), round(y, 6)) for x, y in got.tolist()}
+    assert got_set == {(round(x, 6), round(y, 6)) for x, y in want}, got.tolist()
+
+
+def test_a_polygon_inside_the_window_comes_back_unchanged():
+    points = np.array([(10.0, 10.0), (100.0, 10.0), (50.0, 90.0)])
+    assert clip_polygon(points, WINDOW) is points
+
+
+@pytest.mark.parametrize(
+    "points, want",
+    [
+        ([(10, 10), (100, 90)], [(10, 10), (100, 90)]),
+        ([(320, -65536), (320, 65536)], [(320, -80), (320, 560)]),  # its direction kept
+        ([(65536, 65536), (0, 0)], [(560, 560), (0, 0)]),
+        ([(800, 0), (900, 400)], []),
+        ([(-200, 600), (900, 600)], []),  # parallel to the window's bottom, below it
+    ],
+    ids=["inside", "vertical", "diagonal-reversed", "beyond", "parallel-beyond"],
+)
+def test_clip_segment_keeps_the_part_inside_the_window(points, want):
+    got = clip_segment(np.array(points, float), WINDOW)
+    assert np.allclose(got, np.array(want, float).reshape(-1, 2)), got.tolist()
+
+
+def test_a_far_zone_and_line_are_shaped_clipped_and_counted_as_given():
+    """Corners and ends at the load's bound on a 640x480 frame: the shapes the view and the
+    snapshots draw are clipped to the frame and its margin, while the counting uses the
+    points as given (a clipped line would shorten what an anchor is alongside)."""
+    far = MAX_COORDINATE
+    poly = [(200.0, 150.0), (far, 100.0), (100.0, far)]
+    zone = ZoneConfig(name="far", points=tuple(poly), anchor="center")
+    line = LineConfig(name="long", points=((0.0, 240.0), (far, 240.0)))
+    geo = Geometry(config(zone, line), W, H, LABELS)
+    lo, hi = np.array(clip_window(W, H)[:2]), np.array(clip_window(W, H)[2:])
+    for shape in (*geo.shapes.zones, *geo.shapes.lines):
+        assert (shape.points >= lo).all() and (shape.points <= hi).all(), shape.points.tolist()
+    assert geo.shapes.lines[0].points.tolist() == [[0.0, 240.0], [hi[0], 240.0]]
+    rng = np.random.default_rng(3)
+    pts = rng.uniform((0, 0), (W, H), size=(400, 2))
+    dots = np.hstack([pts, pts])
+    want = np.array([ray_cast(x, y, poly) for x, y in pts])
+    assert 50 < want.sum() < 350
+    assert (geo.inside(dots)[:, 0] == want).all()
+    # and so does the clipped polygon, inside the frame: what is drawn is what counts
+    shape = [tuple(p) for p in geo.shapes.zones[0].points.tolist()]
+    assert all(ray_cast(x, y, shape) == w for (x, y), w in zip(pts, want))
+    feed = Feed(line)
+    feed.path(walk_y(320, BELOW, ABOVE))  # up across y = 240, far from either end
+    assert line_counts(feed) == (1, 0)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import spawn
 
-from edge_agent.core.files import atomic_write
+from edge_agent.core.files import UnsafePathError, atomic_write
 from edge_agent.pipelines.backends import engine_cache
 from edge_agent.pipelines.backends.engine_cache import EngineCache, EngineKey
 
@@ -154,7 +154,7 @@ def test_a_failed_rename_keeps_the_old_file_and_no_temporary(tmp_path, monkeypat
     target = tmp_path / "f.bin"
     atomic_write(target, b"old contents")
 
-    def crash(src, dst):
+    def crash(src, dst, **dir_fds):
         raise OSError("power cut")
 
     monkeypatch.setattr(engine_cache.os, "replace", crash)
@@ -162,6 +162,37 @@ def test_a_failed_rename_keeps_the_old_file_and_no_temporary(tmp_path, monkeypat
         atomic_write(target, b"new contents that never land")
     assert target.read_bytes() == b"old contents"
     assert [p.name for p in tmp_path.iterdir()] == ["f.bin"], "the temporary file was left behind"
+
+
+def test_a_store_never_writes_through_a_symlink_planted_in_the_cache(tmp_path):
+    """Whoever can write to the cache folder plants links at the engine's and the
+    sidecar's names (and at temporaries' names as the old writer drew them): the store
+    replaces the links, and the files they point to stay as they were."""
+    cache = EngineCache(tmp_path / "engines")
+    engine, sidecar = cache.paths("det", KEY)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    engine.parent.mkdir(mode=0o700)
+    planted = {}
+    for name in (engine.name, sidecar.name, f".{engine.name}.tmp", f".{sidecar.name}.abcd1234.tmp"):
+        target = outside / f"target-{len(planted)}"
+        target.write_bytes(b"mine")
+        (engine.parent / name).symlink_to(target)
+        planted[name] = target
+    assert cache.store("det", KEY, PLAN) == engine
+    assert all(t.read_bytes() == b"mine" for t in planted.values()), "a file outside was overwritten"
+    assert sorted(os.listdir(outside)) == sorted(t.name for t in planted.values())
+    assert not engine.is_symlink() and not sidecar.is_symlink()
+    assert cache.lookup("det", KEY) == engine
+    assert oct(engine.stat().st_mode & 0o777) == oct(0o600)
+
+
+def test_a_cache_folder_that_is_a_symlink_is_refused_naming_it(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "engines").symlink_to(tmp_path / "real")
+    with pytest.raises(UnsafePathError, match=f"{tmp_path / 'engines'}: is a symlink"):
+        EngineCache(tmp_path / "engines").store("det", KEY, PLAN)
+    assert os.listdir(tmp_path / "real") == []
 
 
 def test_a_store_interrupted_before_the_sidecar_is_a_miss(tmp_path, monkeypatch, caplog):
@@ -188,7 +219,7 @@ def test_a_store_interrupted_before_the_sidecar_is_a_miss(tmp_path, monkeypatch,
 WRITER = textwrap.dedent(
     """
     import sys
-    from edge_agent.core.files import atomic_write
+    from edge_agent.core.files import UnsafePathError, atomic_write
     target, size = sys.argv[1], int(sys.argv[2])
     i = 0
     while True:

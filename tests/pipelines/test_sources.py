@@ -207,6 +207,53 @@ def test_image_folder_in_name_order_skipping_unreadable(tmp_path):
     assert src.unreadable == 1
 
 
+def test_an_image_folder_skips_an_image_over_max_pixels_unread(tmp_path, caplog):
+    """Trial 6 on an image folder: a PNG declaring 30000x30000 pixels is skipped, counted
+    and logged with its size, without being decoded; the next image plays. The cap is the
+    source's ``max_pixels`` (file_frames, which bench and tune read, too)."""
+    import tracemalloc
+
+    from test_watch_source import png_bomb
+
+    (tmp_path / "a.png").write_bytes(png_bomb())
+    cv2.imwrite(str(tmp_path / "b.png"), np.full((8, 8, 3), 9, np.uint8))
+    src = ImageFolderSource(ImageFolderSourceConfig(path=str(tmp_path)))
+    src.open()
+    tracemalloc.start()
+    try:
+        value = int(src.read(1.0).image[0, 0, 0])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (value, src.unreadable) == (9, 1)
+    assert peak < 16 << 20, f"{peak / 2**20:.0f} MiB allocated skipping the bomb"
+    assert "a.png: PNG of 30000x30000 pixels (900.0 MP) is over max_pixels, 40.0 MP" in caplog.text
+    small = ImageFolderSourceConfig(path=str(tmp_path), max_pixels=63)  # b.png has 64
+    with pytest.raises(SourceError, match="no readable image"):
+        ImageFolderSource(small).open() or ImageFolderSource(small).read(1.0)
+    assert list(file_frames(small, [0, 1])) == []
+
+
+@pytest.mark.parametrize(
+    ("kind", "value", "says"),
+    [
+        ("images", 0, "must be within 1..100000000"),
+        ("watch", 100_000_001, "must be within 1..100000000"),
+        ("images", "lots", "expected an integer"),
+    ],
+)
+def test_max_pixels_is_checked_with_file_and_line(tmp_path, kind, value, says):
+    from edge_agent.core.config import load_config
+    from edge_agent.core.configload import ConfigError
+
+    path = tmp_path / "agent.yaml"
+    path.write_text(f"source:\n  type: {kind}\n  path: {tmp_path}\n  max_pixels: {value}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(path))
+    (p,) = info.value.problems
+    assert (p.line, p.path) == (4, "source.max_pixels") and says in p.message, p
+
+
 def test_empty_image_folder_is_an_error(tmp_path):
     with pytest.raises(SourceError, match="no images"):
         ImageFolderSource(ImageFolderSourceConfig(path=str(tmp_path))).open()

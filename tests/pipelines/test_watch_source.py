@@ -6,14 +6,16 @@ configured from YAML with the config's file/line errors."""
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 import time
+import zlib
 
 import cv2
 import numpy as np
 import pytest
-from conftest import end_process, free_endpoint
+from conftest import agent_command, end_process, free_endpoint, spawn, wait_until
 from helpers import Subscriber
 
 from edge_agent.core.config import load_config
@@ -28,6 +30,20 @@ def image(path, value: int, mtime_ns: int | None = None) -> None:
     cv2.imwrite(str(path), np.full((24, 32, 3), value, np.uint8))
     if mtime_ns is not None:
         os.utime(path, ns=(mtime_ns, mtime_ns))
+
+
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def png_bomb(width: int = 30_000, height: int = 30_000) -> bytes:
+    """A valid 1-bit grey PNG of ``width`` x ``height`` zeros: about 110 kB for 30000x30000
+    (2.7 GB once decoded as BGR), written row by row so it is never whole in memory."""
+    ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    row = bytes(1 + (width + 7) // 8)  # filter byte "none", then the row's bits
+    z = zlib.compressobj(9)
+    idat = b"".join(z.compress(row) for _ in range(height)) + z.flush()
+    return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", ihdr) + _chunk(b"IDAT", idat) + _chunk(b"IEND", b"")
 
 
 def values(src: WatchFolderSource, n: int, timeout_s: float = 10.0) -> list[int]:
@@ -153,3 +169,60 @@ def test_a_fifo_a_device_link_and_an_oversized_file_are_skipped_without_blocking
     assert values(src, 1) == [33]  # the read returned: nothing blocked on the FIFO
     assert src.unreadable == 1  # the oversized file; the FIFO and the device are never listed
     assert src.read(0.05) is None  # each looked at once
+
+
+def _peak_rss_mib(pid: int) -> float:
+    """The process's peak resident memory (VmHWM), in MiB."""
+    with open(f"/proc/{pid}/status") as f:
+        line = next(x for x in f if x.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+def test_a_decompression_bomb_in_the_folder_is_skipped_and_the_agent_stays_small(tmp_path):
+    """Trial 6: a ~110 kB PNG of 30000x30000 pixels (2.7 GB as BGR) in the folder, with
+    normal images dropped after it. It is skipped, unread, with the reason logged; the
+    others are published; the agent's peak RSS stays under 300 MB."""
+    folder = tmp_path / "drop"
+    folder.mkdir()
+    (folder / "a_bomb.png").write_bytes(png_bomb())  # there at start: read first (existing)
+    endpoint = free_endpoint()
+    config = tmp_path / "agent.yaml"
+    config.write_text(
+        "source:\n  type: watch\n  name: trap\n"
+        f"  path: {folder}\n  existing: true\n  poll_s: 0.05\n  settle_s: 0.1\n"
+        f"publish:\n  endpoint: {endpoint}\nmetrics:\n  enabled: false\n"
+    )
+    sub = Subscriber(endpoint, "det.trap")
+    log = tmp_path / "agent.log"
+    command = agent_command("run", "--config", str(config), "--quiet")
+    try:
+        with open(log, "w") as err, spawn(command, stderr=err) as agent:
+            dropped = iter(range(1000))
+
+            def published() -> bool:
+                # Dropped until the agent (once up, and the subscription through) published one.
+                assert agent.poll() is None, log.read_text()[-2000:]
+                image(folder / f"img{next(dropped):03d}.png", 50)
+                return bool(sub.messages)
+
+            wait_until(published, 60, interval_s=0.3, message="no image published")
+            first = len(sub.messages)
+            for k in range(2):
+                image(folder / f"late{k}.png", 200 + k)
+            sub.wait_for(first + 2, 60)
+            peak = _peak_rss_mib(agent.pid)
+    finally:
+        sub.close()
+    assert peak < 300, f"peak RSS {peak:.0f} MiB"
+    skipped = "a_bomb.png: PNG of 30000x30000 pixels (900.0 MP) is over max_pixels, 40.0 MP"
+    assert skipped in log.read_text(), log.read_text()[-2000:]
+
+
+def test_its_max_pixels_is_the_cap(tmp_path):
+    cfg = WatchFolderSourceConfig(path=str(tmp_path), poll_s=0.01, settle_s=0, max_pixels=700)
+    src = WatchFolderSource(cfg)
+    src.open()
+    image(tmp_path / "a.png", 10, time.time_ns() - 10**9)  # 32x24: 768 pixels
+    cv2.imwrite(str(tmp_path / "b.png"), np.full((20, 20, 3), 20, np.uint8))
+    assert values(src, 1) == [20]
+    assert src.unreadable == 1

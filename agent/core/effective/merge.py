@@ -9,15 +9,15 @@ import typing
 from typing import Any
 
 import yaml
-from yaml.constructor import SafeConstructor
 from yaml.resolver import Resolver
 
 from edge_agent.core.config import AgentConfig
 from edge_agent.core.configload import is_union, lookup, nested_sections
+from edge_agent.core.yamlnodes import Scalars
 
 STR_TAG = "tag:yaml.org,2002:str"
 MAP_TAG = "tag:yaml.org,2002:map"
-SCALARS = SafeConstructor()
+SCALARS = Scalars()  # keeps nothing it constructed
 RESOLVER = Resolver()
 
 

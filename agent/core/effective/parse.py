@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import yaml
 
@@ -119,13 +119,44 @@ class FleetSpec:
     devices: dict[str, DeviceSpec] = field(default_factory=dict)  # by id, in file order
 
 
-def read_fleet(path: str) -> FleetSpec:
-    """Every file of a fleet, in name order; structure errors raise ``ConfigError`` (all of them)."""
+@dataclass(frozen=True)
+class ConfigFile:
+    """A config path read once: a fleet's folder, or a file's document. Whether it is a
+    fleet, and then its config, come from this one read: stdin or a pipe has no second."""
+
+    path: str
+    node: yaml.Node | None = None  # the file's document; None: empty, or a folder
+    folder: bool = False
+
+    @classmethod
+    def read(cls, path: str) -> ConfigFile:
+        """Raises ``ConfigError`` naming the file (``yamlnodes.read_file``, ``compose_file``)."""
+        if os.path.isdir(path):
+            return cls(path, folder=True)
+        return cls(path, compose_file(path))
+
+    @property
+    def is_fleet(self) -> bool:
+        """A folder of YAML files, or a file whose top level has only ``defaults``,
+        ``groups`` and ``devices``."""
+        if self.folder:
+            return True
+        if not isinstance(self.node, yaml.MappingNode):
+            return False
+        keys = [k.value if isinstance(k, yaml.ScalarNode) else None for k, _v in self.node.value]
+        return bool(keys) and set(keys) <= {f.name for f in fields(FleetFile)}
+
+
+def read_fleet(path: str | ConfigFile) -> FleetSpec:
+    """Every file of a fleet, in name order (a file already read, as it was read);
+    structure errors raise ``ConfigError`` (all of them)."""
+    given = path if isinstance(path, ConfigFile) and not path.folder else None
+    path = path.path if isinstance(path, ConfigFile) else path
     fleet = FleetSpec()
     builder = Builder(path, null_is_empty=True)
     seen: dict[str, str] = {}  # "group 'x'" / "device 'x'" -> file:line of the first
     for file in _fleet_files(path):
-        root = compose_file(file)
+        root = given.node if given is not None else compose_file(file)
         spec = builder.build(FleetFile, root, "") if root is not None else None
         if not isinstance(spec, FleetFile):
             continue  # empty, or its problems are reported

@@ -3,7 +3,6 @@ the environment, merged and built into an ``AgentConfig`` once; validation of ev
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import socket
 from collections.abc import Mapping
@@ -17,8 +16,8 @@ from edge_agent.core.effective.flags import flags_layer
 from edge_agent.core.effective.merge import MAP_TAG, Merger
 from edge_agent.core.effective.parse import (
     DEVICE_ID_ORIGIN,
+    ConfigFile,
     DeviceFacts,
-    FleetFile,
     Layer,
     Rendered,
     config_layer,
@@ -26,16 +25,17 @@ from edge_agent.core.effective.parse import (
 )
 
 
-def load_fleet(path: str) -> Fleet:
-    """Read a fleet file or directory; structure errors raise ``ConfigError`` (all of them)."""
+def load_fleet(path: str | ConfigFile) -> Fleet:
+    """Read a fleet file or directory (or take a file already read); structure errors raise
+    ``ConfigError`` (all of them)."""
     return Fleet(path)
 
 
 class Fleet:
     """A loaded fleet; ``render`` gives one device's effective config."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, path: str | ConfigFile) -> None:
+        self.path = path.path if isinstance(path, ConfigFile) else path
         self.spec = read_fleet(path)
 
     def device_ids(self) -> list[str]:
@@ -108,21 +108,8 @@ def _render_local(
     return _render(file, device_id, layers, env, env_node, problems, check_files, resolve_paths, flag_node)
 
 
-def is_fleet(path: str) -> bool:
-    """A fleet is a directory of YAML files, or a file whose top level has only
-    ``defaults``/``groups``/``devices``. Raises ``ConfigError`` for an unreadable file."""
-    return os.path.isdir(path) or _fleet_shaped(compose_file(path))
-
-
-def _fleet_shaped(node: yaml.Node | None) -> bool:
-    if not isinstance(node, yaml.MappingNode):
-        return False
-    keys = [k.value if isinstance(k, yaml.ScalarNode) else None for k, _v in node.value]
-    return bool(keys) and set(keys) <= {f.name for f in dataclasses.fields(FleetFile)}
-
-
 def load_effective(
-    path: str | None,
+    path: str | ConfigFile | None,
     device: str | None = None,
     overlay: str | None = None,
     env: Mapping[str, str] | None = None,
@@ -131,29 +118,29 @@ def load_effective(
     flags: Mapping[str, tuple[str, object]] | None = None,
 ) -> Rendered:
     """The config this device runs: the embedded default (``path`` None), a plain config
-    file, or device ``device`` (default: this host's name) of a fleet; then the local
-    overlay file, the ``EDGE_AGENT__`` environment variables and the command line's
-    ``flags`` (see ``env.flags_layer``), by the same rules everywhere. A plain file is one
-    layer; ``${VAR}`` works in it as in a fleet's.
+    file (``-``: stdin; or one already read, a ``ConfigFile``), or device ``device``
+    (default: this host's name) of a fleet; then the local overlay file, the
+    ``EDGE_AGENT__`` environment variables and the command line's ``flags`` (see
+    ``env.flags_layer``), by the same rules everywhere. A plain file is one layer;
+    ``${VAR}`` works in it as in a fleet's.
 
     Raises ``ConfigError`` naming the file, line and key path (or the variable) of every
     problem; ``check_files``: also of every input file or folder that does not exist.
     ``resolve_paths`` false keeps relative paths as written (to compare two configs).
     """
     host = socket.gethostname()
-    node = None  # the plain file, composed once
-    if path is not None and (os.path.isdir(path) or _fleet_shaped(node := compose_file(path))):
-        return load_fleet(path).render(
+    source = ConfigFile.read(path) if isinstance(path, str) else path  # read once
+    if source is not None and source.is_fleet:
+        return load_fleet(source).render(
             device or host, overlay, env, check_files=check_files, resolve_paths=resolve_paths, flags=flags
         )
     problems: list[Problem] = []
-    layer = config_layer("file", node, problems)
+    layer = config_layer("file", source.node if source else None, problems)
     if problems:
         raise ConfigError(problems)
     layers = [layer] if layer else []
-    return _render_local(
-        path or "<default config>", host, layers, overlay, env, check_files, resolve_paths, flags
-    )
+    file = source.path if source else "<default config>"
+    return _render_local(file, host, layers, overlay, env, check_files, resolve_paths, flags)
 
 
 def _render(
@@ -195,7 +182,7 @@ def _dedupe(problems: list[Problem]) -> list[Problem]:
     return list(dict.fromkeys(problems))
 
 
-def validate_fleet(path: str, env: Mapping[str, str] | None = None) -> list[Problem]:
+def validate_fleet(path: str | ConfigFile, env: Mapping[str, str] | None = None) -> list[Problem]:
     """Every problem of a fleet: its structure, then every device and every group rendered.
 
     A group is rendered as defaults + that group alone; a device with its matching groups
@@ -215,7 +202,7 @@ def validate_fleet(path: str, env: Mapping[str, str] | None = None) -> list[Prob
         renders.append(("defaults", list(fleet.spec.defaults)))
     for device_id, layers in renders:
         try:
-            _render(path, device_id, layers, env, None, [])
+            _render(fleet.path, device_id, layers, env, None, [])
         except ConfigError as e:
             problems += e.problems
     return _dedupe(problems)

@@ -305,6 +305,7 @@ class Summarize(Forwarder):
             "last_seq": win.last_seq,
             "fps": win.frames / span,
             "detections_by_label": win.labels,
+            "detections_other": win.labels_other,
             "latency_ms": {
                 "p50": nearest_rank(lat, 50) if lat else None,
                 "p99": nearest_rank(lat, 99) if lat else None,

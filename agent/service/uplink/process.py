@@ -18,6 +18,7 @@ device's events.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import logging
 import threading
@@ -31,7 +32,7 @@ from edge_agent.core.config import AgentConfig
 from edge_agent.service.uplink.forward import Message, event_source, make_forwarder
 from edge_agent.service.uplink.link import Link, LinkError
 from edge_agent.service.uplink.spool import Spool
-from edge_agent.service.uplink.validate import EVENT_PREFIX, frame_problem, message_problem
+from edge_agent.service.uplink.validate import EVENT_PREFIX, MessageError, finite_number, read_message
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +43,21 @@ _BATCH = 256  # stream messages taken per spool transaction at most
 _MAX_SOURCES = 256
 _LOG_EVERY_S = 60.0  # a condition that lasts (bad messages, a failing spool) is logged this often
 
+#: The retained health's cap: past it, sources are left out (``sources_omitted`` says how
+#: many). A source's line is at most a few kB (the caps below), so 60 fit with room.
+MAX_HEALTH_BYTES = 256 << 10
+#: What of a heartbeat goes into the health: its ``counts`` map capped in keys and key
+#: length (numbers only; ``counts_omitted`` says how many were left out), its texts capped.
+MAX_COUNT_KEYS = 32
+MAX_COUNT_KEY_CHARS = 64
+_MAX_TEXT = 256
+_MAX_MODEL_TEXT = 1024  # the health's ``model``: the sources' models, joined
+
 
 def _encode(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, separators=(",", ":")).encode()
+    """Strict JSON (no NaN or infinities: a strict parser refuses them); ValueError or
+    TypeError for what JSON cannot carry."""
+    return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
 
 
 class Uplink:
@@ -231,24 +244,19 @@ class Uplink:
 
     def _take(self, frame: bytes) -> list[tuple[str, dict[str, Any]]]:
         self.received += 1
-        too_big = frame_problem(frame)
-        if too_big is not None:
-            return self._reject(too_big)
-        try:
-            topic, body = client.decode(frame)
-        except Exception as e:  # not JSON nor msgpack, nested too deep, not UTF-8
-            return self._reject(f"undecodable: {type(e).__name__}")
         prefix = self.forwarder.result_prefix
-        problem = message_problem(topic, body, prefix)
-        if problem is None:
-            problem = self._source_problem(topic, body, prefix)
+        try:  # the size, the JSON data model within bounds, then the fields the uplink uses
+            topic, body = read_message(frame, prefix)
+        except MessageError as e:
+            return self._reject(str(e))
+        problem = self._source_problem(topic, body, prefix)
         if problem is not None:
             return self._reject(f"{topic[:64]!r}: {problem}")
         self._last_stream = time.monotonic()
         out: list[Message] = []
         if topic == "health":
             out = self._touch(body["source"])
-            self.beats[body["source"]] = body
+            self.beats[body["source"]] = _beat_record(body)  # only what the health shows, capped
         elif (source := event_source(topic)) is not None:
             out = self._touch(source)
             self._count_event(source, body)
@@ -306,8 +314,16 @@ class Uplink:
         if not out:
             return
         root = self.link.root
-        self.spool.put_many([(f"{root}/{sub}", _encode(body), 1, False) for sub, body in out])
-        self.spooled += len(out)
+        rows = []
+        for sub, body in out:
+            try:
+                rows.append((f"{root}/{sub}", _encode(body), 1, False))
+            except (TypeError, ValueError) as e:  # checked on the way in: a bug, for this one only
+                self._reject(f"{sub[:64]!r} not encodable as JSON ({e})")
+        if not rows:
+            return
+        self.spool.put_many(rows)
+        self.spooled += len(rows)
         self.link.wake()
 
     # -- health -----------------------------------------------------------------------
@@ -334,11 +350,11 @@ class Uplink:
         }
 
     def health(self) -> dict[str, Any]:
-        """The device's health: what `fleet status` shows, one message for all sources."""
+        """The device's health: what `fleet status` shows, one message for all sources, at
+        most MAX_HEALTH_BYTES encoded (sources past it are left out and counted)."""
         beats = dict(self.beats)
         first = next(iter(beats.values()), {})
-        power = first.get("power") or {}
-        return {
+        health = {
             "device": self.device_id,
             "ts_unix_s": round(time.time(), 3),
             "health_interval_s": self.up.health_interval_s,
@@ -346,13 +362,13 @@ class Uplink:
             # refuses the uplink): the sources' figures below are that old.
             "agent_silent_s": round(time.monotonic() - self._last_stream, 1),
             "agent_silent_after_s": max(2.0, 3 * self.cfg.publish.health_interval_s),  # 3 heartbeats missed
-            "last_heartbeat_unix_s": max((b.get("ts_unix_s", 0) for b in beats.values()), default=None),
+            "last_heartbeat_unix_s": max((b["ts_unix_s"] for b in beats.values()), default=None),
             "version": first.get("version", ""),
             "uplink_version": __version__,
             "config_hash": first.get("config_hash", ""),
-            "model": ", ".join(sorted(set(self.models.values()))),
-            "throttled": any((b.get("power") or {}).get("throttled", False) for b in beats.values()),
-            "power_mode": "; ".join(power.get("applied") or []) or power.get("backend", ""),
+            "model": ", ".join(sorted(set(self.models.values())))[:_MAX_MODEL_TEXT],
+            "throttled": any(b["throttled"] for b in beats.values()),
+            "power_mode": first.get("power_mode", ""),
             "sources": {
                 name: _source_health(b, self._events_since.get(name)) for name, b in sorted(beats.items())
             },
@@ -360,20 +376,89 @@ class Uplink:
             "events_interval_s": round(time.monotonic() - self._events_since_at, 1),
             "uplink": self.counters(),
         }
+        return _within_cap(health)
 
 
-def _source_health(beat: dict[str, Any], events: int | None) -> dict[str, Any]:
-    """A source's line of the health; ``events``: its events since the last health sent."""
+def _within_cap(health: dict[str, Any]) -> dict[str, Any]:
+    """``health``, with the sources past MAX_HEALTH_BYTES (in name order) left out and
+    counted in ``sources_omitted``."""
+    if len(_encode(health)) <= MAX_HEALTH_BYTES:
+        return health
+    sources = health["sources"]
+    room = MAX_HEALTH_BYTES - len(_encode(health | {"sources": {}, "sources_omitted": len(sources)}))
+    kept: dict[str, Any] = {}
+    for name, line in sources.items():
+        size = len(_encode({name: line}))  # its share of the map, a comma give or take
+        if size + 1 > room:
+            break
+        kept[name] = line
+        room -= size + 1
+    return health | {"sources": kept, "sources_omitted": len(sources) - len(kept)}
+
+
+def _text(v: Any, limit: int = _MAX_TEXT) -> str:
+    return v[:limit] if isinstance(v, str) else ""
+
+
+def _capped_counts(counts: Any) -> tuple[dict[str, Any], int]:
+    """A heartbeat's ``counts`` as the health carries it: numbers, and maps of numbers one
+    level down (``dropped_by_reason``), at most MAX_COUNT_KEYS keys in all, each of at most
+    MAX_COUNT_KEY_CHARS; and how many were left out."""
+    if not isinstance(counts, dict):
+        return {}, 0
+    kept: dict[str, Any] = {}
+    room, seen = MAX_COUNT_KEYS, 0
+    for key, value in counts.items():
+        inner = value if isinstance(value, dict) else {None: value}
+        seen += len(inner)
+        if room <= 0 or len(key) > MAX_COUNT_KEY_CHARS:
+            continue
+        items = {
+            k: v
+            for k, v in itertools.islice(inner.items(), room)
+            if finite_number(v) and (k is None or len(k) <= MAX_COUNT_KEY_CHARS)
+        }
+        if isinstance(value, dict):
+            kept[key] = items
+            room -= len(items)
+        elif items:
+            kept[key] = value
+            room -= 1
+    return kept, seen - sum(len(v) if isinstance(v, dict) else 1 for v in kept.values())
+
+
+def _beat_record(beat: dict[str, Any]) -> dict[str, Any]:
+    """What the health keeps of a (checked) heartbeat: its source's line and the few device
+    fields, each capped, so a heartbeat of up to a MiB costs a few kB while it is kept."""
     window = (beat.get("latency_ms") or {}).get("window") or {}
-    out = {
+    power = beat.get("power") or {}
+    applied = (power.get("applied") or [])[:16]
+    counts, omitted = _capped_counts(beat.get("counts"))
+    line: dict[str, Any] = {
         "fps": beat.get("fps", 0.0),
         "e2e_p50_ms": window.get("p50"),
         "e2e_p99_ms": window.get("p99"),
         "miss_rate": beat.get("miss_rate", 0.0),
-        "ladder": (beat.get("ladder") or {}).get("name", ""),
-        "counts": beat.get("counts", {}),
-        "error": (beat.get("source_state") or {}).get("error"),
+        "ladder": _text((beat.get("ladder") or {}).get("name", ""), 128),
+        "counts": counts,
+        "error": _text(err) if (err := (beat.get("source_state") or {}).get("error")) is not None else None,
     }
-    if events is not None or "analytics" in beat:  # a source without zones or lines has no count
+    if omitted:
+        line["counts_omitted"] = omitted
+    return {
+        "ts_unix_s": beat["ts_unix_s"],
+        "version": _text(beat.get("version", "")),
+        "config_hash": _text(beat.get("config_hash", "")),
+        "throttled": bool(power.get("throttled", False)),
+        "power_mode": _text("; ".join(applied) or power.get("backend", "")),
+        "zones": "analytics" in beat,
+        "line": line,
+    }
+
+
+def _source_health(record: dict[str, Any], events: int | None) -> dict[str, Any]:
+    """A source's line of the health; ``events``: its events since the last health sent."""
+    out = dict(record["line"])
+    if events is not None or record["zones"]:  # a source without zones or lines has no count
         out["events"] = events or 0
     return out

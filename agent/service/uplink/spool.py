@@ -25,11 +25,12 @@ import errno
 import fcntl
 import os
 import sqlite3
-import stat
 import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+
+from edge_agent.core.files import UnsafePathError, open_dir, open_private
 
 __all__ = ["Message", "Spool", "SpoolError"]
 
@@ -55,25 +56,18 @@ _CHUNK = 500
 
 def _private(path: str) -> int:
     """Open (create) ``path`` read-write as a regular file of mode 0600, not through a
-    symlink; the descriptor. SpoolError names the file when that cannot be."""
+    symlink (``core.files.open_private``); the descriptor. SpoolError names the file when
+    that cannot be."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
-    except OSError as e:
+        return open_private(path)
+    except UnsafePathError as e:
         if e.errno == errno.ELOOP:
             raise SpoolError(f"spool file {path}: is a symlink: refused (give the real path)") from e
+        raise SpoolError(f"spool file {path}: {e.reason}") from e
+    except OSError as e:
         if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise SpoolError(f"spool file {path}: cannot be written: {e.strerror}") from e
         raise
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SpoolError(f"spool file {path}: not a regular file")
-        if st.st_mode & 0o077:
-            os.fchmod(fd, 0o600)  # a spool from an older uplink, created 0644
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 class SpoolError(Exception):
@@ -121,7 +115,9 @@ class Spool:
         parent = os.path.dirname(os.path.abspath(self.path))
         self._db: sqlite3.Connection | None = None
         try:
-            os.makedirs(parent, mode=0o700, exist_ok=True)
+            # Made 0700 with its parents whatever the umask, never through a symlink; refused
+            # (UnsafePathError) when it, or a folder above, is one another user owns or can write to.
+            open_dir(parent, 0o700, private=False).close()
             # One process per spool: a second uplink on the same file would hand out the
             # same messages (its in-flight marks are its own). The lock goes with the process.
             self._lockfile: int | None = _private(self.path + ".lock")

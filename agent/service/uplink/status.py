@@ -7,7 +7,12 @@ its health covers (``events_interval_s``, since the health before it), as the up
 counted them: the retained health is the one message per device this view reads, so it
 needs no subscription to every device's events (a fleet's firehose), and it shows them
 whatever ``forward`` and ``events`` the device's uplink has. ``-``: no source has zones or
-lines (or the uplink is older than the count)."""
+lines (or the uplink is older than the count).
+
+Whoever may publish under the prefix writes what this reads, so a health is bounded before
+it is parsed (MAX_PAYLOAD_BYTES, integers of at most 16 digits, no NaN) and every number a
+row reads is range-checked (0 <= n < 2**53): a device whose health fails is shown
+``invalid`` with the reason, and every other device still prints."""
 
 from __future__ import annotations
 
@@ -22,6 +27,47 @@ from edge_agent.core.text import printable
 from edge_agent.core.uplink_config import UplinkConfig
 from edge_agent.service.uplink.link import make_client
 from edge_agent.service.uplink.validate import finite_number
+
+#: A retained health larger than this is not parsed: the row says ``invalid`` (too large).
+#: The uplink caps its own at 256 KiB (process.MAX_HEALTH_BYTES).
+MAX_PAYLOAD_BYTES = 1 << 20
+#: Every number a row reads is within 0 <= n < MAX_NUMBER (exact in a double, printable).
+MAX_NUMBER = 2**53
+_MAX_STATUS = 64  # a retained status is "online" or "offline"
+_INT_DIGITS = 16  # digits of MAX_NUMBER: a longer JSON int is refused before int() builds it
+
+
+class Unreadable(str):
+    """A retained health that could not be read, and why (the row says ``invalid``)."""
+
+
+def _json_int(text: str) -> int:
+    if len(text.lstrip("-")) > _INT_DIGITS:
+        raise ValueError(f"an integer of {len(text)} digits: out of range")
+    return int(text)
+
+
+def _json_constant(name: str) -> Any:
+    raise ValueError(f"{name}: numbers must be finite")
+
+
+def parse_health(payload: bytes) -> Any:
+    """A retained health payload as JSON, or :class:`Unreadable` saying why not (too large,
+    not JSON, nested too deep, a number out of range); never raises."""
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        return Unreadable(f"too large: {len(payload)} bytes, over {MAX_PAYLOAD_BYTES}")
+    try:
+        return json.loads(payload, parse_int=_json_int, parse_constant=_json_constant)
+    except RecursionError:
+        return Unreadable("not JSON: nested too deep")
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return Unreadable(f"not JSON: {str(e)[:80]}")
+
+
+def number_ok(v: Any) -> bool:
+    """A number a row may read: finite, not a bool, 0 <= v < 2**53."""
+    return finite_number(v) and 0 <= v < MAX_NUMBER
+
 
 COLUMNS = (
     ("device", 14),
@@ -55,6 +101,8 @@ class FleetView:
         self.client.on_subscribe = self._on_subscribe
         self.subscribed = threading.Event()
         self.rtt_s = 0.0  # connect to CONNACK: how long the broker takes to answer
+        # The last time a device's first status or first health came: the retained ones
+        # come as a burst after the subscription (every status, then every health).
         self.last_new_device = 0.0
 
     def _on_connect(self, client: Any, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
@@ -74,17 +122,15 @@ class FleetView:
     def _on_message(self, _c: Any, _u: Any, msg: Any) -> None:
         parts = msg.topic.split("/")
         device, kind = parts[-2], parts[-1]
+        if kind == "status":
+            value: Any = bytes(msg.payload[:_MAX_STATUS]).decode(errors="replace")
+        else:
+            value = parse_health(msg.payload)  # bounded, outside the lock
         with self.lock:
-            if device not in self.devices:
-                self.last_new_device = time.monotonic()
             entry = self.devices.setdefault(device, {})
-            if kind == "status":
-                entry["status"] = msg.payload.decode(errors="replace")
-            else:
-                try:
-                    entry["health"] = json.loads(msg.payload)
-                except (ValueError, RecursionError):  # RecursionError: nested too deep
-                    entry["health"] = "not JSON"  # not a dict: the row says invalid
+            if kind not in entry:  # a health still on its way must not end the settle
+                self.last_new_device = time.monotonic()
+            entry[kind] = value
 
     def start(self, timeout_s: float) -> None:
         host, port, _ = self.cfg.address()
@@ -129,29 +175,36 @@ _NUMBERS = ("ts_unix_s", "health_interval_s", "agent_silent_s", "agent_silent_af
 _STRINGS = ("model", "config_hash", "version", "power_mode")
 
 
+_RANGE = "is not a number within 0..2**53"
+
+
 def _source_problem(name: str, s: Any) -> str | None:
+    name = name[:64]
     if not isinstance(s, dict):
         return f"sources.{name} is not an object"
     for key in ("fps", "miss_rate", "e2e_p99_ms"):
-        if key in s and not (finite_number(s[key]) or (key == "e2e_p99_ms" and s[key] is None)):
-            return f"sources.{name}.{key} is not a number"
+        if key in s and not (number_ok(s[key]) or (key == "e2e_p99_ms" and s[key] is None)):
+            return f"sources.{name}.{key} {_RANGE}"
     events = s.get("events", 0)
-    if not (isinstance(events, int) and not isinstance(events, bool) and events >= 0):
-        return f"sources.{name}.events is not a count"
+    if not (isinstance(events, int) and number_ok(events)):
+        return f"sources.{name}.events is not a count within 0..2**53"
     return None
 
 
 def health_problem(health: Any, now_unix: float) -> str | None:
     """Why a retained health cannot be shown (None when it can): it is written by whoever
-    may publish under the prefix, so every field the row reads is checked."""
+    may publish under the prefix, so every field the row reads is checked, every number
+    within 0 <= n < 2**53."""
+    if isinstance(health, Unreadable):
+        return str(health)
     if not isinstance(health, dict):
         return "not a JSON object"
     for key in _NUMBERS:
-        if key in health and not finite_number(health[key]):
-            return f"{key} is not a number"
+        if key in health and not number_ok(health[key]):
+            return f"{key} {_RANGE}"
     seen = health.get("last_heartbeat_unix_s")
-    if seen is not None and not finite_number(seen):
-        return "last_heartbeat_unix_s is not a number"
+    if seen is not None and not number_ok(seen):
+        return f"last_heartbeat_unix_s {_RANGE}"
     for key in _STRINGS:
         if key in health and not isinstance(health[key], str):
             return f"{key} is not a string"
@@ -272,7 +325,12 @@ def table(rows: list[dict[str, Any]]) -> str:
 
     lines = ["  ".join(name.ljust(width) for name, width in COLUMNS).rstrip()]
     for r in rows:
-        lines.append("  ".join(c.ljust(w) for c, (_, w) in zip(cells(r), COLUMNS)).rstrip())
+        try:
+            texts = cells(r)
+        except (TypeError, ValueError) as e:  # a value safe_row did not foresee: this row only
+            r = invalid_row(r["device"], f"{type(e).__name__}: {e}")
+            texts = cells(r)
+        lines.append("  ".join(c.ljust(w) for c, (_, w) in zip(texts, COLUMNS)).rstrip())
         if r.get("error"):
             device, error = printable(r["device"], _CELL_MAX), printable(r["error"], _CELL_MAX)
             lines.append(f"  {device}: invalid health: {error}")

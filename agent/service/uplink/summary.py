@@ -18,6 +18,11 @@ from edge_agent.service.uplink.validate import finite_number
 #: each, and a reload may rename them all within one interval. Events of further names (a
 #: stray publisher's) are counted in ``other`` only, so a summary stays bounded.
 MAX_EVENT_NAMES = 4 * MAX_ITEMS
+#: Labels an interval breaks its detections out by, and their characters in all: enough
+#: for any detector's classes (COCO's 80, a few hundred of an open vocabulary); detections
+#: of further labels are counted in ``detections_other``, so a summary stays tens of kB.
+MAX_SUMMARY_LABELS = 256
+MAX_SUMMARY_LABEL_CHARS = 16384
 
 _ZONE_KINDS = ("enter", "exit", "dwell")
 _DIRECTIONS = ("in", "out")
@@ -102,7 +107,9 @@ class Interval:
         "frames",
         "hb_dropped",
         "heartbeat",
+        "label_chars",
         "labels",
+        "labels_other",
         "last_seq",
         "latencies",
         "missed",
@@ -127,6 +134,8 @@ class Interval:
         self.first_seq: int | None = None
         self.last_seq: int | None = None
         self.labels: dict[str, int] = {}
+        self.labels_other = 0  # detections of labels past the caps
+        self.label_chars = 0
         self.latencies: list[float] = []
         self.missed = 0
         self.throttled = False
@@ -148,7 +157,16 @@ class Interval:
         labels = self.labels
         for det in body.get("detections") or ():
             label = str(det.get("label", det.get("class_id")))
-            labels[label] = labels.get(label, 0) + 1
+            count = labels.get(label)
+            if count is not None:
+                labels[label] = count + 1
+            elif (
+                len(labels) < MAX_SUMMARY_LABELS and self.label_chars + len(label) <= MAX_SUMMARY_LABEL_CHARS
+            ):
+                labels[label] = 1
+                self.label_chars += len(label)
+            else:
+                self.labels_other += 1
         latency = body.get("latency_ms")
         total = latency.get("total") if isinstance(latency, dict) else None
         # Only numbers: one odd value would make every later sort() of this window raise.

@@ -6,6 +6,11 @@ could not be published, or would break a summary, is rejected there and counted,
 of blocking everything queued behind it. An event goes up whole and is counted by the
 summaries, so every field ``$defs/event`` requires is checked, and its size is bounded
 before it is decoded (:func:`frame_problem`).
+
+Before any of that, :func:`decode_message` holds every message, whatever its topic and
+encoding, to the JSON data model within bounds (:data:`BOUNDS`): what the uplink forwards
+is re-encoded as JSON for MQTT, so a msgpack ``bytes`` or ``ExtType``, a NaN or an infinity
+would otherwise pass here and fail (or go out as invalid JSON) later.
 """
 
 from __future__ import annotations
@@ -13,25 +18,26 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from edge_agent.client import BOUNDS, MAX_FRAME_BYTES, MessageError, data_model_problem, decode
 from edge_agent.core.analytics_config import MAX_ITEMS
 from edge_agent.core.names import MAX_NAME, level_problem, name_ok
 
 __all__ = [
+    "BOUNDS",
     "EVENT_KINDS",
     "EVENT_PREFIX",
     "MAX_EVENT_BYTES",
     "MAX_FRAME_BYTES",
     "MAX_NAME",
+    "MessageError",
+    "data_model_problem",
+    "decode_message",
     "finite_number",
     "frame_problem",
     "message_problem",
     "name_problem",
+    "read_message",
 ]
-
-#: A stream frame larger than this is rejected before it is decoded (a result with the most
-#: detections a model gives is tens of kB; with segmentation masks as RLE (``model.masks:
-#: rle``) a hundred large objects at 1080p or 4K come near it: polygons are the default).
-MAX_FRAME_BYTES = 1 << 20
 
 #: The agent's zone and line events are on ``event.<source>`` (whatever ``publish.topic`` is).
 EVENT_PREFIX = "event."
@@ -42,6 +48,9 @@ EVENT_KINDS = ("enter", "exit", "cross", "dwell")
 _ZONE_KINDS = ("enter", "exit", "dwell")
 #: A label is the model's (its manifest's) text, not a topic level: any string up to this.
 _MAX_LABEL = 1024
+#: ``device`` and ``model`` are names, carried into every summary and the health.
+_MAX_SHORT = 256
+
 
 #: Why a source name cannot be an MQTT topic level (None when it can): the config's rule
 #: for names (edge_agent.core.names), so every source the config takes passes here.
@@ -49,12 +58,23 @@ name_problem = level_problem
 
 
 def finite_number(v: Any) -> bool:
-    """An int or a float that is finite, and not a bool (JSON's true is no number here)."""
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    """An int or a float that is finite, and not a bool (JSON's true is no number here).
+    An int is finite whatever its size (math.isfinite would raise OverflowError past 1e308)."""
+    if isinstance(v, bool):
+        return False
+    return isinstance(v, int) or (isinstance(v, float) and math.isfinite(v))
 
 
 def _count(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _short(v: Any) -> bool:
+    return isinstance(v, str) and len(v) <= _MAX_SHORT
+
+
+def _label(v: Any) -> bool:
+    return isinstance(v, str) and len(v) <= _MAX_LABEL
 
 
 def _opt(body: dict[str, Any], key: str, ok: Any) -> bool:
@@ -75,11 +95,11 @@ def _result_problem(body: dict[str, Any]) -> str | None:
     if not isinstance(dets, list):
         return "detections is not a list"
     for d in dets:
-        if not isinstance(d, dict) or not isinstance(d.get("label"), str) or not _count(d.get("class_id")):
-            return "a detection without a string label and a class_id"
+        if not isinstance(d, dict) or not _label(d.get("label")) or not _count(d.get("class_id")):
+            return f"a detection without a string label (of at most {_MAX_LABEL}) and a class_id"
     checks = (
-        ("model", _is(str)),
-        ("device", _is(str)),
+        ("model", _short),
+        ("device", _short),
         ("deadline_missed", _is(bool)),
         ("throttled", _is(bool)),
     )
@@ -113,9 +133,9 @@ def _health_problem(body: dict[str, Any]) -> str | None:
     checks = (
         ("fps", finite_number),
         ("miss_rate", finite_number),
-        ("version", _is(str)),
-        ("config_hash", _is(str)),
-        ("device", _is(str)),
+        ("version", _short),
+        ("config_hash", _short),
+        ("device", _short),
         ("ladder", lambda v: isinstance(v, dict) and _opt(v, "name", _is(str))),
         ("source_state", lambda v: isinstance(v, dict) and _opt(v, "error", _is((str, type(None))))),
     )
@@ -156,8 +176,8 @@ def _event_problem(body: dict[str, Any]) -> str | None:
         ("class_id", _count),
         ("track_id", lambda v: _count(v) and v >= 1),
         ("at_unix_s", finite_number),
-        ("device", _is(str)),
-        ("label", lambda v: isinstance(v, str) and len(v) <= _MAX_LABEL),
+        ("device", _short),
+        ("label", _label),
     )
     for key, ok in checks:
         if not ok(body.get(key)):
@@ -193,6 +213,25 @@ def frame_problem(frame: bytes) -> str | None:
     if len(frame) > limit:
         return f"{len(frame)} bytes, over {limit}"
     return None
+
+
+def decode_message(frame: bytes) -> tuple[str, Any]:
+    """:func:`edge_agent.client.decode` with the uplink's bound on the frame's size (an
+    event's is smaller). Raises MessageError."""
+    problem = frame_problem(frame)
+    if problem is not None:
+        raise MessageError(problem)
+    return decode(frame)
+
+
+def read_message(frame: bytes, result_prefix: str) -> tuple[str, dict[str, Any]]:
+    """A stream frame the uplink may take: :func:`decode_message`, then
+    :func:`message_problem`. Raises MessageError naming the topic and the reason."""
+    topic, body = decode_message(frame)
+    problem = message_problem(topic, body, result_prefix)
+    if problem is not None:
+        raise MessageError(f"{topic[:64]!r}: {problem}")
+    return topic, body
 
 
 def message_problem(topic: str, body: Any, result_prefix: str) -> str | None:

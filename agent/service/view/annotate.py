@@ -16,7 +16,7 @@ from typing import Any
 import cv2
 import numpy as np
 
-from edge_agent.pipelines.analytics.geometry import Shapes
+from edge_agent.pipelines.analytics.geometry import Shapes, clip_polygon, clip_segment, clip_window
 from edge_agent.pipelines.view_tap import ViewFrame
 
 #: BGR, one per class id (cycled): saturated and far apart, readable on most scenes.
@@ -146,10 +146,13 @@ def draw_analytics(
     their tags (name and counts: ``counts`` is the counter's block, a name missing is 0)
     for the caller to draw over the boxes with ``draw_tag``, so the counts stay readable."""
     tags: list[Tag] = []
-    polys = [np.round(z.points * scale).astype(np.int32) for z in shapes.zones]
+    polys = [np.round(_on_image(z.points, scale, image, True)).astype(np.int32) for z in shapes.zones]
     for k, poly in enumerate(polys):
-        _fill(image, poly, zone_colour(k))  # every fill first: no tint over an outline
+        if len(poly) >= 3:
+            _fill(image, poly, zone_colour(k))  # every fill first: no tint over an outline
     for k, (z, poly) in enumerate(zip(shapes.zones, polys)):
+        if len(poly) < 3:
+            continue  # nowhere near the image
         c = zone_colour(k)
         cv2.polylines(image, [poly], True, c, thick + 1)  # thicker than a box's: told apart
         n = counts.get("zones", {}).get(z.name, {})
@@ -158,8 +161,11 @@ def draw_analytics(
         corner = poly[np.argmin(poly.sum(1))]  # the corner nearest the image's top-left
         tags.append((text, (int(corner[0]) + thick + 3, int(corner[1]) + thick + 3), c))
     for k, ln in enumerate(shapes.lines):
+        ends = _on_image(ln.points, scale, image, False)
+        if len(ends) != 2:
+            continue  # nowhere near the image
         c = line_colour(k)
-        a, b = ln.points * scale
+        a, b = ends
         cv2.line(image, _pt(a), _pt(b), c, thick + 1)
         d = (b - a) / max(float(np.hypot(*(b - a))), 1e-9)
         # facing a -> b with y down, the left side is (dy, -dx) (the counter's convention)
@@ -174,6 +180,18 @@ def draw_analytics(
         centre = mid - normal * (6 + abs(normal[0]) * w / 2 + abs(normal[1]) * h / 2)
         tags.append((text, (round(centre[0] - w / 2), round(centre[1] - h / 2)), c))
     return tags
+
+
+def _on_image(points: np.ndarray, scale: float, image: np.ndarray, closed: bool) -> np.ndarray:
+    """A zone's (``closed``) or a line's ``points`` (source pixels) times ``scale``, clipped
+    to ``image`` and a margin as ``shapes_of`` clips to the frame: whoever made the shape,
+    OpenCV is handed no point it would wrap in int32 or crawl over. (0, 2) when none of it
+    is near the image, or a coordinate is no number."""
+    p = np.asarray(points, float).reshape(-1, 2) * scale
+    if not np.isfinite(p).all() or (not closed and len(p) != 2):
+        return np.zeros((0, 2))
+    window = clip_window(image.shape[1], image.shape[0])
+    return clip_polygon(p, window) if closed else clip_segment(p, window)
 
 
 def _pt(p: np.ndarray) -> tuple[int, int]:

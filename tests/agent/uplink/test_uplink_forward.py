@@ -254,6 +254,7 @@ def test_a_summary_is_due_at_the_interval_end_from_flush_or_the_next_offer():
             "last_seq": 1,
             "fps": 2.0,
             "detections_by_label": {"person": 1},
+            "detections_other": 0,
             "latency_ms": {"p50": 12.0, "p99": 14.0, "max": 14.0},
             "deadline_missed": 0,
             "dropped": 0,

@@ -220,6 +220,32 @@ def test_a_corrupt_file_is_refused_naming_it(tmp_path: Path) -> None:
     assert path.read_bytes() == garbage  # never deleted or rewritten
 
 
+@pytest.mark.parametrize("suffix", ["", "-wal", "-shm", ".lock"])
+def test_a_link_a_fifo_or_a_folder_at_any_spool_file_is_refused_naming_it(
+    tmp_path: Path, suffix: str
+) -> None:
+    """Each of the spool's files goes through ``core.files.open_private``: never followed,
+    never blocked on, and the SpoolError names the file and why."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    cases = {
+        "link": (lambda p: p.symlink_to(victim), re.escape("is a symlink: refused (give the real path)")),
+        "fifo": (os.mkfifo, "not a regular file"),
+        "dir": (lambda p: p.mkdir(), "not a regular file|Is a directory"),
+    }
+    for kind, (plant, why) in cases.items():
+        path = tmp_path / f"{kind}.sqlite"
+        planted = Path(f"{path}{suffix}")
+        if suffix in ("-wal", "-shm"):  # checked only when SQLite left one there
+            Spool(path, 1000).close()
+            planted.unlink(missing_ok=True)
+        plant(planted)
+        with pytest.raises(SpoolError) as raised:
+            Spool(path, 1000)
+        assert str(planted) in str(raised.value) and re.search(why, str(raised.value)), raised.value
+    assert victim.read_bytes() == b"keep"
+
+
 def test_a_database_that_is_not_a_spool_is_refused(tmp_path: Path) -> None:
     other = tmp_path / "other.db"
     with sqlite3.connect(other) as db:

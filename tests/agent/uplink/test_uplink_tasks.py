@@ -30,7 +30,13 @@ from edge_agent.pipelines.tasks.obb import ObbTask
 from edge_agent.pipelines.tasks.pose import PoseTask
 from edge_agent.pipelines.tasks.segment import SegmentTask
 from edge_agent.service.uplink.forward import Forwarder, make_forwarder
-from edge_agent.service.uplink.validate import MAX_FRAME_BYTES, frame_problem, message_problem
+from edge_agent.service.uplink.validate import (
+    MAX_FRAME_BYTES,
+    MessageError,
+    frame_problem,
+    message_problem,
+    read_message,
+)
 
 V2 = json.loads((REPO / "pipelines/schema/message-v2.schema.json").read_text())
 RESULTS = jsonschema.Draft202012Validator({"$defs": V2["$defs"], "$ref": "#/$defs/result"})
@@ -94,13 +100,10 @@ def take(
 ) -> tuple[str | None, list[tuple[str, dict[str, Any]]]]:
     """What the uplink does with a frame off the stream (``Uplink._take``): bounded, decoded,
     checked, offered to the policy. (why it is refused, what the policy sends)."""
-    problem = frame_problem(frame)
-    if problem is not None:
-        return problem, []
-    topic, body = client.decode(frame)
-    problem = message_problem(topic, body, fwd.result_prefix)
-    if problem is not None:
-        return problem, []
+    try:
+        topic, body = read_message(frame, fwd.result_prefix)
+    except MessageError as e:
+        return str(e), []
     return None, fwd.offer(topic, body, now_s, wall_s=now_s)
 
 

@@ -1,0 +1,112 @@
+"""The stream's readers (the client, `listen`, `health`) on a publisher that is not the
+agent: anyone on the host may bind the endpoint while the agent is down (CURVE off). One bad
+message is skipped with its reason, never the end of the reader."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+
+import msgpack
+import pytest
+import zmq
+from conftest import agent_command, free_endpoint, spawn
+
+from edge_agent.client import MessageError, decode, parse, subscribe
+
+GOOD = {"source": "cam0", "seq": 7, "frame_id": 7, "latency_ms": {"total": 4.0}, "detections": []}
+
+#: What a hostile publisher sends: each is refused by the decoder or the parser.
+BAD = [
+    b"det.cam0 {" + b"[" * 5000,  # deeper than the JSON bound (json.loads would recurse)
+    b"det.cam0 " + msgpack.packb({"source": b"bytes"}),  # msgpack bin: not a JSON value
+    b"det.cam0 " + msgpack.packb(msgpack.ExtType(1, b"x")),
+    b'det.cam0 {"source": "cam0", "seq": NaN}',
+    b'det.cam0 {"source": "cam0", "seq": "seven", "frame_id": 1}',
+    b'det.cam0 {"seq": 1}',  # no source
+    b'det.cam0 {"source": "cam0", "seq": 1, "frame_id": 1, "detections": [{"label": 5}]}',
+    b"det.cam0 " + json.dumps([1, 2]).encode(),  # not an object
+    b"\xff\xfe " + json.dumps(GOOD).encode(),  # a topic that is not UTF-8
+    b"det.cam0 " + b"x" * ((1 << 20) + 1),  # over the frame bound
+]
+
+
+@pytest.mark.parametrize("frame", BAD, ids=range(len(BAD)))
+def test_each_bad_frame_is_a_message_error(frame):
+    with pytest.raises(MessageError):
+        topic, body = decode(frame)
+        parse(topic, body)
+
+
+def test_a_good_frame_parses():
+    topic, body = decode(b"det.cam0 " + json.dumps(GOOD).encode())
+    assert parse(topic, body).seq == 7
+
+
+def _feeding(pub: zmq.Socket, frames: list[bytes]):
+    """A thread that sends ``frames`` over and over until stopped: a SUB that joins late
+    misses what was sent before, so the test publishes until the reader has what it needs."""
+    stop = threading.Event()
+
+    def feed() -> None:
+        while not stop.is_set():
+            for f in frames:
+                pub.send(f)
+            stop.wait(0.05)
+
+    thread = threading.Thread(target=feed, daemon=True)
+    thread.start()
+    return stop, thread
+
+
+def test_subscribe_skips_bad_messages_and_yields_the_good_ones():
+    endpoint = free_endpoint()
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub.linger = 0
+    pub.bind(endpoint)
+    got = []
+    stop, feeder = _feeding(pub, [*BAD, b"det.cam0 " + json.dumps(GOOD).encode()])
+    try:
+        stream = subscribe(endpoint, topics=("det",), timeout_s=30)
+        for msg in stream:
+            got.append(msg)
+            if len(got) == 3:
+                break
+        stream.close()
+    finally:
+        stop.set()
+        feeder.join()
+        pub.close()
+    assert [(m.source, m.seq) for m in got] == [("cam0", 7)] * 3
+
+
+def test_listen_tells_and_skips_bad_messages_and_prints_the_good_ones():
+    endpoint = free_endpoint()
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub.linger = 0
+    pub.bind(endpoint)
+    stop, feeder = _feeding(pub, [*BAD, b"det.cam0 " + json.dumps(GOOD).encode()])
+    try:
+        command = agent_command("listen", endpoint, "--count", "2", "--timeout", "30")
+        with spawn(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+            out, err = proc.communicate(timeout=60)
+    finally:
+        stop.set()
+        feeder.join()
+        pub.close()
+    assert proc.returncode == 0, err
+    assert out.count("cam0 seq=7") == 2, out
+    assert "a message skipped" in err and "Traceback" not in err, err
+
+
+def test_a_frame_of_unterminated_strings_is_refused_in_linear_time():
+    """Many quotes and no closing one: the depth check's string scan was quadratic (64 kB took
+    17 s, the 1 MiB a frame may be would take over an hour, stalling the uplink's reader).
+    The bound is on a hang, not on speed: linear takes about 0.1 s."""
+    frame = b"det.cam0 {" + b'"\\' * ((1 << 19) - 16)
+    started = time.monotonic()
+    with pytest.raises(MessageError, match="not JSON"):
+        decode(frame)
+    assert time.monotonic() - started < 20
