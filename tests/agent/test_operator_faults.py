@@ -229,7 +229,8 @@ def test_sighup_while_the_config_is_still_being_read_is_not_fatal(tmp_path, endp
             writer = threading.Thread(target=lambda: fifo.write_text(body), daemon=True)
             writer.start()
             writer.join(30)
-            # The reload the SIGHUP asked for reads the config again: from a plain file now.
+            # A config from a FIFO is read once: the reload the SIGHUP asked for takes that same
+            # document, not this plain file put in its place.
             (tmp_path / "next.yaml").write_text(body)
             os.replace(tmp_path / "next.yaml", fifo)
             wait_until(lambda: "READY" in sock.names() or proc.poll() is not None, 60, message="READY=1")
