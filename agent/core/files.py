@@ -1,4 +1,5 @@
-"""Writing files safely, and reading the small text files of /proc and /sys.
+"""Writing files safely, reading a file from outside within a bound, and reading the small
+text files of /proc and /sys.
 
 Every file the agent writes goes through here (``SafeDir``, or ``atomic_write`` for one
 file): the folder is opened once as a descriptor, never through a symlink; a new file is
@@ -27,12 +28,14 @@ from pathlib import Path
 
 __all__ = [
     "TEMPORARY",
+    "FileRefused",
     "SafeDir",
     "UnsafePathError",
     "atomic_write",
     "file_sha256",
     "open_dir",
     "open_private",
+    "read_regular",
     "read_text",
 ]
 

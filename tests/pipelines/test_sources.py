@@ -419,12 +419,14 @@ def test_realtime_video_is_paced_at_its_frame_rate_and_skips_late_frames(tmp_pat
     t0 = time.monotonic()
     ids = [src.read(1.0).frame_id for _ in range(4)]
     elapsed = time.monotonic() - t0
-    assert ids == [0, 1, 2, 3]
-    assert elapsed >= 3 / 30 * 0.9, f"4 frames of a 30 fps file took only {elapsed * 1000:.0f} ms"
+    # In order from the first; a busy machine may read one a frame time late, and then the
+    # source rightly skips it, so the ids need not be consecutive. The pacing is a floor.
+    assert ids[0] == 0 and ids == sorted(set(ids)), ids
+    assert elapsed >= ids[-1] / 30 * 0.9, f"frame {ids[-1]} at 30 fps came after {elapsed * 1000:.0f} ms"
     time.sleep(0.2)  # ~6 frame times without reading
     f = src.read(1.0)
     src.close()
-    assert f.frame_id >= 8 and src.skipped == f.frame_id - 4
+    assert f.frame_id >= ids[-1] + 5 and src.skipped == f.frame_id - 4
 
 
 class FakeStalledCapture:
