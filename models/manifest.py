@@ -213,14 +213,6 @@ def load_manifest(path: str) -> ModelManifest:
         return configload.load(ModelManifest, text, path)
     except FieldError as e:  # outside the builder: an empty document, whose defaults have no labels
         raise ConfigError([Problem(path, 0, 0, e.key, f"an empty manifest: {e}")]) from None
-    except yaml.reader.ReaderError as e:  # raised before the composer's own handling
-        line = text.count("\n", 0, e.position) + 1
-        why = f"character {e.character:#x} is not allowed in YAML (a binary file?)"  # its code point
-        raise ConfigError([Problem(path, line, 0, "", why)]) from None
-    except yaml.MarkedYAMLError as e:  # a tag no safe loader knows (!!python/object), bad !!binary
-        mark = e.problem_mark
-        line, col = (mark.line + 1, mark.column + 1) if mark else (0, 0)
-        raise ConfigError([Problem(path, line, col, "", e.problem or "not YAML")]) from None
 
 
 def read_manifest(path: str) -> str:
@@ -231,8 +223,6 @@ def read_manifest(path: str) -> str:
         data = read_regular(path, MAX_MANIFEST_BYTES)
     except FileRefused as e:
         raise ModelError(f"manifest {path}: {e}") from None
-    except OSError as e:
-        raise ModelError(f"manifest {path}: cannot read: {e.strerror}") from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -193,8 +193,6 @@ def read_key_file(path: str) -> bytes:
         return read_regular(path, MAX_KEY_FILE_BYTES)
     except FileRefused as e:
         raise KeyFileError(f"{_shown(path)}: {e}") from None
-    except OSError as e:
-        raise KeyFileError(f"{_shown(path)}: cannot read it: {e.strerror or e}") from None
 
 
 def parse_certificate(data: bytes, path: str = "the key file") -> tuple[bytes, bytes | None]:

@@ -408,6 +408,4 @@ def read_image_file(path: str, max_pixels: int = MAX_PIXELS, max_bytes: int = MA
         data = read_regular(path, max_bytes)
     except FileRefused as e:
         raise ImageError(f"{path}: {e}") from None
-    except OSError as e:
-        raise ImageError(f"{path}: {e.strerror}") from None
     return decode_image(data, max_pixels, path)

@@ -449,8 +449,15 @@ def read_regular(path: str | os.PathLike, max_bytes: int) -> bytes:
     act), opened non-blocking and never as a controlling terminal, checked again on the
     descriptor (the check must hold for what is read, not for what was at the path a moment
     before), and read no further than its size: one byte more tells that it grew, and a
-    small file costs no ``max_bytes`` buffer. Raises FileRefused, or OSError (not there, not
-    allowed)."""
+    small file costs no ``max_bytes`` buffer. Raises FileRefused, also for what the system
+    refuses (not there, not allowed: its words)."""
+    try:
+        return _read_regular(path, max_bytes)
+    except OSError as e:
+        raise FileRefused(e.strerror or str(e)) from None
+
+
+def _read_regular(path: str | os.PathLike, max_bytes: int) -> bytes:
     if not stat.S_ISREG(os.stat(path).st_mode):
         raise FileRefused("not a regular file (a FIFO, device or folder is never read)")
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fuzzing import bounded
+from fuzzing import bounded, examples
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -23,12 +23,6 @@ from edge_agent.core import configload
 from edge_agent.core.config import AgentConfig
 from edge_agent.core.configload import ConfigError
 from edge_agent.core.effective.render import load_effective
-
-
-def examples(in_ci: int) -> int:
-    """``in_ci`` examples under the ci profile, as many times more as the loaded profile has."""
-    return max(1, in_ci * settings.default.max_examples // settings.get_profile("ci").max_examples)
-
 
 TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=16)  # encodable as UTF-8
 NUMBERS = st.one_of(
