@@ -310,11 +310,12 @@ class Link:
                 self.last_error = f"the broker refused a message (reason 0x{reason:02x}); dropped"
                 self._log_every("rejected", logging.WARNING, "uplink: %s", self.last_error)
         self.counters.sent += len(delivered)
-        self.counters.rejected += len(refused)
         self._unsettled += [(ids, dropped) for ids, dropped in ((delivered, False), (refused, True)) if ids]
         while self._unsettled:  # a failed ack (a full disk) is tried again next turn
             ids, dropped = self._unsettled[0]
             self.spool.ack(ids, dropped=dropped)
+            if dropped:  # counted once the spool counts them dropped: never ahead of it in a scrape
+                self.counters.rejected += len(ids)
             self._unsettled.pop(0)
         if retry:
             self._retry_at = time.monotonic() + _RETRY_S
