@@ -122,7 +122,9 @@ def _outage(tmp_path, broker, const_model, endpoint, outage_s: float) -> None:
     assert gaps(seqs) == 0, f"every result produced during the outage arrives: {seqs}"
     assert seqs[-1] - seqs[0] + 1 == len(seqs) and seqs[-1] >= target
     # The device's health, retained on the broker: the agent's heartbeats and the uplink's own counts.
-    assert health["device"] == DEVICE and health["version"] and health["sources"]["cam0"]["fps"] > 0
+    assert health["device"] == DEVICE and health["version"] and health["sources"]["cam0"]["fps"] >= 0
+    cam0 = health["sources"]["cam0"]["counts"]
+    assert cam0["on_time"] + cam0["late"] > 0, "the heartbeat carries the agent's published count"
     assert health["uplink"]["reconnects"] >= 1 and health["uplink"]["received"] > 0
 
 
@@ -272,7 +274,8 @@ def test_fleet_status_shows_every_device_and_the_odd_config(tmp_path, broker, co
     assert [r["device"] for r in found] == ["dev-0", "dev-1", "dev-2"]
     hashes = {r["device"]: r["config_hash"] for r in found}
     assert hashes["dev-0"] == hashes["dev-1"] != hashes["dev-2"], "the same config hashes the same"
-    assert all(r["fps"] > 0 and r["model"] for r in found)
+    # fps is one heartbeat interval's rate: a busy machine may publish nothing in one, so >= 0.
+    assert all(r["fps"] >= 0 and r["model"] for r in found)
     assert f"{hashes['dev-2']}*" in table and "config differs" in table and "dev-2" in table.splitlines()[-1]
 
 
