@@ -209,7 +209,7 @@ def test_health_heartbeats_arrive_with_consistent_counts(const_model, endpoint):
     def published(b):
         return b["counts"]["on_time"] + b["counts"]["late"]
 
-    for a, b in zip(beats, beats[1:]):
+    for a, b in itertools.pairwise(beats):
         dt, frames = b["uptime_s"] - a["uptime_s"], published(b) - published(a)
         assert b["fps"] >= 0 and abs(b["fps"] * dt - frames) <= 0.5 + 0.002 * b["fps"], (a, b)
     assert [b["uptime_s"] for b in beats] == sorted(b["uptime_s"] for b in beats)
