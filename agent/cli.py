@@ -44,7 +44,7 @@ def _sub(parent: Any, name: str, text: str) -> argparse.ArgumentParser:
 
 def build_parser() -> argparse.ArgumentParser:
     from edge_agent.checks.healthcheck import DEFAULT_MIN_FRAMES
-    from edge_agent.core.config import TensorRTConfig
+    from edge_agent.core.model_config import TensorRTConfig
 
     p = argparse.ArgumentParser(
         prog="edge-agent",

@@ -10,23 +10,27 @@
 
 Each ZeroMQ frame is ``<topic> <body>``; the body is JSON, or msgpack when the agent
 publishes with ``publish.encoding: msgpack`` (told apart by its first byte). The schema
-is ``pipelines/schema/message-v2.schema.json`` (version 2 added the tracker's fields to
-version 1's, then the events of zones and lines on ``event.<source>``); fields may be added
-within a version, so unknown fields are kept in ``raw`` and otherwise ignored. Messages of
-either version parse.
+is ``pipelines/schema/message-v<N>.schema.json``, N being :data:`SCHEMA_VERSION`
+(``edge_agent.core.schema``). Each version only added fields to the one before, and fields
+may be added within a version: unknown fields are kept in ``raw`` and otherwise ignored, and
+a message of an earlier version parses. One that names a later version is refused
+(:class:`MessageError`): its fields may mean what this client does not know.
+
+:class:`Subscriber` is the stream's one reader (socket, topics, CURVE, timeouts, decoding);
+:func:`subscribe` adds the typed messages and their gaps.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
+
+from edge_agent.core.schema import SCHEMA_VERSION
+from edge_agent.core.stream_frames import MessageError, decode
 
 
 @dataclass(frozen=True)
@@ -89,180 +93,19 @@ class Event:
     raw: dict[str, Any] = field(repr=False)
 
 
-#: A stream frame larger than this is rejected before it is decoded (a result with the most
-#: detections a model gives is tens of kB; with segmentation masks as RLE (``model.masks:
-#: rle``) a hundred large objects at 1080p or 4K come near it: polygons are the default).
-MAX_FRAME_BYTES = 1 << 20
-
-#: The JSON data model's bounds on every stream message (docs/fleet.md lists them). Depth:
-#: a result is 6 deep (detections, a mask's polygons, their points). Keys: a heartbeat's
-#: maps hold tens. Items: an RLE mask holds at most 20,000 runs (tasks/segment.py), a
-#: result at most a few hundred detections. Ints: signed 64-bit, as msgpack carries them
-#: (``capture_mono_ns`` passes 2**53 after 104 days of uptime).
-BOUNDS = {
-    "depth": 32,
-    "keys": 1024,
-    "items": 65536,
-    "string_chars": 65536,
-    "values": 262144,
-    "int_abs": 2**63,
-}
-_INT_DIGITS = 19  # a JSON int longer than this is refused before int() builds it
-
-
-class MessageError(ValueError):
-    """A stream message refused: the message says what is wrong and where."""
-
-
-# A JSON string (escapes included) and everything that is not a bracket: what remains of a
-# body is its brackets only, so its depth is counted without parsing (json recurses).
-# An unterminated string runs to the end (the body is then not JSON, which json.loads says):
-# without that, each of n quotes would start a scan to the end, n² in all.
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*(?:"|\\?\Z)', re.DOTALL)
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-_INNERMOST = re.compile(rb"\[\]|\{\}")
-
-
-def _json_depth_problem(body: bytes) -> str | None:
-    """Nesting past BOUNDS["depth"], found in O(size * depth) without recursion: each pass
-    removes the innermost pairs of brackets; what is left after ``depth`` passes is deeper."""
-    brackets = _JSON_STRING.sub(b"", body).translate(None, _NOT_BRACKETS)
-    if brackets.count(b"[") + brackets.count(b"{") != brackets.count(b"]") + brackets.count(b"}"):
-        return "not JSON (its brackets do not pair up)"
-    for _ in range(BOUNDS["depth"]):
-        if not brackets:
-            return None
-        brackets = _INNERMOST.sub(b"", brackets)
-    return f"nested deeper than {BOUNDS['depth']}" if brackets else None
-
-
-def _json_int(text: str) -> int:
-    if len(text.lstrip("-")) > _INT_DIGITS:
-        raise MessageError(f"an integer of {len(text)} digits, outside ±2**63")
-    return int(text)
-
-
-def _json_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise MessageError(f"a number out of range ({text[:32]})")
-    return value
-
-
-def _json_constant(name: str) -> Any:
-    raise MessageError(f"{name} is not JSON (numbers must be finite)")
-
-
-def _where(path: list[Any]) -> str:
-    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)[:200] or "the body"
-
-
-def data_model_problem(value: Any) -> str | None:
-    """Why ``value`` is not JSON's data model within :data:`BOUNDS` (None when it is), with
-    where: only dicts with str keys, lists, str, int, finite floats, bool and None. Walked
-    without recursion, so a deep value costs a loop, not the stack."""
-    b = BOUNDS
-    stack: list[tuple[Any, list[Any]]] = [(value, [])]
-    values = 0
-    while stack:
-        v, path = stack.pop()
-        values += 1
-        if values > b["values"]:
-            return f"more than {b['values']} values"
-        if len(path) > b["depth"]:
-            return f"{_where(path)}: nested deeper than {b['depth']}"
-        if isinstance(v, str):
-            if len(v) > b["string_chars"]:
-                return f"{_where(path)}: a string over {b['string_chars']} characters"
-        elif isinstance(v, bool) or v is None:
-            continue
-        elif isinstance(v, int):
-            if not -b["int_abs"] < v < b["int_abs"]:
-                return f"{_where(path)}: an integer outside ±2**63"
-        elif isinstance(v, float):
-            if not math.isfinite(v):
-                return f"{_where(path)}: {v} (numbers must be finite)"
-        elif isinstance(v, dict):
-            if len(v) > b["keys"]:
-                return f"{_where(path)}: a map of more than {b['keys']} keys"
-            for k, item in v.items():
-                if not isinstance(k, str):
-                    return f"{_where(path)}: a key of type {type(k).__name__} (keys are strings)"
-                if len(k) > b["string_chars"]:
-                    return f"{_where(path)}: a key over {b['string_chars']} characters"
-                stack.append((item, [*path, k[:64]]))
-        elif isinstance(v, list):
-            if len(v) > b["items"]:
-                return f"{_where(path)}: a list of more than {b['items']} items"
-            stack.extend((item, [*path, i]) for i, item in enumerate(v))
-        else:  # bytes, msgpack's ExtType or Timestamp, a tuple: nothing JSON can carry
-            return f"{_where(path)}: a {type(v).__name__}, not a JSON value"
-    return None
-
-
-def _msgpack_problem(e: Exception) -> str:
-    """msgpack's refusal in words: its bounds on bin and ext lengths are 0, so a bytes value
-    or an ExtType is refused before it is built."""
-    text = str(e)
-    if "max_bin_len" in text:
-        return "a bytes value (msgpack bin), not a JSON value"
-    if "max_ext_len" in text:
-        return "an ExtType (msgpack ext), not a JSON value"
-    return f"not msgpack of JSON values ({type(e).__name__}: {text[:80]})"
-
-
-def decode(frame: bytes, max_bytes: int = MAX_FRAME_BYTES) -> tuple[str, Any]:
-    """Split a stream frame into its topic and body (JSON, or msgpack when it does not start
-    with ``{``), held to the JSON data model within :data:`BOUNDS`: bounded before it is
-    built where the decoder allows (``max_bytes``, msgpack's length limits, JSON's depth),
-    and walked after. Raises MessageError saying what and where."""
-    if len(frame) > max_bytes:
-        raise MessageError(f"{len(frame)} bytes, over {max_bytes}")
-    raw_topic, _, body = frame.partition(b" ")
-    try:
-        topic = raw_topic.decode()
-    except UnicodeDecodeError as e:
-        raise MessageError(f"the topic is not UTF-8 ({e.reason})") from None
-    where = f"{topic[:64]!r}"
-    if body[:1] == b"{":
-        problem = _json_depth_problem(body)
-        if problem is not None:
-            raise MessageError(f"{where}: {problem}")
-        try:
-            value = json.loads(
-                body, parse_int=_json_int, parse_float=_json_float, parse_constant=_json_constant
-            )
-        except MessageError as e:
-            raise MessageError(f"{where}: {e}") from None
-        except (ValueError, RecursionError) as e:  # not JSON, not UTF-8
-            raise MessageError(f"{where}: not JSON ({str(e)[:80]})") from None
-    else:
-        import msgpack
-
-        b = BOUNDS
-        try:
-            value = msgpack.unpackb(
-                body,
-                raw=False,
-                max_str_len=b["string_chars"] * 4,  # bytes of UTF-8
-                max_bin_len=0,
-                max_ext_len=0,
-                max_array_len=b["items"],
-                max_map_len=b["keys"],
-            )
-        except Exception as e:  # msgpack raises several types, all meaning "not this"
-            raise MessageError(f"{where}: {_msgpack_problem(e)}") from None
-    problem = data_model_problem(value)
-    if problem is not None:
-        raise MessageError(f"{where}: {problem}")
-    return topic, value
-
-
 def parse(topic: str, body: Any, gap: int = 0) -> Result | Health | Event:
     """The typed message of a decoded body; MessageError when it lacks a field its type
-    needs or holds one of the wrong type (anyone may publish on an endpoint)."""
+    needs, holds one of the wrong type (anyone may publish on an endpoint), or names a
+    ``schema`` other than 1 to :data:`SCHEMA_VERSION` (a message without one is read as
+    this version's)."""
     if not isinstance(body, dict):
         raise MessageError(f"{topic[:64]!r}: the body is not an object")
+    schema = body.get("schema", SCHEMA_VERSION)
+    if isinstance(schema, bool) or not isinstance(schema, int) or not 1 <= schema <= SCHEMA_VERSION:
+        raise MessageError(
+            f"{topic[:64]!r}: schema {str(schema)[:20]}, not 1 to {SCHEMA_VERSION}"
+            " (this client reads up to its own version)"
+        )
     try:
         return _parse(topic, body, gap)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -354,6 +197,45 @@ def stream_endpoint(endpoint: str) -> str:
     return endpoint
 
 
+def _sub_socket(
+    ctx: zmq.Context,
+    endpoint: str,
+    topics: Iterable[str | bytes],
+    server_key: str | None,
+    client_cert: str | None,
+    rcvhwm: int | None = None,
+    sndhwm: int | None = None,
+) -> zmq.Socket:
+    """A SUB socket, its options set before it connects (ZeroMQ applies the high-water marks
+    and the CURVE keys to connections made after they are set)."""
+    sock = ctx.socket(zmq.SUB)
+    sock.linger = 0
+    try:
+        if rcvhwm is not None:
+            sock.rcvhwm = rcvhwm
+        if sndhwm is not None:
+            sock.sndhwm = sndhwm
+        if server_key or client_cert:
+            from zmq import auth
+
+            if not (server_key and client_cert):
+                raise ValueError("CURVE needs both the server's public key and this client's certificate")
+            server_public, _ = auth.load_certificate(server_key)
+            public, secret = auth.load_certificate(client_cert)
+            if secret is None:
+                raise ValueError(f"{client_cert} holds no secret key (use the .key_secret file)")
+            sock.curve_serverkey = server_public
+            sock.curve_publickey = public
+            sock.curve_secretkey = secret
+        for topic in topics:
+            sock.subscribe(topic)
+        sock.connect(endpoint)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def connect(
     endpoint: str,
     topics: tuple[str, ...] = ("",),
@@ -362,26 +244,83 @@ def connect(
     context: zmq.Context | None = None,
 ) -> zmq.Socket:
     """A SUB socket connected to the stream; with CURVE, ``server_key`` is the agent's public
-    certificate and ``client_cert`` this client's secret one (`edge-agent keys generate`)."""
-    ctx = context or zmq.Context.instance()
-    sock = ctx.socket(zmq.SUB)
-    sock.linger = 0
-    if server_key or client_cert:
-        from zmq import auth
+    certificate and ``client_cert`` this client's secret one (`edge-agent keys generate`).
+    Raises ValueError for CURVE keys that cannot be used. (:class:`Subscriber` is the same
+    socket with receiving and decoding.)"""
+    return _sub_socket(context or zmq.Context.instance(), endpoint, topics, server_key, client_cert)
 
-        if not (server_key and client_cert):
-            raise ValueError("CURVE needs both the server's public key and this client's certificate")
-        server_public, _ = auth.load_certificate(server_key)
-        public, secret = auth.load_certificate(client_cert)
-        if secret is None:
-            raise ValueError(f"{client_cert} holds no secret key (use the .key_secret file)")
-        sock.curve_serverkey = server_public
-        sock.curve_publickey = public
-        sock.curve_secretkey = secret
-    for topic in topics:
-        sock.subscribe(topic)
-    sock.connect(endpoint)
-    return sock
+
+class Subscriber:
+    """A reader of the result stream: a SUB socket connected to ``endpoint``, subscribed to
+    the topic prefixes ``topics`` (``""``: every topic), each frame received split into its
+    topic and body and decoded by :func:`decode` (JSON or msgpack, within :data:`BOUNDS`).
+
+    ``server_key`` and ``client_cert``: CURVE, as :func:`connect` takes them (ValueError when
+    they cannot be used). ``timeout_s``: how long a receive waits before it returns None
+    (None: until a message comes; 0: not at all). ``rcvhwm``: frames ZeroMQ queues for this
+    reader before it drops the newest (0: no limit, for a reader counting seq gaps, which must
+    not cause them; None: ZeroMQ's 1000). ``sndhwm``: subscription messages queued toward the
+    agent (0: no limit; None: ZeroMQ's 1000, past which libzmq drops them itself).
+    ``context``: the ZeroMQ context (default: the process's shared one; it is not ended
+    here). A context manager; :meth:`close` may be called more than once.
+
+        with Subscriber("tcp://127.0.0.1:5556", ("det.", "health"), timeout_s=1.0) as sub:
+            while (got := sub.recv()) is not None:
+                topic, body = got
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        topics: Iterable[str | bytes] = ("",),
+        *,
+        server_key: str | None = None,
+        client_cert: str | None = None,
+        timeout_s: float | None = None,
+        rcvhwm: int | None = None,
+        sndhwm: int | None = None,
+        context: zmq.Context | None = None,
+    ) -> None:
+        self.endpoint = endpoint
+        ctx = context or zmq.Context.instance()
+        self._sock = _sub_socket(ctx, endpoint, topics, server_key, client_cert, rcvhwm, sndhwm)
+        self._sock.rcvtimeo = -1 if timeout_s is None else int(timeout_s * 1000)
+
+    def subscribe(self, topic: str | bytes) -> None:
+        """Receive the topics that start with ``topic`` too."""
+        self._sock.subscribe(topic)
+
+    def unsubscribe(self, topic: str | bytes) -> None:
+        """Undo one :meth:`subscribe` (or one prefix given at the start) of ``topic``."""
+        self._sock.unsubscribe(topic)
+
+    def poll(self, timeout_s: float) -> bool:
+        """Whether a frame is waiting, after waiting up to ``timeout_s`` for one."""
+        return bool(self._sock.poll(int(timeout_s * 1000)))
+
+    def recv_frame(self) -> bytes | None:
+        """The next frame as it came (``<topic> <body>``, not decoded), or None when none came
+        within ``timeout_s``: for a reader that stamps or counts a frame before decoding it."""
+        try:
+            return self._sock.recv()
+        except zmq.Again:
+            return None
+
+    def recv(self) -> tuple[str, Any] | None:
+        """The next frame's topic and decoded body, or None when none came within
+        ``timeout_s``. Raises MessageError for a frame :func:`decode` refuses (anyone may
+        publish on the endpoint: the caller skips it, or tells it)."""
+        frame = self.recv_frame()
+        return None if frame is None else decode(frame)
+
+    def close(self) -> None:
+        self._sock.close(linger=0)
+
+    def __enter__(self) -> Subscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def subscribe(
@@ -390,24 +329,22 @@ def subscribe(
     server_key: str | None = None,
     client_cert: str | None = None,
     timeout_s: float | None = None,
-) -> Iterator[Result | Health]:
-    """Yield typed messages; stops (returns) after ``timeout_s`` without a message."""
-    sock = connect(endpoint, topics, server_key, client_cert)
-    sock.rcvtimeo = int(timeout_s * 1000) if timeout_s else -1
+) -> Iterator[Result | Health | Event]:
+    """Yield typed messages, each with the messages lost on its topic just before it (``gap``);
+    one the decoder or the parser refuses is skipped. Stops (returns) after ``timeout_s``
+    without a message (None or 0: never)."""
     gaps = GapTracker()
-    try:
+    with Subscriber(
+        endpoint, topics, server_key=server_key, client_cert=client_cert, timeout_s=timeout_s or None
+    ) as sub:
         while True:
-            try:
-                frame = sock.recv()
-            except zmq.Again:
-                return
             try:  # anyone may publish on the endpoint: a bad message is skipped
-                topic, body = decode(frame)
-                msg = parse(topic, body)
+                got = sub.recv()
+                if got is None:
+                    return
+                msg = parse(*got)
             except MessageError:
                 continue
             if hasattr(msg, "seq"):
-                msg = dataclasses.replace(msg, gap=gaps.update(topic, msg.seq))
+                msg = dataclasses.replace(msg, gap=gaps.update(msg.topic, msg.seq))
             yield msg
-    finally:
-        sock.close()

@@ -15,7 +15,7 @@ from typing import Literal
 import yaml
 
 from edge_agent.core import configload
-from edge_agent.core.configload import FieldError, check
+from edge_agent.core.configfields import FieldError, check
 from edge_agent.core.files import FileRefused, read_regular
 from edge_agent.core.yamlnodes import ConfigError, Problem
 from edge_agent.models import onnx_info

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.core.config import DeadlineConfig, LadderStep
+from edge_agent.core.deadline_config import DeadlineConfig, LadderStep
 from edge_agent.core.stamps import CAPTURED, INFER_START, N_STAMPS, PUBLISH, STAGES
 
 log = logging.getLogger(__name__)
@@ -136,10 +136,9 @@ class DeadlineMonitor:
         self._window = MissWindow(config.miss_window_s)
         self._lock = threading.Lock()
         self.ladder: tuple[LadderStep, ...] = config.ladder
-        self.step = 0
-        # The rung in force, kept with ``step`` (a plain attribute: the capture thread reads
-        # it for every frame).
-        self.current: LadderStep = self.ladder[0]
+        # The rung in force and its settings, in one store: a reader (the capture thread, at
+        # every frame) never pairs a new step's number with the old one's settings.
+        self.rung: tuple[int, LadderStep] = (0, self.ladder[0])
         self._changed_ns: int | None = None  # None: no change yet, the window is all ours
         self._healthy_since_ns = 0
         self._up_ns: int | None = None  # when the last step up happened, until it has held
@@ -252,6 +251,16 @@ class DeadlineMonitor:
 
     # -- readers (the heartbeat, metrics) ----------------------------------------
 
+    @property
+    def step(self) -> int:
+        """The ladder's current step's number (0: the top)."""
+        return self.rung[0]
+
+    @property
+    def current(self) -> LadderStep:
+        """The ladder's current step's settings (what to run, which model, the stride)."""
+        return self.rung[1]
+
     def snapshot(self, now_ns: int) -> DeadlineSnapshot:
         """The settings, the miss rate of the window ending at ``now_ns`` and the ladder."""
         c = self.config
@@ -316,7 +325,7 @@ class DeadlineMonitor:
 
     def _move(self, step: int, now_ns: int, rate: float, reason: str) -> LadderChange:
         previous = self.current.name
-        self.step, self.current = step, self.ladder[step]
+        self.rung = (step, self.ladder[step])
         self._changed_ns = now_ns
         self._healthy_since_ns = 0
         self.changes += 1

@@ -13,7 +13,7 @@ import random
 import time
 from typing import Any
 
-from edge_agent.core.config import FaultsConfig
+from edge_agent.core.resilience_config import FaultsConfig
 from edge_agent.pipelines.backends.base import InferenceBackend, IOSet
 from edge_agent.pipelines.sources.base import Source, SourceFrame
 

@@ -18,9 +18,10 @@ from typing import Any
 
 from edge_agent import __version__
 from edge_agent.core import resources
+from edge_agent.core.schema import SCHEMA_VERSION
 from edge_agent.core.stamps import STAGES
 from edge_agent.pipelines.pipeline import Pipeline
-from edge_agent.pipelines.publish import SCHEMA_VERSION, ZmqPublisher
+from edge_agent.pipelines.publish import ZmqPublisher
 from edge_agent.pipelines.snapshot import BatchingSnapshot, LaneSnapshot
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ class HealthReporter:
         now = time.monotonic_ns()
         first: dict[str, Any] = {}
         self.publisher.poll_subscriptions()
-        snap = self.pipeline.snapshot(now, take=True)  # the monitors step their ladders themselves
+        snap = self.pipeline.take_snapshot(now)  # the monitors step their ladders themselves
         for lane in snap.lanes:
             msg = self.message(now, lane, snap.batching)
             if final:
@@ -124,6 +125,7 @@ class HealthReporter:
             "uptime_s": round((now - self._t0) / 1e9, 3),
             "fps": round(fps, 2),
             "counts": lane.counts.as_dict(),
+            "backend_counts": dict(lane.backend_counts),
             "miss_rate": round(d.miss_rate, 4),
             "miss_window_frames": d.miss_window_frames,
             "latency_ms": {
@@ -153,10 +155,8 @@ class HealthReporter:
         }
         if self.power is not None:
             msg["power"] = self.power.snapshot()
-        if lane.tracking is not None:
-            msg["tracking"] = lane.tracking.as_dict()
-        if lane.analytics is not None:
-            msg["analytics"] = lane.analytics.as_dict()
+        for name, step in lane.steps.items():
+            msg[name] = step.as_dict()
         change = lane.change
         if change is not None:
             msg["event"] = {

@@ -14,19 +14,21 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
 
 import numpy as np
 
 from edge_agent.core.budget_fit import DEFAULT_CAMERA_FPS
+from edge_agent.core.deadline_config import LadderStep
 from edge_agent.core.latency import LatencyHistogram
 from edge_agent.core.stamps import CAPTURED, INFER_END, INFER_START, PRE_START, PUBLISH, STAGES
-from edge_agent.pipelines.analytics.step import SourceAnalytics
 from edge_agent.pipelines.deadline import DROP_REASONS, DeadlineMonitor
-from edge_agent.pipelines.publish import MessageBuilder
-from edge_agent.pipelines.slots import FrameSlot, ModelBuffers
+from edge_agent.pipelines.messages import MessageBuilder
+from edge_agent.pipelines.profile import Profile
+from edge_agent.pipelines.slots import FrameSlot
 from edge_agent.pipelines.snapshot import Counts, LaneSnapshot, frozen_copy, read_only
 from edge_agent.pipelines.sources.base import BufferPolicy, Source, SourceFrame
-from edge_agent.pipelines.tracking.step import SourceTracker
+from edge_agent.pipelines.steps.base import LaneStep
 from edge_agent.pipelines.view_tap import ViewTap
 
 log = logging.getLogger(__name__)
@@ -37,9 +39,10 @@ class LaneStats:
 
     Counts change under one lock so that a snapshot (``counts``) is consistent while
     frames move: captured == on time + late + dropped + in flight, with in flight
-    bounded by the number of frame slots. Each histogram has one writer at a time (the
-    frame's histograms: the post thread, or the inference thread publishing while the
-    post thread is idle; the post queue's claim keeps them apart).
+    bounded by the number of frame slots. A histogram's records and takes are its own
+    (``LatencyHistogram`` locks them); the frame's histograms have one writer at a time
+    anyway (the post thread, or the inference thread publishing while the post thread is
+    idle; the post queue's claim keeps them apart).
     """
 
     def __init__(self) -> None:
@@ -57,6 +60,9 @@ class LaneStats:
         self.by_profile: dict[str, LatencyHistogram] = {}  # end-to-end per model profile
         # Parts the backend timed inside its inference stage (CUDA events on TensorRT).
         self.backend_parts: dict[str, LatencyHistogram] = {}
+        # What the backend counted in its inferences, summed (``InferenceBackend.counts``:
+        # rows past MAX_ROWS dropped).
+        self.backend_counts: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def drop(self, reason: str, n: int = 1) -> None:
@@ -71,10 +77,17 @@ class LaneStats:
             self.dropped["source_gap"] += gap
             self.dropped["stale"] += stale
 
-    def record(self, stamps: np.ndarray, end_ns: int, profile: str, backend_ms: dict[str, float]) -> None:
+    def record(
+        self,
+        stamps: np.ndarray,
+        end_ns: int,
+        profile: str,
+        backend_ms: dict[str, float],
+        backend_counts: dict[str, int],
+    ) -> None:
         """A published frame's latencies: its stages, end to end (``profile``: its model's),
         the send (publish stamp to ``end_ns``), the agent's overhead, and the parts the
-        backend timed (``backend_ms``)."""
+        backend timed (``backend_ms``); and what the backend counted (``backend_counts``)."""
         st = stamps
         total = int(st[PUBLISH] - st[CAPTURED])
         self.send.record(end_ns - int(st[PUBLISH]))
@@ -85,6 +98,9 @@ class LaneStats:
         self.overhead.record(end_ns - int(st[PRE_START]) - int(st[INFER_END] - st[INFER_START]))
         for part, ms in backend_ms.items():
             self.backend_part(part).record(int(ms * 1e6))
+        for name, n in backend_counts.items():
+            if n:
+                self.backend_counts[name] = self.backend_counts.get(name, 0) + n
 
     def add_published(self, total_ns: int, late: bool) -> None:
         with self._lock:
@@ -117,9 +133,7 @@ class LaneStats:
         return hist
 
     def take_window(self) -> LatencyHistogram:
-        with self._lock:
-            window, self.window = self.window, LatencyHistogram()
-        return window
+        return self.window.take()
 
 
 class Lane:
@@ -130,7 +144,8 @@ class Lane:
         self,
         index: int,
         source: Source,
-        profiles: dict[str, ModelBuffers],
+        primary: Profile,
+        ladder: Mapping[str, Profile],
         monitor: DeadlineMonitor,
         builder: MessageBuilder,
         topic: str,
@@ -138,13 +153,16 @@ class Lane:
         max_fps: float = 0.0,
         max_frames: int = 0,
     ) -> None:
-        """``profiles``: by the ladder's model path, the lane's own model under "".
-        ``max_frames``: the source ends after that many frames (0: it runs on)."""
+        """``primary``: the source's own model's profile; ``ladder``: by model path, the
+        profiles the ladder's model steps may switch it to (none for a source with a model
+        of its own). ``max_frames``: the source ends after that many frames (0: it runs on)."""
         self.index = index
         self.source = source
         self.name = source.name
-        self.profiles = profiles
-        self.primary = profiles[""]
+        self.primary = primary
+        self.ladder = ladder
+        # Every profile it may run, the primary first (each once).
+        self.profiles: tuple[Profile, ...] = tuple({id(p): p for p in (primary, *ladder.values())}.values())
         self.monitor = monitor
         self.builder = builder
         self.topic = f"{topic}.{source.name}".encode()
@@ -161,16 +179,25 @@ class Lane:
         self.max_fps = max_fps
         self.max_frames = max_frames
         self.stats = LaneStats()
-        for p in profiles.values():
+        for p in self.profiles:
             self.stats.by_profile.setdefault(p.name, LatencyHistogram())
         self.seq = 0
         self.view_tap: ViewTap | None = None  # the live view's, when enabled
-        self.tracker: SourceTracker | None = None  # the source's tracker, when it has one
-        self.analytics: SourceAnalytics | None = None  # its zones and lines, when it has any
-        self.keeps_pixels = False  # each frame's image copied into its slot (event snapshots)
+        # Its per-frame steps, in order (``pipelines/steps``: a tracker, analytics, ...), and
+        # those that add a block to the result message (``set_steps``).
+        self.steps: tuple[LaneStep, ...] = ()
+        self.blocks: tuple[LaneStep, ...] = ()
+        self.keeps_pixels = False  # each frame's image copied into its slot (for a step)
         self.error: str | None = None  # why the source ended early, if it did
         self._stale_seen = source.stale  # the source's stale count already accounted
         self._stride_count = 0
+
+    def set_steps(self, steps: tuple[LaneStep, ...]) -> None:
+        """Run ``steps`` on its frames (before the first frame, or at a reload's ``adopt``)."""
+        self.steps = steps
+        self.blocks = tuple(step for step in steps if step.message_block is not None)
+        # A step reads each frame's image after the source's next read (event snapshots).
+        self.keeps_pixels = any(step.keeps_pixels for step in steps)
 
     # -- the capture stage ------------------------------------------------------------
 
@@ -178,9 +205,9 @@ class Lane:
         """The source produced its ``max_frames``."""
         return bool(self.max_frames) and self.stats.captured >= self.max_frames
 
-    def take(self, timeout_s: float) -> tuple[SourceFrame, ModelBuffers] | None:
-        """The source's next frame and the model the ladder picks for it (whose buffers take
-        it into a slot: ``ModelBuffers.slot_for``); None when no frame came within
+    def take(self, timeout_s: float) -> tuple[SourceFrame, Profile] | None:
+        """The source's next frame and the profile the ladder picks for it (whose buffers
+        take it into a slot: ``SlotPool.take``); None when no frame came within
         ``timeout_s``, or the ladder skips the frame (accounted as a drop). ``frame`` holds
         the source's image until its next read.
 
@@ -190,8 +217,11 @@ class Lane:
         frame = self._read(timeout_s)
         if frame is None:
             return None
-        profile = self.profile()
-        if profile is None:
+        _, step = self.monitor.rung
+        self._stride_count += 1
+        skipped = step.frame_stride > 1 and self._stride_count % step.frame_stride
+        profile = None if skipped else self._profile_of(step)
+        if profile is None:  # a ladder stride's skipped frame, or an alert-only step
             self.drop(None, "ladder")
             return None
         return frame, profile
@@ -212,14 +242,6 @@ class Lane:
         self.stats.add_captured(int(frame is not None), gap, stale)
         return frame
 
-    def profile(self) -> ModelBuffers | None:
-        """The profile for the next frame, or None when it is not processed (ladder)."""
-        step = self.monitor.current
-        self._stride_count += 1
-        if (step.frame_stride > 1 and self._stride_count % step.frame_stride) or not step.infer:
-            return None
-        return self.profiles.get(step.model, self.primary)  # the main model is under ""
-
     # -- how a frame ended ------------------------------------------------------------
 
     def drop(self, slot: FrameSlot | None, reason: str) -> None:
@@ -234,19 +256,23 @@ class Lane:
         """A frame whose result went out (``end_ns``: after the send): its latencies, its
         deadline outcome, and its slot back to its pool."""
         st, stats = slot.stamps, self.stats
-        name = slot.profile.name
-        stats.record(st, end_ns, name, slot.profile.model.backend.timings(slot.io))
+        profile = slot.profile
+        name = profile.name
+        backend = profile.model.backend
+        stats.record(st, end_ns, name, backend.timings(slot.io), backend.counts(slot.io))
         stats.add_published(int(st[PUBLISH] - st[CAPTURED]), self.monitor.published(st, end_ns, name))
         slot.pool.release(slot)  # type: ignore[union-attr]
 
     # -- the scheduler ----------------------------------------------------------------
 
-    def current(self) -> ModelBuffers | None:
-        """The profile of the ladder's current step (None at an alert-only step)."""
-        step = self.monitor.current
-        if not step.infer:
-            return None
-        return self.profiles.get(step.model, self.primary)  # the main model is under ""
+    def current(self) -> Profile | None:
+        """The profile of the ladder's current step (None at an alert-only step): its
+        model's, or the source's own when the step names none or one this source does not
+        switch to."""
+        return self._profile_of(self.monitor.rung[1])
+
+    def _profile_of(self, step: LadderStep) -> Profile | None:
+        return self.ladder.get(step.model, self.primary) if step.infer else None
 
     def around_ns(self) -> tuple[float, float]:
         """Estimated ns before the inference stage and after it, for the scheduler."""
@@ -266,8 +292,22 @@ class Lane:
             fps = min(fps, self.max_fps)
         return 1000.0 / fps
 
-    def adopt(self, old: Lane) -> None:
-        """Continue where ``old`` (the same source before a reload) stopped."""
+    def adopt(self, old: Lane | None, last_steps: dict[str, LaneStep]) -> None:
+        """Continue where ``old`` (the same source before a reload; None: it had no lane
+        there) stopped; ``last_steps``: by name, the state each step of this source had
+        last in the run (a step it had before but not in ``old`` included)."""
+        running = {step.name for step in old.steps} if old is not None else set()
+        same_source = old is not None and self.source is old.source  # not reopened
+        self.set_steps(
+            tuple(
+                step.adopt(last_steps[step.name], step.name in running, same_source)
+                if step.name in last_steps
+                else step
+                for step in self.steps
+            )
+        )
+        if old is None:
+            return
         self.seq = old.seq
         # A file's ladder never steps: a camera's step is not carried over to it.
         if self.monitor.config == old.monitor.config and not self.every_frame:
@@ -280,15 +320,24 @@ class Lane:
             {k: v for k, v in self.stats.by_profile.items() if k not in old.stats.by_profile}
         )
         self.stats = old.stats
-        if self.tracker is not None and old.tracker is not None:
-            same = self.source is old.source  # not reopened: its capture settings are the same
-            self.tracker = old.tracker.carry_on(self.tracker.config, self.tracker.model, same)
-        if self.analytics is not None and old.analytics is not None:
-            self.analytics = old.analytics.carry_on(self.analytics)
 
-    def snapshot(self, now_ns: int, take: bool = False) -> LaneSnapshot:
-        """The lane at ``now_ns``; ``take``: with what is handed out once (the heartbeat's):
-        the latencies since the last take and the oldest ladder change not yet reported."""
+    def snapshot(self, now_ns: int) -> LaneSnapshot:
+        """The lane at ``now_ns``.
+
+        Not one instant: the counts are consistent among themselves (taken under the
+        stats' lock: captured == on time + late + dropped + in flight), but the histograms
+        and the steps' figures are copied after them, without stopping the frames (a lock
+        on every record would cost each frame), so a histogram may hold a frame or two that
+        the counts do not yet. A figure beside an account."""
+        return self._snapshot(now_ns, False)
+
+    def take_snapshot(self, now_ns: int) -> LaneSnapshot:
+        """``snapshot`` with what is handed out once (the heartbeat's): the latencies since
+        the last take (the lane's and its steps') and the oldest ladder change not yet
+        reported."""
+        return self._snapshot(now_ns, True)
+
+    def _snapshot(self, now_ns: int, take: bool) -> LaneSnapshot:
         stats, source = self.stats, self.source
         return LaneSnapshot(
             name=self.name,
@@ -300,6 +349,7 @@ class Lane:
             overhead=frozen_copy(stats.overhead),
             by_profile=read_only({k: frozen_copy(h) for k, h in list(stats.by_profile.items())}),
             backend_parts=read_only({k: frozen_copy(h) for k, h in list(stats.backend_parts.items())}),
+            backend_counts=read_only(stats.backend_counts),
             source_state=read_only(source.describe()),
             error=self.error,
             lost=source.lost,
@@ -307,8 +357,7 @@ class Lane:
             seq=self.seq,
             frame_period_ms=self.frame_period_ms(),
             deadline=self.monitor.snapshot(now_ns),
-            tracking=self.tracker.snapshot(take) if self.tracker is not None else None,
-            analytics=self.analytics.snapshot(take) if self.analytics is not None else None,
+            steps=read_only({s.name: s.take_snapshot() if take else s.snapshot() for s in self.steps}),
             window=stats.take_window() if take else None,
             change=self.monitor.take_change() if take else None,
         )

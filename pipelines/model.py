@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.core.config import BackendConfig, ModelConfig
+from edge_agent.core.model_config import BackendConfig, ModelConfig
 from edge_agent.core.text import printable
 from edge_agent.models import adapter
 from edge_agent.models.decoders import registry as decoders

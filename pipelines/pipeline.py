@@ -4,7 +4,7 @@ Frame N+1 is captured and preprocessed while frame N is inferred and frame N-1 i
 and published; OpenCV and ONNX Runtime release the GIL, so the stages overlap on separate
 cores. Each stage is a class handed its collaborators: ``CaptureStage`` (a lane and the
 scheduler), ``InferStage`` (the scheduler and the post stage), ``PostStage`` (the
-publisher and the per-result steps; the frame's lane accounts it). The pipeline builds
+publisher; the frame's lane runs its steps and accounts it). The pipeline builds
 them, runs each on its own thread, stops them, and hands out a snapshot of itself
 (``snapshot``): it owns the threads and the stop, the stages do the work.
 
@@ -33,14 +33,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
 
 from edge_agent.core.budget_fit import BudgetFit
-from edge_agent.core.config import BatchingConfig, ResilienceConfig
+from edge_agent.core.deadline_config import BatchingConfig
+from edge_agent.core.resilience_config import ResilienceConfig
 from edge_agent.pipelines.lane import Lane
+from edge_agent.pipelines.profile import prepare_profiles
 from edge_agent.pipelines.publish import ZmqPublisher
 from edge_agent.pipelines.scheduler import BatchScheduler
-from edge_agent.pipelines.slots import FrameSlot, prepare_buffers
+from edge_agent.pipelines.slots import FrameSlot
 from edge_agent.pipelines.snapshot import PipelineSnapshot
 from edge_agent.pipelines.stages import (
     POLL_S,
@@ -48,9 +49,9 @@ from edge_agent.pipelines.stages import (
     FrameQueue,
     InferStage,
     PostStage,
-    PostStep,
     StageControl,
 )
+from edge_agent.pipelines.steps.base import LaneStep
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +63,8 @@ class Pipeline:
         publisher: ZmqPublisher,
         batching: BatchingConfig,
         resilience: ResilienceConfig,
-        steps: Sequence[PostStep] = (),
     ) -> None:
-        """``batching``: how the scheduler batches; ``resilience``: when the breaker opens;
-        ``steps``: what runs on every decoded frame before it is published."""
+        """``batching``: how the scheduler batches; ``resilience``: when the breaker opens."""
         self._lanes = lanes
         self._control = StageControl(len(lanes))
         self.finished = self._control.finished  # set once the last frame has been published
@@ -75,15 +74,16 @@ class Pipeline:
         self._max_batch = batching.max_batch
         self._scheduler = BatchScheduler(lanes, batching)
         inbox = FrameQueue("post")
-        self._post = PostStage(lanes, publisher, inbox, self._control, steps)
+        self._post = PostStage(lanes, publisher, inbox, self._control)
         self._infer = InferStage(
             lanes, self._scheduler, self._post, inbox, self._control, resilience, self.breaker
         )
         self._captures = [CaptureStage(lane, self._scheduler, self._control) for lane in lanes]
         self._threads: list[threading.Thread] = []
-        # By source name, the next track id its tracker may give, kept across reloads for
-        # sources whose tracker was turned off or that were removed: ids never repeat in a run.
-        self._track_ids: dict[str, int] = {}
+        # By (source, step name), the state each step of a source had last in the run, kept
+        # across reloads that turn it off or remove the source: a tracker turned on again
+        # goes on with its ids, which never repeat in a run.
+        self._last_steps: dict[tuple[str, str], LaneStep] = {}
 
     @property
     def error(self) -> str | None:
@@ -100,8 +100,8 @@ class Pipeline:
         seed the scheduler's estimates with the warm-up times. Runs inferences: call it
         before ``start``, while no other pipeline runs these models (a reload: after the
         drain)."""
-        prepare_buffers([(lane.name, lane.profiles) for lane in self._lanes], self._max_batch)
-        profiles = {p.name: p for lane in self._lanes for p in lane.profiles.values()}
+        prepare_profiles([(lane.name, lane.profiles) for lane in self._lanes], self._max_batch)
+        profiles = {p.name: p for lane in self._lanes for p in lane.profiles}
         for profile in profiles.values():
             for size, ns in profile.warm_ns.items():
                 self._scheduler.seed(profile, size, ns)
@@ -127,14 +127,17 @@ class Pipeline:
         """Frames published so far, every source's (a cheap count to poll)."""
         return sum(lane.stats.published for lane in self._lanes)
 
-    def snapshot(self, now_ns: int | None = None, take: bool = False) -> PipelineSnapshot:
-        """Every lane and the batching, frozen (``snapshot.py``), as of ``now_ns`` (None:
-        now). ``take``: with what is handed out once, for the heartbeat: each lane's
-        latencies since the last take and its oldest ladder change not yet reported."""
+    def snapshot(self, now_ns: int | None = None) -> PipelineSnapshot:
+        """Every lane and the batching, frozen (``snapshot.py``), as of ``now_ns`` (None: now)."""
         now = time.monotonic_ns() if now_ns is None else now_ns
-        return PipelineSnapshot(
-            tuple(lane.snapshot(now, take) for lane in self._lanes), self._scheduler.snapshot()
-        )
+        return PipelineSnapshot(tuple(lane.snapshot(now) for lane in self._lanes), self._scheduler.snapshot())
+
+    def take_snapshot(self, now_ns: int) -> PipelineSnapshot:
+        """``snapshot`` with what is handed out once, for the heartbeat: each lane's
+        latencies since the last take and its oldest ladder change not yet reported
+        (``Lane.take_snapshot``)."""
+        lanes = tuple(lane.take_snapshot(now_ns) for lane in self._lanes)
+        return PipelineSnapshot(lanes, self._scheduler.snapshot())
 
     def failure(self) -> str | None:
         """Why the run failed, if it did: the pipeline's error, or the sources that died
@@ -146,19 +149,16 @@ class Pipeline:
 
     def adopt(self, old: Pipeline) -> None:
         """Continue where ``old`` stopped (a reload): per source, its sequence numbers,
-        counts and tracks; a source new in this config starts afresh (its track ids after
-        any it had earlier in the run)."""
+        counts and steps' states (``Lane.adopt``); a source new in this config starts afresh
+        (its steps after any state they had earlier in the run)."""
         previous = {lane.name: lane for lane in old._lanes}
-        self._track_ids = dict(old._track_ids)
+        self._last_steps = dict(old._last_steps)
         for lane in old._lanes:
-            if lane.tracker is not None:
-                self._track_ids[lane.name] = lane.tracker.tracker.next_id
+            for step in lane.steps:
+                self._last_steps[lane.name, step.name] = step
         for lane in self._lanes:
-            if lane.name in previous:
-                lane.adopt(previous[lane.name])
-            if lane.tracker is not None:
-                t = lane.tracker.tracker
-                t.next_id = max(t.next_id, self._track_ids.get(lane.name, 1))
+            last = {step: state for (name, step), state in self._last_steps.items() if name == lane.name}
+            lane.adopt(previous.get(lane.name), last)
         self._scheduler.adopt(old._scheduler)
 
     # -- one frame on the caller's thread (the bench; the stage threads not running) ----
@@ -167,7 +167,7 @@ class Pipeline:
         """The first source's next frame, preprocessed into a frame slot as the capture
         stage does it (``slot.frame``: the source's frame, until its next read); None if
         none came within ``timeout_s`` or it was dropped. The slot goes on with
-        ``run_one``, or back with ``slot.pool.release(slot)``."""
+        ``run_one`` (its frame is counted as captured: only ``run_one`` ends it)."""
         return self._captures[0].next_slot(timeout_s)
 
     def run_one(self, slot: FrameSlot) -> bool:

@@ -57,9 +57,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from edge_agent.core.config import BatchingConfig
+from edge_agent.core.deadline_config import BatchingConfig
 from edge_agent.core.stamps import CAPTURED
-from edge_agent.pipelines.slots import Closed, FrameSlot, ModelBuffers
+from edge_agent.pipelines.profile import Profile
+from edge_agent.pipelines.slots import Closed, FrameSlot
 from edge_agent.pipelines.snapshot import BatchingSnapshot, read_only
 
 _EWMA_ALPHA = 0.2
@@ -127,7 +128,7 @@ class BatchScheduler:
         self,
         lanes: Sequence[SchedulerLane],
         batching: BatchingConfig,
-        batch_limit: Callable[[Any], int] = ModelBuffers.batch_limit,
+        batch_limit: Callable[[Any], int] = Profile.batch_limit,
     ) -> None:
         """``batching``: the largest batch (``max_batch``, 0: one frame per source), the
         longest wait for more frames and the margin kept free of each budget;

@@ -16,6 +16,7 @@ from typing import Any
 
 from edge_agent.core.latency import LatencyHistogram
 from edge_agent.pipelines.deadline import DeadlineSnapshot, LadderChange
+from edge_agent.pipelines.steps.base import StepSnapshot
 
 
 def frozen_copy(hist: LatencyHistogram) -> LatencyHistogram:
@@ -58,65 +59,6 @@ class Counts:
         }
 
 
-def cost_ms(cost: LatencyHistogram, window: LatencyHistogram | None) -> dict[str, Any]:
-    """A post step's time per frame as the heartbeat carries it: since start, and since the
-    previous heartbeat when it took a window."""
-    out = {"cumulative": cost.summary_ms()}
-    if window is not None:
-        out["window"] = window.summary_ms()
-    return out
-
-
-@dataclass(frozen=True)
-class AnalyticsSnapshot:
-    """A source's counts by zone or line and label, as the heartbeat and metrics show them."""
-
-    zones: dict[str, dict[str, Any]]
-    lines: dict[str, dict[str, Any]]
-    events: int
-    overflow: int
-    cost: LatencyHistogram  # per frame, since it started
-    window: LatencyHistogram | None = None  # per frame since the last take (the heartbeat's)
-
-    def as_dict(self) -> dict:
-        return {
-            "zones": self.zones,
-            "lines": self.lines,
-            "events": self.events,
-            "overflow": self.overflow,
-            "cost_ms": cost_ms(self.cost, self.window),
-        }
-
-
-@dataclass(frozen=True)
-class TrackingSnapshot:
-    """A source's tracker as the heartbeat shows it."""
-
-    type: str
-    live: int  # tracks held now: tentative + tracked + lost
-    tentative: int
-    tracked: int
-    lost: int
-    ids_issued: int  # confirmed tracks so far this run (the last id given)
-    overflow: int  # new tracks refused by max_tracks
-    restarts: int  # settings changed at a reload
-    cost: LatencyHistogram  # per frame
-    window: LatencyHistogram | None = None  # per frame since the last take (the heartbeat's)
-
-    def as_dict(self) -> dict:
-        return {
-            "type": self.type,
-            "live": self.live,
-            "tentative": self.tentative,
-            "tracked": self.tracked,
-            "lost": self.lost,
-            "ids_issued": self.ids_issued,
-            "overflow": self.overflow,
-            "restarts": self.restarts,
-            "cost_ms": cost_ms(self.cost, self.window),
-        }
-
-
 @dataclass(frozen=True)
 class LaneSnapshot:
     """One source's lane: its counts, latency histograms (ns), source, deadline and ladder."""
@@ -130,6 +72,7 @@ class LaneSnapshot:
     overhead: LatencyHistogram  # end to end minus the capture and inference stages
     by_profile: Mapping[str, LatencyHistogram]  # end to end, per model profile
     backend_parts: Mapping[str, LatencyHistogram]  # timed by the backend inside inference
+    backend_counts: Mapping[str, int]  # counted by the backend, summed (rows dropped)
     source_state: Mapping[str, Any]  # the source's ``describe()``
     error: str | None  # why the source ended early, if it did
     lost: int  # frames a damaged input lost (files)
@@ -137,9 +80,9 @@ class LaneSnapshot:
     seq: int  # the next result's sequence number
     frame_period_ms: float | None  # a live source's frame interval; None for a file
     deadline: DeadlineSnapshot
-    tracking: TrackingSnapshot | None = None  # its tracker's, when it has one
-    analytics: AnalyticsSnapshot | None = None  # its zones' and lines', when it has any
-    # Handed out once, to the heartbeat (``Pipeline.snapshot(take=True)``), else None: the
+    # By step name, in the steps' order: each per-frame step's figures (``steps.base``).
+    steps: Mapping[str, StepSnapshot] = MappingProxyType({})
+    # Handed out once, to the heartbeat (``Pipeline.take_snapshot``), else None: the
     # latencies since the last take, and the oldest ladder change not reported yet.
     window: LatencyHistogram | None = None
     change: LadderChange | None = None
@@ -147,6 +90,16 @@ class LaneSnapshot:
     @property
     def published(self) -> int:
         return self.counts.published
+
+    @property
+    def tracking(self) -> Any:
+        """Its tracker's figures (``steps.tracking.TrackingSnapshot``), if it tracks."""
+        return self.steps.get("tracking")
+
+    @property
+    def analytics(self) -> Any:
+        """Its zones' and lines' (``steps.analytics.AnalyticsSnapshot``), if it has any."""
+        return self.steps.get("analytics")
 
 
 @dataclass(frozen=True)

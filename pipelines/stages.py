@@ -14,11 +14,10 @@
   does not return in time at a stop (a hung backend) is abandoned by the owner
   (``abandon``): its frames and those waiting for it are accounted as dropped
   (``shutdown``), its buffers are never reused, and whatever it returns later is discarded.
-- ``PostStage``, one thread (or the inference thread, as above): decodes, runs the
-  per-result steps, publishes and accounts the frame. Per-result steps (``PostStep``) run in
+- ``PostStage``, one thread (or the inference thread, as above): decodes, runs the frame's
+  lane's per-frame steps (``pipelines/steps``: a tracker, analytics on its tracks, ...) in
   order between decoding and publishing, each given the frame's slot (its detections in
-  source pixels) and its lane: a tracker, analytics on its tracks. The pipeline's owner
-  hands the list in; no other stage changes for it.
+  source pixels), adds their blocks to the message, publishes and accounts the frame.
 
 ``StageControl`` is what the stage threads share with the pipeline that owns them: the
 stop and abort events, the finished event, each thread's progress stamp, the first fatal
@@ -32,9 +31,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Sequence
-from typing import Protocol
 
-from edge_agent.core.config import ResilienceConfig
+from edge_agent.core.resilience_config import ResilienceConfig
 from edge_agent.core.stamps import (
     CAPTURED,
     INFER_END,
@@ -158,16 +156,17 @@ class CaptureStage:
         taken = lane.take(timeout_s)
         if taken is None:
             return None
-        frame, buffers = taken
+        frame, profile = taken
         self.scheduler.expect()  # the inference thread wakes while we preprocess
-        slot = buffers.slot_for(frame, lane.index, lane.name, self.control.stop, POLL_S)
+        pool = profile.pools[lane.name]  # the source's slots of the profile
+        slot = pool.take(frame, lane.index, lane.name, self.control.stop, POLL_S)
         if slot is None:  # the stop came while every slot was taken
             lane.drop(None, "shutdown")
             return None
         return slot if self.prepare(slot) else None
 
     def prepare(self, slot: FrameSlot) -> bool:
-        """Preprocess the slot's frame into its input (``ModelBuffers.preprocess``); False, and
+        """Preprocess the slot's frame into its input (``Profile.preprocess``); False, and
         the frame accounted as dropped (``error``), when that failed."""
         lane = self.lane
         slot.stamps[PRE_START] = time.monotonic_ns()
@@ -189,14 +188,6 @@ class CaptureStage:
             except Exception:  # the view must never cost a frame (nor its slot)
                 log.exception("view: the frame's pixels could not be handed over")
         return True
-
-
-class PostStep(Protocol):
-    """One step on every decoded frame, before its result is published (postprocess stage
-    time). It may read and extend the slot's detections; it must not allocate per frame
-    in steady state. An exception drops the frame (``error``)."""
-
-    def run(self, slot: FrameSlot, lane: Lane) -> None: ...
 
 
 class FrameQueue:
@@ -268,7 +259,7 @@ class FrameQueue:
 
 
 class PostStage:
-    """Decodes, runs ``steps``, publishes on ``publisher`` and accounts (through the
+    """Decodes, runs the lane's steps, publishes on ``publisher`` and accounts (through the
     frame's lane), on its own thread or inline on the inference thread."""
 
     name = "post"  # its thread's
@@ -279,13 +270,11 @@ class PostStage:
         publisher: ZmqPublisher,
         inbox: FrameQueue,
         control: StageControl,
-        steps: Sequence[PostStep] = (),
     ) -> None:
         self.lanes = lanes
         self.publisher = publisher
         self.inbox = inbox
         self.control = control
-        self.steps = tuple(steps)
 
     def run(self) -> None:
         """The thread: until the inbox is closed and drained; then the run is finished."""
@@ -309,19 +298,19 @@ class PostStage:
         raises is a bug, which stops the pipeline.
         """
         try:
-            lane = self.lanes[slot.lane]
+            lane = self.lanes[slot.lane_index]
             st = slot.stamps
             try:
                 st[POST_START] = time.monotonic_ns()
                 model = slot.profile.model
-                slot.fill(model.decode(slot.io.outputs, model.params), model.task)
-                for step in self.steps:
-                    step.run(slot, lane)
+                slot.fill(model.decode(slot.io.outputs, model.params))
+                for step in lane.steps:
+                    step.run(slot)
                 st[POST_END] = time.monotonic_ns()
                 builder = lane.builder
                 message = builder.build(slot, lane.seq, slot.profile.name)
-                if lane.analytics is not None:
-                    message["analytics"] = lane.analytics.block()
+                for step in lane.blocks:
+                    message[step.name] = step.message_block()
                 st[PUBLISH] = time.monotonic_ns()
                 message["latency_ms"] = builder.latencies(slot)
                 message["deadline_missed"] = missed = lane.monitor.late(int(st[PUBLISH] - st[CAPTURED]))
@@ -334,7 +323,7 @@ class PostStage:
             tap = lane.view_tap
             if tap is not None and tap.active:
                 try:
-                    tap.offer_result(slot, missed, lane.tracker is not None, lane.analytics)
+                    tap.offer_result(slot, missed, lane.steps)
                 except Exception:  # the view must never fail a frame that is already published
                     log.exception("view: the frame's detections could not be handed over")
             # Accounted only once the message is out, so a frame is never both sent and dropped.
@@ -391,7 +380,7 @@ class InferStage:
                 except Exception as e:  # a bug: stop; frames still waiting are accounted
                     control.fatal("infer", e)
                     for slot in scheduler.drain():
-                        self.lanes[slot.lane].drop(slot, "error")
+                        self.lanes[slot.lane_index].drop(slot, "error")
                     break
         finally:
             self.inbox.close()
@@ -405,7 +394,7 @@ class InferStage:
         expected = batch[0].expected_ns or None
         ran = []
         for slot in batch:
-            lane = lanes[slot.lane]
+            lane = lanes[slot.lane_index]
             # A file's frames are all processed: lateness is recorded, never a drop.
             if lane.every_frame or lane.monitor.admit(slot.stamps, now, slot.profile.name, expected):
                 ran.append(slot)
@@ -420,7 +409,7 @@ class InferStage:
                 self._running = ran
         if abandoned:  # the owner gave up on this thread: these frames never reach the backend
             for slot in ran:
-                lanes[slot.lane].drop(slot, "shutdown")
+                lanes[slot.lane_index].drop(slot, "shutdown")
             return []
         try:
             profile.infer(ran)
@@ -445,7 +434,7 @@ class InferStage:
                 finally:
                     self.inbox.unclaim()
             elif not self.inbox.put(slot):  # the owner gave up on this thread meanwhile
-                lanes[slot.lane].drop(slot, "shutdown")
+                lanes[slot.lane_index].drop(slot, "shutdown")
         # The frames first, the bookkeeping after.
         self._consecutive_errors = 0
         self.scheduler.record(profile, n, end - now)
@@ -464,7 +453,7 @@ class InferStage:
         ids = ", ".join(f"{s.source}:{s.frame_id}" for s in batch)
         log.error("pipeline: inference failed for frame(s) %s: %s", ids, e)
         for slot in batch:
-            self.lanes[slot.lane].drop(slot, "error")
+            self.lanes[slot.lane_index].drop(slot, "error")
         if self._consecutive_errors >= self.max_consecutive_errors and not self.breaker.is_set():
             log.error("pipeline: %d inferences in a row failed: breaker open", self._consecutive_errors)
             self.breaker.set()
@@ -479,10 +468,10 @@ class InferStage:
         for slot in stuck:
             # Counted, but the slot stays out of its pool: the backend may still write to
             # its buffers, and a reload's pipeline may share the pool.
-            self.lanes[slot.lane].drop(None, "shutdown")
+            self.lanes[slot.lane_index].drop(None, "shutdown")
         waiting = self.scheduler.drain()
         for slot in waiting:
-            self.lanes[slot.lane].drop(slot, "shutdown")
+            self.lanes[slot.lane_index].drop(slot, "shutdown")
         self.inbox.close()
         if stuck:
             log.error(

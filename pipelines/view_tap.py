@@ -15,9 +15,11 @@ corners) are copied beside the boxes into an array kept per frame buffer (made a
 when the model's width changes: a reload); a segmentation model's masks are handed as
 references (each frame's masks are new objects, never changed afterwards).
 
-A lane with zones and lines also hands its frame their shapes in source pixels (``Shapes``,
-built once per config and frame size) and its running counts (the counter's block, a dict
-replaced, never changed, when a count moves): references, no copy per frame.
+Each of the lane's per-frame steps hands the frame what the view draws of it
+(``LaneStep.to_view``): a tracker its track ids (copied); analytics its zones' and lines'
+shapes in source pixels (``Shapes``, built once per config and frame size) and its running
+counts (the counter's block, a dict replaced, never changed, when a count moves):
+references, no copy per frame.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from edge_agent.pipelines.tasks.base import task_of
 
 if TYPE_CHECKING:
     from edge_agent.pipelines.analytics.geometry import Shapes
-    from edge_agent.pipelines.analytics.step import SourceAnalytics
+    from edge_agent.pipelines.steps.base import LaneStep
     from edge_agent.pipelines.tasks.masks import Mask
 
 #: The tasks whose ``det_extra`` the view draws (a segmentation model's are mask
@@ -134,12 +136,10 @@ class ViewTap:
             self._pending = frame.frame_id
             self.captures += 1
 
-    def offer_result(
-        self, slot: Any, missed: bool, lane_tracks: bool = False, analytics: SourceAnalytics | None = None
-    ) -> None:
-        """Post stage: the frame whose pixels were taken is published; its detections
-        (``lane_tracks``: with their track ids, the lane's tracker wrote them) and, given
-        the lane's ``analytics`` (a ``SourceAnalytics``), its zones, lines and counts."""
+    def offer_result(self, slot: Any, missed: bool, steps: Sequence[LaneStep] = ()) -> None:
+        """Post stage: the frame whose pixels were taken is published: its detections, and
+        what each of the lane's ``steps`` draws (``LaneStep.to_view``: track ids, zones,
+        lines and counts)."""
         if slot.frame_id != self._pending:
             return
         with self._lock:
@@ -149,21 +149,16 @@ class ViewTap:
             f.det_xyxy[:n] = slot.det_xyxy[:n]
             f.det_score[:n] = slot.det_score[:n]
             f.det_class[:n] = slot.det_class[:n]
-            if lane_tracks:
-                f.det_track[:n] = slot.det_track[:n]
-            else:
-                f.det_track[:n] = 0
+            f.det_track[:n] = 0
             f.det_count = n
             self._take_task(f, slot, n)
             f.labels = slot.profile.model.manifest.labels
             f.frame_id = slot.frame_id
             f.e2e_ms = (int(slot.stamps[PUBLISH]) - int(slot.stamps[CAPTURED])) / 1e6
             f.missed = missed
-            if analytics is None:
-                f.shapes = f.counts = None
-            else:
-                f.shapes = analytics.shapes(f.width, f.height)
-                f.counts = analytics.block()
+            f.shapes = f.counts = None
+            for step in steps:
+                step.to_view(f, slot)
             self._filling, self._ready = self._ready, f
             self._pending = -1
             self.ready_seq += 1

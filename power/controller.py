@@ -25,7 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from edge_agent.core.config import PowerConfig
+from edge_agent.core.power_config import PowerConfig
 from edge_agent.power import sysfs
 from edge_agent.power.state import PowerState
 

@@ -15,7 +15,7 @@ import threading
 from dataclasses import asdict
 from typing import Any
 
-from edge_agent.core.config import PowerConfig
+from edge_agent.core.power_config import PowerConfig
 from edge_agent.power import sysfs
 from edge_agent.power.controller import PowerController, ReadOnlyController, make_controller
 from edge_agent.power.state import clear_state, load_state, save_state

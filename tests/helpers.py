@@ -21,25 +21,28 @@ import zmq
 from conftest import started, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
-from edge_agent.client import decode
-from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig
+from edge_agent import client
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.endpoint_config import MetricsConfig
+from edge_agent.core.model_config import ModelConfig
+from edge_agent.core.publish_config import PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
 
 # -- the result stream ---------------------------------------------------------------------
 
 
 class Subscriber:
-    """Collects result messages on a background thread (real SUB socket)."""
+    """Collects the stream's messages on a background thread: the client's subscriber (a real
+    SUB socket), each message decoded as the client decodes it. ``arrivals``, ``topics`` and
+    ``messages`` grow in that order, so a reader that takes ``len(messages)`` first has
+    a consistent prefix of all three."""
 
     def __init__(self, endpoint: str, topic: str = "", keep_all: bool = False) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.SUB)
-        self.sock.linger = 0
-        self.sock.rcvtimeo = 100
-        if keep_all:  # no high-water mark: a test counting seq gaps must not cause them
-            self.sock.rcvhwm = 0
-        self.sock.subscribe(topic)
-        self.sock.connect(endpoint)
+        self.ctx = zmq.Context()  # its own, ended by close(): no other test can end it first
+        # keep_all: no high-water mark, as a test counting seq gaps must not cause them
+        self.stream = client.Subscriber(
+            endpoint, (topic,), timeout_s=0.1, rcvhwm=0 if keep_all else None, context=self.ctx
+        )
         self.messages: list[dict] = []
         self.topics: list[str] = []
         self.arrivals: list[float] = []  # time.monotonic() as each message arrived
@@ -49,14 +52,12 @@ class Subscriber:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                raw = self.sock.recv()
-            except zmq.Again:
+            got = self.stream.recv()
+            if got is None:
                 continue
-            topic, body = decode(raw)  # JSON or msgpack, as the client reads them
             self.arrivals.append(time.monotonic())
-            self.topics.append(topic)
-            self.messages.append(body)
+            self.topics.append(got[0])
+            self.messages.append(got[1])
 
     def wait_for(self, n: int, timeout_s: float = 30.0) -> None:
         """Until ``n`` messages have arrived; AssertionError after ``timeout_s``."""
@@ -69,7 +70,7 @@ class Subscriber:
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
-        self.sock.close()
+        self.stream.close()
         self.ctx.term()
 
 

@@ -17,10 +17,11 @@ import pytest
 import yaml
 from conftest import REPO
 
-from edge_agent.core.config import AgentConfig, TensorRTConfig
+from edge_agent.core.config import AgentConfig
 from edge_agent.core.configload import ConfigError
 from edge_agent.core.effective.render import load_effective, load_fleet, validate_fleet
 from edge_agent.core.exposure import exposure_warnings
+from edge_agent.core.model_config import TensorRTConfig
 from edge_agent.core.source_config import SourceConfig
 
 EXAMPLES = REPO / "examples"

@@ -25,7 +25,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig
+from edge_agent.core.model_config import ModelConfig, OnnxRuntimeConfig
 from edge_agent.pipelines.images import ImageError, read_image_file
 from edge_agent.pipelines.model import LoadedModel, load_model
 from edge_agent.pipelines.slots import FrameSlot
@@ -53,14 +53,14 @@ def dump(loaded: LoadedModel, frames: Iterator[np.ndarray]) -> tuple[list[np.nda
     the task's arrays by name."""
     task = loaded.task
     slot = FrameSlot(
-        0, loaded.backend.allocate(), loaded.input_name, loaded.params.max_detections, 0, None, task
+        0, loaded.backend.allocate(), loaded.input_name, loaded.params.max_detections, None, task
     )
     loaded.backend.warmup(slot.io)
     dets, extra = [], {}
     for i, image in enumerate(frames):
         loaded.preprocessor(image, slot.tensor, slot.geo)
         loaded.backend.infer(slot.io)
-        slot.fill(loaded.decode(slot.io.outputs, loaded.params), task)
+        slot.fill(loaded.decode(slot.io.outputs, loaded.params))
         n = slot.det_count
         dets.append(
             np.concatenate([slot.det_xyxy[:n], slot.det_score[:n, None], slot.det_class[:n, None]], 1)

@@ -7,8 +7,8 @@ Runs the agent in-process on a synthetic camera at 20 fps (the bundled detector,
 on a private loopback port) with a profiler on its stage threads, and prints the walk of
 one frame, in order, from the capture stage's call of ``Lane.take`` to the publisher's
 send: every call from one edge_agent module into another is one hop, followed inside
-wherever it goes, except inside the plug-ins (source, preprocessor, backend, decoder) and
-the histograms, which are each one module on the walk. A plug-in's method inherited from
+wherever it goes, except inside the plug-ins (source, preprocessor, backend, decoder,
+per-frame step) and the histograms, which are each one module on the walk. A plug-in's method inherited from
 its base class is the plug-in's. A call within a module is no hop (the reader stays in the
 file). A call site repeated in a loop counts once; the walk printed is the one most frames
 took. Then the hops, the modules and how often the walk entered each (consecutive calls
@@ -29,7 +29,9 @@ import threading
 import time
 
 from edge_agent.core.analytics_config import AnalyticsConfig, LineConfig, ZoneConfig
-from edge_agent.core.config import AgentConfig, MetricsConfig, PublishConfig
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.endpoint_config import MetricsConfig
+from edge_agent.core.publish_config import PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.pipelines.stages import FrameQueue
 from edge_agent.service.runner import Agent
@@ -41,6 +43,7 @@ LEAVES = (
     "pipelines/preprocess",
     "pipelines/backends/",
     "models/decoders/",
+    "pipelines/steps/",
     "core/latency",
 )
 
@@ -137,7 +140,8 @@ class Tracer:
 
 def typical(walks: list[list[Hop]]) -> tuple[list[Hop], int, int]:
     """The walk most frames took (each call site once), how many took it, of how many."""
-    seen = collections.Counter(tuple(dict.fromkeys(w)) for w in walks[3:-2])
+    # The first and last few frames are left out (start-up, the stop), if there are others.
+    seen = collections.Counter(tuple(dict.fromkeys(w)) for w in walks[3:-2] or walks)
     best, n = seen.most_common(1)[0]
     return list(best), n, sum(seen.values())
 

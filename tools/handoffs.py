@@ -20,7 +20,10 @@ import argparse
 import time
 from dataclasses import replace
 
-from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.endpoint_config import MetricsConfig
+from edge_agent.core.model_config import ModelConfig
+from edge_agent.core.publish_config import PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.core.stamps import STAGES
 from edge_agent.service.runner import Agent

@@ -29,9 +29,8 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
-import zmq
 
-from edge_agent.client import decode
+from edge_agent.client import Subscriber
 
 
 def free_port() -> int:
@@ -62,18 +61,13 @@ def write_config(folder: Path, args: argparse.Namespace, view: bool = False) -> 
 
 
 def collect(endpoint: str, stop: threading.Event, out: list[tuple[float, float]]) -> None:
-    sock = zmq.Context.instance().socket(zmq.SUB)
-    sock.subscribe(b"det")
-    sock.rcvtimeo = 200
-    sock.connect(endpoint)
-    while not stop.is_set():
-        try:
-            _, body = decode(sock.recv())
-        except zmq.Again:
-            continue
-        lat = body["latency_ms"]
-        out.append((lat["total"], lat["total"] - lat["capture"] - lat["infer"]))
-    sock.close(linger=0)
+    with Subscriber(endpoint, ("det",), timeout_s=0.2) as sub:
+        while not stop.is_set():
+            got = sub.recv()
+            if got is None:
+                continue
+            lat = got[1]["latency_ms"]
+            out.append((lat["total"], lat["total"] - lat["capture"] - lat["infer"]))
 
 
 def watch(port: int, stop: threading.Event) -> None:

@@ -23,7 +23,11 @@ import os
 import sys
 import time
 
-from edge_agent.core.config import AgentConfig, DeadlineConfig, FaultsConfig, MetricsConfig, PublishConfig
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.deadline_config import DeadlineConfig
+from edge_agent.core.endpoint_config import MetricsConfig
+from edge_agent.core.publish_config import PublishConfig
+from edge_agent.core.resilience_config import FaultsConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.service.runner import Agent
 

@@ -20,8 +20,8 @@ gaps) and its analytics' cost per beat compared like the tracker's; ``--snapshot
 events' snapshots into OUT/snapshots, capped at 200 files, counted at the end.
 
 At the end: a table of the samples, the agent's summary (its stderr tail) and exit code;
-the samples go to OUT/samples.json, the agent's log to OUT/agent.log. Stdlib, pyzmq and the
-project's own client (its seq gap tracker).
+the samples go to OUT/samples.json, the agent's log to OUT/agent.log. Stdlib and the
+project's own client (its subscriber and seq gap tracker).
 """
 
 from __future__ import annotations
@@ -41,10 +41,9 @@ from collections import Counter
 from pathlib import Path
 from statistics import median
 
-import zmq
 from agent_process import stop_group  # tools/, beside this script
 
-from edge_agent.client import GapTracker
+from edge_agent.client import GapTracker, Subscriber
 
 METRIC = re.compile(r"^(edge_agent_frames_\w+_total)\{([^}]*)\} ([0-9.e+]+)$", re.M)
 
@@ -86,13 +85,8 @@ class Results:
     tracker figures kept, by source."""
 
     def __init__(self, endpoint: str) -> None:
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.SUB)
-        self.sock.rcvhwm, self.sock.rcvtimeo, self.sock.linger = 0, 200, 0
-        self.sock.subscribe(b"det.")
-        self.sock.subscribe(b"health")
-        self.sock.subscribe(b"event.")
-        self.sock.connect(endpoint)
+        # No high-water mark: the seq gaps counted must be the agent's, not this reader's.
+        self.stream = Subscriber(endpoint, ("det.", "health", "event."), timeout_s=0.2, rcvhwm=0)
         self.count: Counter[str] = Counter()
         self.tracking: list[dict] = []  # per heartbeat of a tracking source
         self.analytics: list[dict] = []  # per heartbeat of a source with zones or lines
@@ -105,10 +99,10 @@ class Results:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                msg = json.loads(self.sock.recv().partition(b" ")[2])
-            except zmq.Again:
+            got = self.stream.recv()
+            if got is None:
                 continue
+            msg = got[1]
             if msg.get("type") == "event":
                 self.event_seq.update(msg["source"], msg["seq"])
                 self.events[msg["source"]] += 1
@@ -136,8 +130,7 @@ class Results:
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
-        self.sock.close()
-        self.ctx.term()
+        self.stream.close()
 
 
 def print_report(r: dict, names: list[str]) -> None:

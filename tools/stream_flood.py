@@ -19,7 +19,6 @@ killed (its whole session) on every way out.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import shutil
@@ -32,8 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import zmq
 from agent_process import stop_group  # tools/, beside this script
+
+from edge_agent.client import Subscriber
+from edge_agent.core.stream_frames import decode
 
 WARMUP_S = 4.0  # the agent's first frames (model load, first inferences) are not measured
 SETTLE_S = 12.0  # after the flood: the RSS is read at the end of this (the drain catches up)
@@ -64,24 +65,15 @@ class Observed:
 
 
 def observe(endpoint: str, stop: threading.Event, measuring: threading.Event, out: Observed) -> None:
-    ctx = zmq.Context.instance()
-    sub = ctx.socket(zmq.SUB)
-    sub.linger = 0
-    sub.rcvtimeo = 100
-    sub.subscribe(b"health")
-    sub.subscribe(b"det.")
-    sub.connect(endpoint)
     last_seq: int | None = None
-    try:
+    with Subscriber(endpoint, ("health", "det."), timeout_s=0.1) as sub:
         while not stop.is_set():
-            try:
-                msg = sub.recv()
-            except zmq.Again:
+            frame = sub.recv_frame()
+            if frame is None:
                 continue
-            now = time.monotonic_ns()
-            topic, _, body = msg.partition(b" ")
-            data = json.loads(body)
-            if topic == b"health":
+            now = time.monotonic_ns()  # the receipt, before the decoding's own time
+            topic, data = decode(frame)
+            if topic == "health":
                 if measuring.is_set():
                     out.beats.append(now)
                     out.dropped.append(int(data["counts"]["dropped"]))
@@ -92,23 +84,18 @@ def observe(endpoint: str, stop: threading.Event, measuring: threading.Event, ou
                 if last_seq is not None and seq > last_seq + 1:
                     out.seq_gaps += seq - last_seq - 1
             last_seq = seq
-    finally:
-        sub.close()
 
 
 def flood(endpoint: str, topics: int, seconds: float, sent: Any) -> None:
     """Subscribe to ``topics`` distinct topics, then subscribe/unsubscribe until ``seconds``
     have passed since the start; ``sent``: the subscription messages sent. Runs in a process
     of its own, so that the observer's receipt times are not the flood's GIL waits."""
-    ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.linger = 0
-    sub.sndhwm = 0  # no limit: with the default 1000, libzmq drops the flood's excess itself
-    sub.connect(endpoint)
-    deadline = time.monotonic() + seconds
-    try:
+    # sndhwm 0, no limit: with the default 1000, libzmq drops the flood's excess itself.
+    # Closed at the end: the agent sees the disconnect, and every subscription of it goes.
+    with Subscriber(endpoint, (), sndhwm=0) as sub:
+        deadline = time.monotonic() + seconds
         for i in range(topics):
-            sub.setsockopt(zmq.SUBSCRIBE, b"flood.%08d" % i)
+            sub.subscribe(b"flood.%08d" % i)
             sent.value += 1
             if i % 4096 == 0 and time.monotonic() >= deadline:
                 break
@@ -116,13 +103,10 @@ def flood(endpoint: str, topics: int, seconds: float, sent: Any) -> None:
         while time.monotonic() < deadline:
             for _ in range(1024):
                 topic = b"churn.%08d" % i
-                sub.setsockopt(zmq.SUBSCRIBE, topic)
-                sub.setsockopt(zmq.UNSUBSCRIBE, topic)
+                sub.subscribe(topic)
+                sub.unsubscribe(topic)
                 i += 1
             sent.value += 2048
-    finally:
-        sub.close()  # the agent sees the disconnect: every subscription of it goes
-        ctx.term()
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -19,9 +19,9 @@ import time
 
 import numpy as np
 
-from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig
+from edge_agent.core.model_config import ModelConfig, OnnxRuntimeConfig
+from edge_agent.pipelines.messages import MessageBuilder
 from edge_agent.pipelines.model import load_model
-from edge_agent.pipelines.publish import MessageBuilder
 from edge_agent.pipelines.slots import FrameSlot
 
 
@@ -38,7 +38,7 @@ def main() -> int:
         ModelConfig(path=a.model, iou_threshold=a.iou, max_detections=300, masks=a.masks), OnnxRuntimeConfig()
     )
     task = loaded.task
-    slot = FrameSlot(0, loaded.backend.allocate(), loaded.input_name, 300, 0, None, task)
+    slot = FrameSlot(0, loaded.backend.allocate(), loaded.input_name, 300, None, task)
     slot.profile = type("Profile", (), {"model": loaded})()  # the message builder reads the task from it
     builder = MessageBuilder("cost", loaded.manifest.labels, 50.0)
     frames = np.load(a.frames, mmap_mode="r")[: a.n]
@@ -56,7 +56,7 @@ def main() -> int:
             t0 = time.perf_counter()
             found = loaded.decode(slot.io.outputs, loaded.params)
             t1 = time.perf_counter()
-            slot.fill(found, task)
+            slot.fill(found)
             t2 = time.perf_counter()
             builder.detections_json(slot)
             t3 = time.perf_counter()

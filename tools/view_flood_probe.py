@@ -20,7 +20,9 @@ import threading
 import time
 import urllib.request
 
-from edge_agent.core.config import AgentConfig, MetricsConfig, PublishConfig, ViewConfig
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.endpoint_config import MetricsConfig, ViewConfig
+from edge_agent.core.publish_config import PublishConfig
 from edge_agent.service.runner import Agent
 
 

@@ -34,7 +34,8 @@ from pathlib import Path
 from agent_process import stop_group
 
 from edge_agent.core.analytics_config import AnalyticsConfig, LineConfig, ZoneConfig
-from edge_agent.core.config import AgentConfig, MetricsConfig, ViewConfig
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.endpoint_config import MetricsConfig, ViewConfig
 from edge_agent.service.runner import Agent
 
 REPO = Path(__file__).resolve().parents[1]

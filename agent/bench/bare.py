@@ -11,8 +11,9 @@ import numpy as np
 
 from edge_agent.bench.configs import BenchError, raw_config
 from edge_agent.bench.phases import detections_summary, hist_ms
-from edge_agent.core.config import AgentConfig, ModelConfig, OnnxRuntimeConfig
+from edge_agent.core.config import AgentConfig
 from edge_agent.core.latency import LatencyHistogram
+from edge_agent.core.model_config import ModelConfig, OnnxRuntimeConfig
 from edge_agent.core.plan import onnxruntime_of
 from edge_agent.pipelines.model import check_io
 from edge_agent.pipelines.preprocess import Letterbox, Preprocessor, boxes_to_source

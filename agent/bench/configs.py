@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.core.config import AgentConfig, LadderStep
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.deadline_config import LadderStep
 from edge_agent.core.source_config import (
     SCHEDULING_FIELDS,
     ImageFolderSourceConfig,

@@ -21,7 +21,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from edge_agent.bench.configs import BenchAgent, BenchError, Played, raw_config, started
-from edge_agent.core.config import AgentConfig, OnnxRuntimeConfig
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.model_config import OnnxRuntimeConfig
 from edge_agent.core.stamps import STAGES
 from edge_agent.models.manifest import InputSpec
 from edge_agent.pipelines.model import LoadedModel
@@ -228,15 +229,32 @@ def timed_runs(
 @contextlib.contextmanager
 def prepared(agent: Agent) -> Iterator[tuple[Any, Any]]:
     """A frame slot of the agent's first source whose input holds a preprocessed frame
-    (how the pipeline fills it), and the frame; the slot goes back after the block."""
+    (the model's own preprocessing, as the capture stage runs it), and the frame; the slot
+    goes back after the block.
+
+    The frame is read from the source by the bench, never taken through the pipeline
+    (``Pipeline.take_one``): a frame the lane took is counted captured and must end
+    published or dropped, and this one is neither (inference alone runs on it), so the
+    sequential phase's snapshot would show it in flight. Raises BenchError when the source
+    gives no frame, or every slot of its pool is taken, within 1 s."""
     assert agent.pipeline is not None
     source = next(iter(agent.sources.values()))
+    profile = agent.primary_profile(0)  # the model the lane's frames run on (no ladder here)
+    once = threading.Event()
+    once.set()  # ``SlotPool.take`` tries once, then gives up: the bench holds one slot at a time
     source.open()
     try:
-        slot = agent.pipeline.take_one(1.0)
-        if slot is None:
+        frame = source.read(1.0)
+        if frame is None:
             raise BenchError(f"source {source.name!r} gave no frame within 1 s")
-        frame = slot.frame
+        slot = profile.pools[source.name].take(frame, 0, source.name, once, 1.0)
+        if slot is None:
+            raise BenchError(f"source {source.name!r}: no free frame slot within 1 s")
+        try:
+            profile.preprocess(slot)
+        except BaseException:
+            slot.pool.release(slot)  # type: ignore[union-attr]
+            raise
     finally:
         source.close()
     try:

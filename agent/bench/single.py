@@ -39,8 +39,9 @@ from edge_agent.bench.phases import (
     tracker_ms,
 )
 from edge_agent.core.budget_fit import BudgetFit
-from edge_agent.core.config import AgentConfig, ModelConfig, OnnxRuntimeConfig, TensorRTConfig
+from edge_agent.core.config import AgentConfig
 from edge_agent.core.latency import LatencyHistogram
+from edge_agent.core.model_config import ModelConfig, OnnxRuntimeConfig, TensorRTConfig
 from edge_agent.core.plan import model_at, onnxruntime_of
 from edge_agent.pipelines.model import LoadedModel, load_model, model_notes_once
 from edge_agent.pipelines.snapshot import LaneSnapshot

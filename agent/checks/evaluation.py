@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from edge_agent.core.config import BackendConfig, ModelConfig
 from edge_agent.core.latency import LatencyHistogram
+from edge_agent.core.model_config import BackendConfig, ModelConfig
 from edge_agent.models.decoders.nms import box_iou
 from edge_agent.pipelines.preprocess import Letterbox, boxes_to_source
 from edge_agent.pipelines.sources.synthetic import CLASSES, SceneSpec, SyntheticScene

@@ -25,6 +25,7 @@ from typing import Any
 import zmq
 
 from edge_agent import client
+from edge_agent.core import stream_frames
 from edge_agent.core.text import printable
 from edge_agent.pipelines.deadline import MISS_DROPS
 
@@ -327,8 +328,8 @@ def check(
             if not sock.poll(max(1, int(left_s * 1000))):
                 break
             try:
-                _, beat = client.decode(sock.recv())
-            except client.MessageError:
+                _, beat = stream_frames.decode(sock.recv())
+            except stream_frames.MessageError:
                 continue  # not the agent's: anyone may publish on the endpoint
             if not isinstance(beat, dict):
                 continue

@@ -17,8 +17,8 @@ import yaml
 from edge_agent.checks.evaluation import heldout_images
 from edge_agent.core import configload
 from edge_agent.core.budget_fit import BudgetFit
-from edge_agent.core.config import BackendConfig, ModelConfig
 from edge_agent.core.files import atomic_write
+from edge_agent.core.model_config import BackendConfig, ModelConfig
 from edge_agent.core.text import printable
 from edge_agent.models.decoders import registry as decoders
 from edge_agent.models.manifest import ModelManifest

@@ -24,8 +24,8 @@ import numpy as np
 
 from edge_agent import __version__
 from edge_agent.checks.evaluation import FrameResult, heldout_images, mean_average_precision
-from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig, TensorRTConfig
 from edge_agent.core.files import atomic_write, read_text
+from edge_agent.core.model_config import ModelConfig, OnnxRuntimeConfig, TensorRTConfig
 from edge_agent.models.decoders.nms import box_iou
 from edge_agent.pipelines.preprocess import Letterbox, boxes_to_source
 

@@ -77,7 +77,8 @@ def _validate(path: str) -> int:
 
 
 def _validate_fleet(source: ConfigFile) -> int:
-    from edge_agent.core.configload import ENV_PREFIX, ConfigError
+    from edge_agent.core.configload import ConfigError
+    from edge_agent.core.configpaths import ENV_PREFIX
     from edge_agent.core.effective.render import load_fleet, validate_fleet
 
     problems = validate_fleet(source)

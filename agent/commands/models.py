@@ -64,7 +64,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_engine_build(args: argparse.Namespace) -> int:
-    from edge_agent.core.config import TensorRTConfig
+    from edge_agent.core.model_config import TensorRTConfig
     from edge_agent.models.manifest import resolve_model
     from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
 

@@ -56,7 +56,8 @@ def _joined(gaps: Any, topic: str) -> str:
 def cmd_listen(args: argparse.Namespace) -> int:
     import zmq
 
-    from edge_agent.client import Event, GapTracker, Health, MessageError, connect, decode, parse
+    from edge_agent.client import Event, GapTracker, Health, connect, parse
+    from edge_agent.core.stream_frames import MessageError, decode
 
     topics = tuple(args.topic or [""])
     sock = connect(args.endpoint, topics, args.server_key, args.client_cert)

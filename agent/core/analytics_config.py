@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from edge_agent.core.configload import check, path_field
+from edge_agent.core.configfields import check, path_field
 from edge_agent.core.names import NAME_RULE, name_ok
 
 Point = tuple[float, float]

@@ -8,8 +8,8 @@ from collections import Counter
 from dataclasses import MISSING, Field, fields, replace
 from typing import Any
 
-from edge_agent.core.config import (
-    AgentConfig,
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.model_config import (
     AutoBackendConfig,
     BackendConfig,
     ModelConfig,

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from edge_agent.core.analytics_config import AnalyticsConfig
-from edge_agent.core.configload import check, path_field
+from edge_agent.core.configfields import check, path_field
 from edge_agent.core.names import NAME_RULE, name_ok
 from edge_agent.core.reloads import LANE, MODELS, marked_fields, reloads
 

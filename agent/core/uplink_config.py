@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 from urllib.parse import urlsplit
 
-from edge_agent.core.configload import check, path_field
+from edge_agent.core.configfields import check, path_field
 from edge_agent.core.reloads import LOCAL
 
 #: What of the results goes up: every result, the results with detections, one summary per

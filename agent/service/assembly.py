@@ -12,27 +12,39 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from edge_agent.core.config import AgentConfig
-from edge_agent.core.configload import ConfigError, Problem
 from edge_agent.core.plan import model_at, model_batches, source_models, with_batch
 from edge_agent.core.source_config import SourceConfig
 from edge_agent.models.manifest import ModelError
-from edge_agent.pipelines.analytics.step import AnalyticsStep, SourceAnalytics
 from edge_agent.pipelines.deadline import DeadlineMonitor
 from edge_agent.pipelines.lane import Lane
+from edge_agent.pipelines.messages import MessageBuilder
 from edge_agent.pipelines.model import LoadedModel, load_model
 from edge_agent.pipelines.pipeline import Pipeline
-from edge_agent.pipelines.publish import MessageBuilder, ZmqPublisher
-from edge_agent.pipelines.slots import ModelBuffers
+from edge_agent.pipelines.profile import Profile
+from edge_agent.pipelines.publish import ZmqPublisher
 from edge_agent.pipelines.sources.base import Source
 from edge_agent.pipelines.sources.registry import create_source
-from edge_agent.pipelines.stages import PostStep
-from edge_agent.pipelines.tracking.step import SourceTracker, TrackStep
+from edge_agent.pipelines.steps.base import StepContext, StepPlugin
+from edge_agent.pipelines.steps.registry import build_steps
 
 log = logging.getLogger("edge_agent.service.runner")
+
+
+class LaneProfiles(NamedTuple):
+    """The profiles one source may use."""
+
+    name: str  # the source's
+    primary: Profile  # its own model's (or the main one's)
+    ladder: dict[str, Profile]  # by path, the ladder's models it may switch to
+
+    @property
+    def profiles(self) -> list[Profile]:
+        return [self.primary, *self.ladder.values()]
 
 
 class Assembly:
@@ -43,14 +55,17 @@ class Assembly:
     #: (``core.budget_fit``). The bench and tune measure that themselves and say it once.
     says_budget_advice = True
 
-    def __init__(self, max_frames: int = 0) -> None:
+    def __init__(self, max_frames: int = 0, step_plugins: Sequence[StepPlugin] | None = None) -> None:
+        """``step_plugins``: the per-frame steps each source may get (None: every
+        registered one, ``pipelines/steps``)."""
         self.max_frames = max_frames
+        self.step_plugins = step_plugins
         # This run of the agent (its heartbeats' and events'): track ids and event numbers
         # are unique within a run and source, so a new run_id tells a consumer they start
         # again (a restart; a reload keeps it).
         self.run_id = uuid.uuid4().hex[:16]
 
-    def load_profiles(self, cfg: AgentConfig) -> tuple[dict[str, ModelBuffers], dict[str, LoadedModel]]:
+    def load_profiles(self, cfg: AgentConfig) -> tuple[dict[str, Profile], dict[str, LoadedModel]]:
         """Load every model the config names (the ladder's and the sources' own too) and
         key them by path (the main model under "").
 
@@ -61,7 +76,7 @@ class Assembly:
         if cfg.faults.model_load_delay_s:
             time.sleep(cfg.faults.model_load_delay_s)
         main = self._faulty(load_model(cfg.model, with_batch(cfg.backend, batches[""])), cfg)
-        profiles = {"": ModelBuffers(main.manifest.name, main)}
+        profiles = {"": Profile(main.manifest.name, main)}
         models = {"": main}
         wanted = [("ladder step", s.name, s.model, s.manifest, True) for s in cfg.deadline.ladder]
         wanted += [("source", s.name, s.model, s.manifest, False) for s in cfg.source_list()]
@@ -74,11 +89,11 @@ class Assembly:
                 alt = models[path] = self._faulty(load_model(alt_cfg, backend), cfg)
                 if same_labels and alt.manifest.labels != main.manifest.labels:
                     raise ModelError(f"{what} {tag!r}: {path} has other labels than the main model")
-                # ModelBuffers names key the per-model estimates and latencies: keep them unique.
+                # Profile names key the per-model estimates and latencies: keep them unique.
                 name = alt.manifest.name
                 if name in {p.name for p in profiles.values()}:
                     name = f"{name}@{tag}"
-                profiles[path] = ModelBuffers(name, alt)
+                profiles[path] = Profile(name, alt)
         except BaseException:
             for m in models.values():  # loaded for nothing: give the sessions back
                 m.close()
@@ -104,33 +119,21 @@ class Assembly:
         return source
 
     @staticmethod
-    def lane_profiles(
-        cfg: AgentConfig, profiles: dict[str, ModelBuffers]
-    ) -> list[tuple[str, dict[str, ModelBuffers]]]:
-        """Per source, the profiles it may use, its own under "" (the ladder's model steps
-        then have nothing to switch a source with its own model to; its strides and
-        alert-only steps still apply)."""
+    def lane_profiles(cfg: AgentConfig, profiles: dict[str, Profile]) -> list[LaneProfiles]:
+        """Per source, the profiles it may use (``profiles``: by model path, the main
+        model's under ""): its own, and by path the ladder's models it may switch to (none
+        for a source with a model of its own: the ladder's model steps then have nothing
+        to switch it to; its strides and alert-only steps still apply)."""
         return [
-            (src.name, {"": profiles[paths[0]], **{p: profiles[p] for p in paths[1:]}})
+            LaneProfiles(src.name, profiles[paths[0]], {p: profiles[p] for p in paths[1:]})
             for src, paths in source_models(cfg)
         ]
-
-    def post_steps(self, cfg: AgentConfig) -> list[PostStep]:
-        """What runs on every decoded frame before its result is published, in order (a
-        tracker per source, then analytics on its tracks), for each pipeline ``cfg``
-        builds (at start and at every reload). Nothing when no source tracks."""
-        steps: list[PostStep] = []
-        if any(src.tracker.enabled for src in cfg.source_list()):
-            steps.append(TrackStep())
-        if any(src.analytics.enabled for src in cfg.source_list()):
-            steps.append(AnalyticsStep())
-        return steps
 
     def pipeline(
         self,
         cfg: AgentConfig,
         sources: dict[str, Source],
-        profiles: dict[str, ModelBuffers],
+        profiles: dict[str, Profile],
         publisher: ZmqPublisher,
         power: Any = None,
         view: Any = None,
@@ -144,14 +147,15 @@ class Assembly:
         reload's new model warmed up beside the running pipeline)."""
         lanes = []
         per_source = zip(cfg.source_list(), self.lane_profiles(cfg, profiles))
-        for i, (src, (_, lane_profiles)) in enumerate(per_source):
+        for i, (src, own) in enumerate(per_source):
             budget_ms = src.budget_ms or cfg.deadline.budget_ms
-            labels = lane_profiles[""].model.manifest.labels
+            labels = own.primary.model.manifest.labels
             lanes.append(
                 Lane(
                     i,
                     sources[src.name],
-                    lane_profiles,
+                    own.primary,
+                    own.ladder,
                     DeadlineMonitor(replace(cfg.deadline, budget_ms=budget_ms)),
                     MessageBuilder(
                         cfg.device_id, labels, budget_ms, power, cfg.publish.encoding, src.tracker.enabled
@@ -163,30 +167,24 @@ class Assembly:
                 )
             )
         for key, (src, lane) in zip(source_keys(cfg), zip(cfg.source_list(), lanes)):
-            if src.tracker.enabled:
-                lane.tracker = SourceTracker(src.tracker, lane.primary.model.resolved.path)
-            if src.analytics.enabled:
-                labels = lane.primary.model.manifest.labels
-                check_labels(src, labels, f"{key}.analytics")
-                lane.analytics = SourceAnalytics(
-                    src.analytics,
-                    labels,
-                    src.tracker.lost_frames,
-                    2 * src.tracker.max_tracks,
-                    src.name,
-                    cfg.device_id,
-                    self.run_id,
-                    publisher.send,
-                    publisher.encode,
-                )
-                if src.analytics.snapshots.enabled and snapshots is not None:
-                    lane.analytics.snapshots = snapshots
-                    lane.keeps_pixels = True
+            primary = lane.primary.model
+            ctx = StepContext(
+                src,
+                key,
+                primary.resolved.path,
+                primary.manifest.labels,
+                cfg.device_id,
+                self.run_id,
+                publisher.send,
+                publisher.encode,
+                snapshots,
+            )
+            lane.set_steps(build_steps(ctx, self.step_plugins))
         if view is not None:
             for lane in lanes:
                 lane.view_tap = view.tap(lane.name, cfg.model.max_detections)
             view.keep({lane.name for lane in lanes})
-        pipeline = Pipeline(lanes, publisher, cfg.batching, cfg.resilience, self.post_steps(cfg))
+        pipeline = Pipeline(lanes, publisher, cfg.batching, cfg.resilience)
         pipeline.warm_up()
         if advise and self.says_budget_advice:
             for line in pipeline.budget_advice(budget_settings(cfg)):
@@ -205,18 +203,3 @@ def budget_settings(cfg: AgentConfig) -> dict[str, str]:
         s.name: f"{key}.budget_ms" if s.budget_ms else "deadline.budget_ms"
         for key, s in zip(source_keys(cfg), cfg.source_list())
     }
-
-
-def check_labels(src: SourceConfig, labels: tuple[str, ...], key: str) -> None:
-    """A zone or line that counts a label the source's model does not have: a config error
-    (raised at start, and by a reload, which then keeps the running config)."""
-    problems = []
-    for kind, items in (("zones", src.analytics.zones), ("lines", src.analytics.lines)):
-        for i, item in enumerate(items):
-            unknown = [name for name in item.labels if name not in labels]
-            if unknown:
-                known = ", ".join(map(repr, labels))  # repr: a model's label may hold control characters
-                message = f"label {', '.join(map(repr, unknown))} is not one of the model's ({known})"
-                problems.append(Problem("config", 0, 0, f"{key}.{kind}[{i}].labels", message))
-    if problems:
-        raise ConfigError(problems)

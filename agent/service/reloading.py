@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, fields
 
-from edge_agent.core.config import AgentConfig, OnnxRuntimeConfig
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.model_config import OnnxRuntimeConfig
 from edge_agent.core.plan import capture_part, model_batches
 from edge_agent.core.reloads import AT_START, ELSEWHERE, MODELS, marked_values
 from edge_agent.pipelines.model import LoadedModel
-from edge_agent.pipelines.slots import ModelBuffers, prepare_buffers
+from edge_agent.pipelines.profile import Profile, prepare_profiles
 from edge_agent.pipelines.sources.base import Source
 from edge_agent.service.assembly import Assembly
 
@@ -27,7 +28,7 @@ class Prepared:
 
     config: AgentConfig
     models_changed: bool  # ``profiles`` and ``models`` were loaded for it (else: the running ones)
-    profiles: dict[str, ModelBuffers]
+    profiles: dict[str, Profile]
     models: dict[str, LoadedModel]
     sources: dict[str, Source]  # by name: kept running ones and newly opened ones
 
@@ -67,7 +68,7 @@ class Reloader:
         new: AgentConfig,
         force: bool,
         sources: dict[str, Source],
-        profiles: dict[str, ModelBuffers],
+        profiles: dict[str, Profile],
         models: dict[str, LoadedModel],
     ) -> Prepared:
         """Load ``new``'s models (when they changed: else the running ``profiles`` and
@@ -90,8 +91,8 @@ class Reloader:
                     prepared.sources[src.name].open()
             # Buffers too, while the old pipeline runs; warming up a backend it is using
             # waits for the drain.
-            lanes = self.assembly.lane_profiles(new, profiles)
-            prepare_buffers(lanes, new.batching.max_batch, warm=models_changed)
+            lanes = [(own.name, own.profiles) for own in self.assembly.lane_profiles(new, profiles)]
+            prepare_profiles(lanes, new.batching.max_batch, warm=models_changed)
         except BaseException:
             self.discard(prepared, sources)
             raise

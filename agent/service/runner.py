@@ -13,20 +13,17 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from edge_agent.core.config import (
-    AgentConfig,
-    LadderStep,
-    OnnxRuntimeConfig,
-    PublishConfig,
-    config_hash,
-)
+from edge_agent.core.config import AgentConfig, config_hash
+from edge_agent.core.deadline_config import LadderStep
 from edge_agent.core.lifecycle import Parts
+from edge_agent.core.model_config import OnnxRuntimeConfig
+from edge_agent.core.publish_config import PublishConfig
 from edge_agent.core.reloads import REBIND, marked_fields
 from edge_agent.pipelines.heartbeat import HealthReporter
 from edge_agent.pipelines.model import LoadedModel
 from edge_agent.pipelines.pipeline import Pipeline
+from edge_agent.pipelines.profile import Profile
 from edge_agent.pipelines.publish import ZmqPublisher
-from edge_agent.pipelines.slots import ModelBuffers
 from edge_agent.pipelines.sources.base import Source
 from edge_agent.power.manager import PowerManager
 from edge_agent.service.assembly import Assembly
@@ -64,7 +61,7 @@ class Agent:
         self.assembly = assembly if assembly is not None else Assembly(max_frames)
         self._reloader = Reloader(self.assembly)
         self.models: dict[str, LoadedModel] = {}  # by path, the main model under ""
-        self.profiles: dict[str, ModelBuffers] = {}  # the same keys
+        self.profiles: dict[str, Profile] = {}  # the same keys
         self.sources: dict[str, Source] = {}  # by source name
         self.pipeline: Pipeline | None = None
         self.publisher: ZmqPublisher | None = None
@@ -85,10 +82,10 @@ class Agent:
     def model(self) -> LoadedModel | None:
         return next(iter(self.models.values()), None)
 
-    def primary_profile(self, source: int = 0) -> ModelBuffers:
-        """The model profile (the loaded model and its buffers) the ``source``-th source
-        runs: its own model, else the main one."""
-        return self.assembly.lane_profiles(self.config, self.profiles)[source][1][""]
+    def primary_profile(self, source: int = 0) -> Profile:
+        """The profile (the loaded model and its buffers) the ``source``-th source runs:
+        its own model's, else the main one's."""
+        return self.assembly.lane_profiles(self.config, self.profiles)[source].primary
 
     def build(self) -> None:
         cfg, assembly = self.config, self.assembly
@@ -165,7 +162,7 @@ class Agent:
         self,
         cfg: AgentConfig,
         sources: dict[str, Source],
-        profiles: dict[str, ModelBuffers],
+        profiles: dict[str, Profile],
         advise: bool = True,
     ) -> Pipeline:
         """``cfg``'s pipeline on ``sources`` and ``profiles``, on this agent's stream, power

@@ -130,7 +130,7 @@ class SnapshotService:
         frame.labels = slot.profile.model.manifest.labels
         frame.frame_id = slot.frame_id
         frame.shapes = analytics.shapes(frame.width, frame.height)
-        frame.counts = analytics.block()
+        frame.counts = analytics.message_block()
         first = events[0]
         where = " ".join(str(first[k]) for k in ("zone", "line", "direction") if k in first)
         frame.caption = f"frame {slot.frame_id}  {first['kind']} {where}  #{first['track_id']}"

@@ -9,8 +9,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from edge_agent.core.config import AgentConfig, AutoBackendConfig, OnnxRuntimeConfig, PowerConfig
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.model_config import AutoBackendConfig, OnnxRuntimeConfig
 from edge_agent.core.plan import onnxruntime_of
+from edge_agent.core.power_config import PowerConfig
 
 log = logging.getLogger(__name__)
 

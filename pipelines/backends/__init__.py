@@ -1,1 +1,2 @@
-"""Inference backends behind one interface (see base.py), registered in registry.py."""
+"""Inference backends behind one interface (see base.py); each module that adds one declares
+it as ``BACKENDS``, which registry.py collects."""

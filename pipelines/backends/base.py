@@ -17,6 +17,12 @@ import numpy as np
 from edge_agent.models.manifest import InputFormat
 
 _NO_TIMINGS: dict[str, float] = {}
+_NO_COUNTS: dict[str, int] = {}
+
+#: Rows a backend keeps per frame of an output whose row count depends on the frame (an
+#: export with NMS inside that gives one row per kept box); the rows past it are dropped and
+#: counted (``counts``: ``rows_dropped``).
+MAX_ROWS = 1024
 
 
 class BackendError(RuntimeError):
@@ -108,8 +114,14 @@ class InferenceBackend(ABC):
         """Milliseconds the backend measured inside the last ``infer`` on ``io`` (e.g. CUDA events)."""
         return _NO_TIMINGS
 
+    def counts(self, io: IOSet) -> dict[str, int]:
+        """What the backend counted in the last ``infer`` on ``io``, by name: ``rows_dropped``,
+        the rows of a frame past ``MAX_ROWS`` in an output whose row count depends on the
+        frame (only for models that have one)."""
+        return _NO_COUNTS
+
     def prepare(self, io: IOSet) -> None:  # noqa: B027 - most backends need nothing
-        """Before frames, for every buffer set, at a time inference may run (``prepare_buffers``
+        """Before frames, for every buffer set, at a time inference may run (``prepare_profiles``
         with ``warm``; may come more than once): a backend with work to do per set does it
         here (TensorRT captures the set's CUDA graphs)."""
 

@@ -5,28 +5,35 @@ frame's inference writes straight into its slot and allocates nothing on our sid
 
 One exception: an output whose row count depends on the frame (an export with NMS inside
 that gives one row per kept box, e.g. YOLOv7's ``--max-wh``: ``[N, 7]``, N not the batch)
-has no size to bind. ONNX Runtime allocates it on each run; its rows are copied into a
-slot of ``MAX_ROWS`` rows and the slot's output is the view of the rows given. Such a model
-runs one frame at a time: its rows carry a batch id instead of a batch axis.
+has no size to bind. ONNX Runtime allocates it on each run; its first ``MAX_ROWS`` rows are
+copied into a slot of that many rows and the slot's output is the view of the rows kept.
+The rows past ``MAX_ROWS`` are dropped and counted: ``counts(io)["rows_dropped"]`` for the
+frame, ``describe()["rows_dropped"]`` since load. Such a model runs one frame at a time:
+its rows carry a batch id instead of a batch axis.
 
 Every output is held to ``MAX_OUTPUT_ELEMENTS`` per frame once its size is known: at load
 for the axes the graph or ONNX Runtime fixes (``pipelines.model.check_outputs``), here for
 those only the probe run tells, before any slot is allocated.
+
+``onnxruntime`` itself is imported by ``load``: the backend registry imports this module
+with every backend's, and a TensorRT-only device need not load ONNX Runtime's library.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import onnxruntime as ort
 
-from edge_agent.core.config import OnnxRuntimeConfig
+from edge_agent.core.model_config import OnnxRuntimeConfig
 from edge_agent.models.decoders.base import oversized
 from edge_agent.models.manifest import ModelError
-from edge_agent.pipelines.backends.base import BackendError, InferenceBackend, IOSet, TensorSpec
+from edge_agent.pipelines.backends.base import MAX_ROWS, BackendError, InferenceBackend, IOSet, TensorSpec
+
+log = logging.getLogger(__name__)
 
 _DTYPES = {
     "tensor(float)": np.float32,
@@ -36,15 +43,23 @@ _DTYPES = {
     "tensor(int32)": np.int32,
     "tensor(int64)": np.int64,
 }
-_OPT_LEVELS = {
-    "disabled": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-    "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-    "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-    "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+_OPT_LEVELS = {  # names in ort.GraphOptimizationLevel
+    "disabled": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
 }
 
 
-MAX_ROWS = 1024  # rows kept of an output whose row count depends on the frame
+def import_onnxruntime() -> Any:
+    """The ``onnxruntime`` module, or a BackendError saying how to get it."""
+    try:
+        import onnxruntime
+    except ImportError as e:
+        raise BackendError(
+            f"the onnxruntime backend needs the onnxruntime package ({e}): pip install onnxruntime"
+        ) from None
+    return onnxruntime
 
 
 @dataclass
@@ -73,14 +88,17 @@ class OnnxRuntimeBackend(InferenceBackend):
 
     def __init__(self, config: OnnxRuntimeConfig) -> None:
         self.config = config
-        self.session: ort.InferenceSession | None = None
+        self.ort: Any = None  # the onnxruntime module, imported by load
+        self.session: Any = None  # ort.InferenceSession
         self._inputs: list[TensorSpec] = []
         self._outputs: list[TensorSpec] = []
         self._rows: list[int] = []  # outputs whose first axis is a row count, not the batch
         self._path = ""
+        self.rows_dropped = 0  # rows past MAX_ROWS in row outputs, since load
 
     def load(self, model_path: str, input_format: Any = None) -> None:
         c = self.config
+        self.ort = ort = import_onnxruntime()
         available = ort.get_available_providers()
         missing = [p for p in c.providers if p not in available]
         if missing:
@@ -90,7 +108,7 @@ class OnnxRuntimeBackend(InferenceBackend):
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = c.intra_op_threads
         opts.inter_op_num_threads = c.inter_op_threads
-        opts.graph_optimization_level = _OPT_LEVELS[c.graph_optimization]
+        opts.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPT_LEVELS[c.graph_optimization])
         opts.execution_mode = (
             ort.ExecutionMode.ORT_PARALLEL
             if c.execution_mode == "parallel"
@@ -174,19 +192,51 @@ class OnnxRuntimeBackend(InferenceBackend):
 
     def infer(self, io: IOSet) -> None:
         assert self.session is not None
-        self.session.run_with_iobinding(io.handle)
         rows: list[_Rows] = io.extra.get("rows", ())
+        for r in rows:
+            # Unallocated again: the binding keeps the last run's value, whose row count a
+            # run with another count refuses ("the computed output shape for this run is ...").
+            io.handle.bind_output(r.name, "cpu")
+        self.session.run_with_iobinding(io.handle)
         if rows:
             given = io.handle.get_outputs()
+            dropped = 0
             for r in rows:
                 out = given[r.index].numpy()
                 n = min(len(out), MAX_ROWS)
                 r.slot[:n] = out[:n]
                 io.outputs[r.index] = r.slot[:n]
+                dropped += len(out) - n
+            io.extra["rows_dropped"] = dropped
+            if dropped:
+                self._dropped(dropped)
+
+    def _dropped(self, n: int) -> None:
+        if not self.rows_dropped:
+            log.warning(
+                "onnxruntime: %s: a frame gave more than %d rows in an output whose row count depends "
+                "on the frame; the rows past them are dropped (counted as rows_dropped)",
+                self._path,
+                MAX_ROWS,
+            )
+        self.rows_dropped += n
+
+    def counts(self, io: IOSet) -> dict[str, int]:
+        return {"rows_dropped": io.extra.get("rows_dropped", 0)} if self._rows else {}
 
     def describe(self) -> dict[str, Any]:
         providers = self.session.get_providers() if self.session else list(self.config.providers)
-        return {"backend": self.name, "providers": providers, "onnxruntime": ort.__version__}
+        d = {
+            "backend": self.name,
+            "providers": providers,
+            "onnxruntime": getattr(self.ort, "__version__", ""),
+        }
+        if self._rows:
+            d["rows_dropped"] = self.rows_dropped
+        return d
 
     def close(self) -> None:
         self.session = None
+
+
+BACKENDS = (("onnxruntime", OnnxRuntimeBackend),)  # what this module adds (the registry collects it)

@@ -1,49 +1,81 @@
-"""Backends by the ``type`` of their config section, registered explicitly.
+"""Backends by the ``type`` of their config section: ``create_backend`` builds one.
 
-Each entry imports its module only when selected, so a backend's heavy or platform
-dependencies (onnxruntime, tensorrt, pycuda) are needed only where that backend is used.
+Each module of this package that adds a backend declares it as ``BACKENDS``: (type name,
+the class or factory taking the config section) pairs. The registry
+(``core.plugins.PackageRegistry``) imports the package's modules on the first lookup and
+puts those in a plain dict that refuses a name twice; importing a module registers nothing
+by itself, and a backend's module is all it takes to add one. This module adds ``auto``.
+
+Collecting imports every module of the package, so none of them imports a backend's own
+packages at import time: onnxruntime, tensorrt, pycuda and cuda-python are imported by the
+functions that need them (a backend's ``load``), and a missing one is a BackendError naming
+it when that backend is used, never when another is.
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.util
 import logging
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+from edge_agent.core.plugins import PackageRegistry
 from edge_agent.pipelines.backends.base import BackendError, InferenceBackend
 
 log = logging.getLogger(__name__)
 
-_REGISTRY: dict[str, Callable[[Any], InferenceBackend]] = {}
+Factory = Callable[[Any], InferenceBackend]
+_NO_DEFAULT: Any = object()
 
 
-def register(name: str, factory: Callable[[Any], InferenceBackend]) -> None:
-    if name in _REGISTRY:
-        raise ValueError(f"backend {name!r} is already registered")
-    _REGISTRY[name] = factory
+class _Backends(PackageRegistry[Factory]):
+    """The package's registry, read as a mapping too (``get(name, default)``, ``[name] =``,
+    ``del``): what a test uses to put a backend built on fake modules in a name's place
+    (``monkeypatch.setitem(registry._REGISTRY, "tensorrt", ...)``). The agent only looks up."""
+
+    def get(self, name: str, default: Any = _NO_DEFAULT) -> Any:
+        if default is _NO_DEFAULT:
+            return super().get(name)
+        self.names()  # collect first
+        return self._items.get(name, default)
+
+    def __setitem__(self, name: str, factory: Factory) -> None:
+        self.names()
+        self._items[name] = factory
+
+    def __delitem__(self, name: str) -> None:
+        self.names()
+        del self._items[name]
 
 
-def _lazy(module: str, cls: str, needs: str) -> Callable[[Any], InferenceBackend]:
-    def factory(config: Any) -> InferenceBackend:
-        try:
-            mod = importlib.import_module(module)
-        except ImportError as e:
-            raise BackendError(f"backend {config.type!r} needs {needs}: {e}") from None
-        return getattr(mod, cls)(config)
-
-    return factory
+def _declared(module: ModuleType) -> tuple[tuple[str, Factory], ...]:
+    return tuple(getattr(module, "BACKENDS", ()))
 
 
-register(
-    "onnxruntime",
-    _lazy("edge_agent.pipelines.backends.onnxruntime", "OnnxRuntimeBackend", "the onnxruntime package"),
-)
-register(
-    "tensorrt",
-    _lazy("edge_agent.pipelines.backends.tensorrt", "TensorRTBackend", "TensorRT and pycuda"),
-)
+_REGISTRY = _Backends("backend", __package__, str(Path(__file__).parent), _declared)
+
+
+def register(name: str, factory: Factory) -> None:
+    """Make ``factory`` build the backends of ``name``; a name twice is refused (ValueError),
+    a declared one too (the modules are collected first)."""
+    _REGISTRY.names()
+    _REGISTRY.register(name, factory)
+
+
+def names() -> list[str]:
+    return _REGISTRY.names()
+
+
+def create_backend(config: Any) -> InferenceBackend:
+    """A backend for a config section whose ``type`` names a registered backend
+    (BackendError naming the known ones otherwise)."""
+    try:
+        factory = _REGISTRY.get(config.type)
+    except LookupError as e:
+        raise BackendError(str(e)) from None
+    return factory(config)
 
 
 def select_auto(config: Any, probe: Callable[[], str] | None = None) -> InferenceBackend:
@@ -76,17 +108,4 @@ def tensorrt_unavailable() -> str:
     return ""
 
 
-register("auto", select_auto)
-
-
-def create_backend(config: Any) -> InferenceBackend:
-    """A backend for a config section whose ``type`` names a registered backend."""
-    try:
-        factory = _REGISTRY[config.type]
-    except KeyError:
-        raise BackendError(f"unknown backend {config.type!r} (known: {', '.join(_REGISTRY)})") from None
-    return factory(config)
-
-
-def names() -> list[str]:
-    return list(_REGISTRY)
+BACKENDS = (("auto", select_auto),)  # what this module adds (the registry collects it)

@@ -22,8 +22,8 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from edge_agent.core.config import TensorRTConfig
 from edge_agent.core.files import atomic_write
+from edge_agent.core.model_config import TensorRTConfig
 from edge_agent.models.manifest import InputFormat
 from edge_agent.pipelines.backends.base import BackendError
 

@@ -67,9 +67,9 @@ def import_cudart() -> Any:
 
 def refusal(dla_core: int) -> str:
     """Why an engine is not captured at all, known before trying ("" when it may be): DLA
-    work is left out because whether a capture can hold it is not documented. (A
-    data-dependent output, whose allocator would allocate in the enqueue, never gets here:
-    the backend refuses such models at load, graphs or not; its buffers are fixed.)"""
+    work is left out because whether a capture can hold it is not documented. (An output
+    whose row count depends on the frame, whose allocator allocates in the enqueue, is
+    refused once the engine's outputs are read: ``TensorRTBackend._read_io``.)"""
     if dla_core >= 0:
         return f"the model engine runs on DLA core {dla_core} (capturing DLA work is not confirmed)"
     return ""
@@ -139,6 +139,24 @@ def capture(cudart: Any, stream: int, work: Callable[[], bool]) -> CudaGraph:
     return CudaGraph(cudart, graph_exec, stream)
 
 
+def other_frame(frame: np.ndarray) -> None:
+    """Make ``frame`` another input than it holds, in place (the check replays the graphs on
+    it): a fixed ramp of finite values (a buffer never written may hold NaN, which would hide
+    an unwritten output), inverted where it happens to equal the frame."""
+    ramp = np.arange(frame.size, dtype=np.int64) % 251
+    kept = frame.copy()
+    if frame.dtype.kind == "f":
+        frame.reshape(-1)[:] = ramp / 251.0
+    else:
+        frame.reshape(-1)[:] = ramp
+    if not np.array_equal(frame, kept):
+        return
+    if frame.dtype.kind == "f":
+        np.subtract(1, frame, out=frame)
+    else:
+        np.invert(frame, out=frame)
+
+
 def same_outputs(expected: list[np.ndarray], got: list[np.ndarray]) -> str:
     """ "" when a replay wrote what plain execution wrote; else which output differs.
 
@@ -157,8 +175,37 @@ def same_outputs(expected: list[np.ndarray], got: list[np.ndarray]) -> str:
     return ""
 
 
-class GraphPolicy:
-    """The config's ``cuda_graphs`` mode and, once graphs are off for this model, why."""
+def check_replay(
+    frame: np.ndarray, outputs: list[np.ndarray], replay: Callable[[], None], plain: Callable[[], None]
+) -> None:
+    """Check a slot's graphs once, before they serve frames: ``replay`` them on another
+    input than the captured frame's (``other_frame``) into outputs filled with 0xFF (the
+    host's here; ``replay`` fills device buffers too), then ``plain`` runs the same input
+    without graphs, and the two must agree (``same_outputs``): a value the graphs do not
+    write, or one baked in at the capture (a plugin doing host work in its enqueue), shows.
+    Both wait for the slot's stream. The frame's input and the outputs are put back after
+    (the plain run's of the captured frame). GraphRefused when they differ."""
+    kept_in, kept_out = frame.copy(), [o.copy() for o in outputs]
+    try:
+        other_frame(frame)
+        for o in outputs:
+            o.reshape(-1).view(np.uint8)[:] = 0xFF
+        replay()
+        replayed = [o.copy() for o in outputs]
+        plain()
+        why = same_outputs(outputs, replayed)
+        if why:
+            raise GraphRefused(f"one replay against plain execution on the same input: {why}")
+    finally:
+        np.copyto(frame, kept_in)
+        for o, kept in zip(outputs, kept_out):
+            np.copyto(o, kept)
+
+
+class Graphs:
+    """A backend's CUDA graphs: the config's ``cuda_graphs`` mode and, once graphs are off
+    for the model, why; cuda-python's runtime; the one block of activation memory that every
+    execution context of the model engine shares; how many slots were captured."""
 
     def __init__(self, mode: str) -> None:
         if mode not in MODES:
@@ -166,6 +213,10 @@ class GraphPolicy:
         self.mode = mode
         self.off = "cuda_graphs: off" if mode == "off" else ""
         self.replay = True  # False: plain enqueue on the slots' own contexts (the bench's comparison)
+        self.cudart: Any = None
+        self.scratch: Any = None  # the shared activation memory (pycuda DeviceAllocation)
+        self.scratch_size = 0
+        self.captured = 0  # slots whose graphs were captured, over the backend's life
 
     @property
     def wanted(self) -> bool:
@@ -179,3 +230,64 @@ class GraphPolicy:
             raise BackendError(f"cuda_graphs is on, but this model cannot run from a CUDA graph: {reason}")
         if first:
             log.warning("tensorrt: CUDA graphs off for this model (plain execute_async_v3): %s", reason)
+
+    def setup(self, cuda: Any, engine: Any, dla_core: int, runtime: Callable[[], Any]) -> str:
+        """Whether this model may run from graphs ("" if it may, else why not) and, if so, the
+        shared block of activation memory: the load's context and every slot's use it, and
+        their enqueues never overlap (one inference at a time, each waited for), which is
+        what sharing needs. ``runtime``: cuda-python's bindings, or GraphRefused."""
+        if not self.wanted:
+            return self.off
+        why = refusal(dla_core)
+        if not why:
+            try:
+                self.cudart = runtime()
+            except GraphRefused as e:
+                why = str(e)
+        if why:
+            return why
+        # TensorRT 10.1+ (and 11): device_memory_size_v2; 10.0: device_memory_size.
+        size = getattr(engine, "device_memory_size_v2", None)
+        if size is None:
+            size = engine.device_memory_size
+        self.scratch_size = max(int(size), 256)
+        self.scratch = cuda.mem_alloc(self.scratch_size)
+        return ""
+
+    def new_context(self, trt: Any, engine: Any) -> Any:
+        """An execution context of ``engine``: with its own memory, or with the shared block
+        (None when TensorRT could not make one).
+
+        TensorRT v10.3.0 ``python/src/infer/pyCore.cpp``:
+        ``ICudaEngine.create_execution_context(strategy=ExecutionContextAllocationStrategy.STATIC)``,
+        ``device_memory_size_v2`` and ``IExecutionContext.set_device_memory(memory, size)``
+        (10.1+), the write-only ``device_memory`` property and ``device_memory_size`` on 10.0
+        (the latter gone in 11). ``include/NvInferRuntime.h``, setDeviceMemoryV2: "in use from
+        the invocation of enqueueV3() until network execution is complete"; using it "in
+        another execution context running in parallel" is undefined: the slots never run in
+        parallel (one inference at a time, each waited for)."""
+        if self.scratch is None:
+            return engine.create_execution_context()
+        ctx = engine.create_execution_context(trt.ExecutionContextAllocationStrategy.USER_MANAGED)
+        if ctx is None:
+            return None
+        if hasattr(ctx, "set_device_memory"):  # 10.1+: set_device_memory(memory, size)
+            ctx.set_device_memory(int(self.scratch), self.scratch_size)
+        else:  # 10.0: the write-only property
+            ctx.device_memory = int(self.scratch)
+        return ctx
+
+    def state(self) -> dict[str, Any]:
+        """The config's mode, whether slots replay graphs, how many were captured (over the
+        backend's life: still said after the memory is freed), and why not."""
+        return {
+            "mode": self.mode,
+            "replaying": bool(self.captured) and self.wanted and self.replay,
+            "captured_slots": self.captured,
+            "off": self.off,
+        }
+
+    def free(self) -> None:
+        if self.scratch is not None:
+            self.scratch.free()
+            self.scratch = None

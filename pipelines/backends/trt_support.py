@@ -94,17 +94,19 @@ def calibration_fingerprint(files: Iterable[str], fmt: InputFormat, shape: tuple
     return h.hexdigest()
 
 
-def known_shape(name: str, shape: tuple[int, ...], model: str) -> tuple[int, ...]:
-    """``shape``, or a BackendError naming the output if a dimension is data-dependent (-1).
+def known_shape(name: str, shape: tuple[int, ...], model: str, rows: bool = False) -> tuple[int, ...]:
+    """``shape``, or a BackendError naming the tensor if a dimension is data-dependent (-1).
 
-    An NMS inside the graph (ONNX NonMaxSuppression) sizes its output at run time; the
-    pipeline's buffers are fixed, and sizing from -1 would allocate garbage. EfficientNMS_TRT
-    exports have fixed-size outputs and work.
+    ``rows``: an output whose first axis is a row count the frame decides (an NMS inside the
+    graph, one row per kept box), served by an output allocator (``trt_outputs``); its other
+    axes must be known, a row's size being fixed.
     """
-    if any(d < 0 for d in shape):
+    if any(d < 0 for d in shape[1 if rows else 0 :]):
+        fixed = "after its first axis (the rows)" if rows else "(an NMS inside the graph?)"
         raise BackendError(
-            f"{model}: output {name!r} has a data-dependent shape {shape} (an NMS inside the graph?); "
-            "the pipeline needs fixed-size outputs: export with EfficientNMS_TRT (fixed top-k) or without NMS"
+            f"{model}: output {name!r} has a data-dependent shape {shape} {fixed}; the agent takes "
+            "fixed-size outputs, or rows of a fixed size: export with EfficientNMS_TRT (fixed top-k), "
+            "with one row per detection, or without NMS"
         )
     return shape
 

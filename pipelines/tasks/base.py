@@ -5,19 +5,23 @@ model-input pixels) are copied into the frame slot's ``det_extra``; ``to_source`
 to source pixels (and may drop detections, as segmentation drops those whose mask is
 empty); the message builder writes them with ``json_format``/``json_rows`` (one ``%``
 operation per message, as the boxes) or ``fields`` (msgpack, tools). ``registry.task_for``
-gives a loaded model's task.
+gives a loaded model's task. This module declares plain detection as its ``TASK``.
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from edge_agent.models.decoders.base import BoundDecoder, DecodeParams
 
 
 class Task:
     """Plain detection: nothing beyond the box. The other tasks subclass it."""
 
+    #: The decoders' ``Decoder.task`` it serves (the registry's name for it).
     name: ClassVar[str] = "detect"
 
     #: Values per detection kept in the slot (``FrameSlot.det_extra``).
@@ -28,6 +32,14 @@ class Task:
     #: ("" for none); ``json_rows`` gives its values. Plain attributes, not methods: the
     #: message builder reads them for every frame.
     json_format: str = ""
+
+    @classmethod
+    def build(cls, decoder: BoundDecoder, params: DecodeParams, masks: str, mask_points: int) -> Task:
+        """The task of a model whose outputs ``decoder`` reads, decoded with ``params``;
+        ``masks`` and ``mask_points`` (``model.masks``, ``model.mask_points``): how a
+        segmentation model's masks are published. A task that needs none of these takes
+        no argument."""
+        return cls()
 
     def to_source(self, slot: Any, n: int) -> int:
         """Map the slot's first ``n`` detections' task values to source pixels, in place;
@@ -46,6 +58,8 @@ class Task:
 
 
 DETECT = Task()
+
+TASK = Task  # plain detection (``registry``)
 
 
 def task_of(slot: Any) -> Task:

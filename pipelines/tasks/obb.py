@@ -52,3 +52,6 @@ class ObbTask(Task):
                 "corners": [[round(v[j], 1), round(v[j + 1], 1)] for j in range(5, 13, 2)],
             }
         }
+
+
+TASK = ObbTask  # (``registry``)

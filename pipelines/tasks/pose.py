@@ -4,17 +4,26 @@ letterbox undone, then clipped to the frame)."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from edge_agent.pipelines.tasks.base import Task
 
+if TYPE_CHECKING:
+    from edge_agent.models.decoders.base import BoundDecoder, DecodeParams
+
 
 class PoseTask(Task):
     name: ClassVar[str] = "pose"
 
+    @classmethod
+    def build(cls, decoder: BoundDecoder, params: DecodeParams, masks: str, mask_points: int) -> Task:
+        return cls(decoder.decoder)
+
     def __init__(self, decoder: Any) -> None:
+        """``decoder``: the pose decoder, for the keypoints per detection and their values
+        (2: x, y; 3: with their confidence)."""
         self.keypoints = decoder.keypoints
         self.dims = decoder.dims
         self.width = self.keypoints * self.dims
@@ -40,3 +49,6 @@ class PoseTask(Task):
         k = slot.det_extra[i, : self.width].reshape(self.keypoints, self.dims)
         rounding = (1, 1, 3)[: self.dims]
         return {"keypoints": [[round(float(v), r) for v, r in zip(p, rounding)] for p in k.tolist()]}
+
+
+TASK = PoseTask  # (``registry``)

@@ -27,6 +27,10 @@ MAX_RLE_RUNS = 20_000
 class SegmentTask(Task):
     name: ClassVar[str] = "segment"
 
+    @classmethod
+    def build(cls, decoder: BoundDecoder, params: DecodeParams, masks: str, mask_points: int) -> Task:
+        return cls(decoder, params, masks, mask_points)
+
     def __init__(self, decoder: BoundDecoder, params: DecodeParams, form: str, max_points: int) -> None:
         self.form = form  # polygon | rle | none
         self.max_points = max_points
@@ -83,3 +87,6 @@ class SegmentTask(Task):
         """Its published form: made by ``to_source``; made now for a mask put in the slot
         otherwise (tools, tests)."""
         return mask.shape if mask.shape is not None else self._published(mask, slot.geo.src_h, slot.geo.src_w)
+
+
+TASK = SegmentTask  # (``registry``)

@@ -225,7 +225,7 @@ def test_a_timed_loop_starts_once_another_sessions_threads_stopped_spinning():
     default): the runs timed of one right after the other ran share no core with the
     other's pool threads (which spin on for tens of ms after a run)."""
     from edge_agent.bench.phases import settle, timed_runs
-    from edge_agent.core.config import OnnxRuntimeConfig
+    from edge_agent.core.model_config import OnnxRuntimeConfig
     from edge_agent.models.manifest import resolve_model
     from edge_agent.pipelines.backends.onnxruntime import OnnxRuntimeBackend
 
@@ -351,7 +351,7 @@ def _scene_frames(folder, counts=COUNTS) -> list[int]:
     import numpy as np
 
     from edge_agent.checks.evaluation import detect
-    from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig
+    from edge_agent.core.model_config import ModelConfig, OnnxRuntimeConfig
     from edge_agent.pipelines.model import load_model
     from edge_agent.pipelines.sources.synthetic import SceneSpec, SyntheticScene
 
@@ -485,7 +485,8 @@ def test_sequential_and_bare_loop_play_the_same_frames_in_order(tmp_path):
     from edge_agent.bench.bare import bare_loop, onnxruntime_settings
     from edge_agent.bench.configs import bench_source
     from edge_agent.bench.phases import sequential
-    from edge_agent.core.config import AgentConfig, OnnxRuntimeConfig
+    from edge_agent.core.config import AgentConfig
+    from edge_agent.core.model_config import OnnxRuntimeConfig
     from edge_agent.pipelines.model import load_model
     from edge_agent.pipelines.sources.files import preload
 
@@ -673,3 +674,27 @@ def test_bench_without_source_plays_the_configs_own_image_folder(endpoint, tmp_p
     for phase in ("sequential", "pipelined"):
         det = r[phase]["detections_per_frame"]
         assert (det["frames"], det["mean"], det["max"]) == (10, round(sum(played) / 10, 3), max(played)), det
+
+
+def test_the_sequential_phase_accounts_every_frame_it_took(const_model):
+    """Phases 1 and 2 on one agent: the frame inference alone runs on is the bench's own
+    (never one of the lane's), so the sequential snapshot counts exactly the frames played,
+    each ended (captured == on time + late + dropped), none left in flight."""
+    from edge_agent.bench.configs import BenchAgent, raw_config
+    from edge_agent.bench.phases import alone_and_sequential
+    from edge_agent.core.config import AgentConfig
+    from edge_agent.core.model_config import ModelConfig, OnnxRuntimeConfig
+    from edge_agent.core.source_config import SyntheticSourceConfig
+
+    cfg = AgentConfig(
+        source=SyntheticSourceConfig(fps=0),
+        model=ModelConfig(path=str(const_model)),
+        backend=OnnxRuntimeConfig(intra_op_threads=1),
+    )
+    with BenchAgent(raw_config(cfg)) as agent:
+        alone, seq = alone_and_sequential(agent, 12, 8)
+    c = seq.stats.counts
+    assert alone.count == 8 and seq.per_frame.count == 12
+    assert c.captured == 12, c
+    assert c.captured == c.on_time + c.late + c.dropped and c.in_flight == 0, c
+    assert c.on_time + c.late == len(seq.detections) == 12, c

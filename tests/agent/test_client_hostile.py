@@ -14,7 +14,9 @@ import pytest
 import zmq
 from conftest import agent_command, free_endpoint, spawn
 
-from edge_agent.client import MessageError, decode, parse, subscribe
+from edge_agent.client import Subscriber, parse, subscribe
+from edge_agent.core.schema import SCHEMA_VERSION
+from edge_agent.core.stream_frames import MessageError, decode
 
 GOOD = {"source": "cam0", "seq": 7, "frame_id": 7, "latency_ms": {"total": 4.0}, "detections": []}
 
@@ -30,6 +32,8 @@ BAD = [
     b"det.cam0 " + json.dumps([1, 2]).encode(),  # not an object
     b"\xff\xfe " + json.dumps(GOOD).encode(),  # a topic that is not UTF-8
     b"det.cam0 " + b"x" * ((1 << 20) + 1),  # over the frame bound
+    b"det.cam0 " + json.dumps(GOOD | {"schema": SCHEMA_VERSION + 1}).encode(),  # a later version
+    b"det.cam0 " + json.dumps(GOOD | {"schema": "2"}).encode(),
 ]
 
 
@@ -43,6 +47,17 @@ def test_each_bad_frame_is_a_message_error(frame):
 def test_a_good_frame_parses():
     topic, body = decode(b"det.cam0 " + json.dumps(GOOD).encode())
     assert parse(topic, body).seq == 7
+
+
+@pytest.mark.parametrize("version", range(1, SCHEMA_VERSION + 1))
+def test_a_message_of_this_or_an_earlier_schema_version_parses(version):
+    topic, body = decode(b"det.cam0 " + json.dumps(GOOD | {"schema": version}).encode())
+    assert parse(topic, body).seq == 7, f"schema {version} of {SCHEMA_VERSION}"
+
+
+def test_a_later_schema_version_is_named_in_the_refusal():
+    with pytest.raises(MessageError, match=f"schema {SCHEMA_VERSION + 1}, not 1 to {SCHEMA_VERSION}"):
+        parse("det.cam0", GOOD | {"schema": SCHEMA_VERSION + 1})
 
 
 def _feeding(pub: zmq.Socket, frames: list[bytes]):
@@ -80,6 +95,50 @@ def test_subscribe_skips_bad_messages_and_yields_the_good_ones():
         feeder.join()
         pub.close()
     assert [(m.source, m.seq) for m in got] == [("cam0", 7)] * 3
+
+
+def _decodes(frame: bytes) -> bool:
+    try:
+        decode(frame)
+    except MessageError:
+        return False
+    return True
+
+
+def test_the_subscriber_refuses_each_bad_frame_and_reads_on():
+    """The subscriber's recv raises MessageError for a bad frame and is then still usable;
+    recv_frame hands the frame over as it came; a receive that times out returns None."""
+    endpoint = free_endpoint()
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub.linger = 0
+    pub.bind(endpoint)
+    good = b"det.cam0 " + json.dumps(GOOD).encode()
+    undecodable = [f for f in BAD if f.startswith(b"det.") and not _decodes(f)]  # the rest parse() refuses
+    refused, decoded, raw = 0, [], []
+    stop, feeder = _feeding(pub, [*undecodable, good, b"other.cam0 " + json.dumps(GOOD).encode()])
+    try:
+        with Subscriber(endpoint, ("det",), timeout_s=30) as sub:
+            while len(decoded) < 3:
+                try:
+                    got = sub.recv()
+                except MessageError:
+                    refused += 1
+                    continue
+                assert got is not None, "nothing within 30 s"
+                decoded.append(got)
+            while good not in raw and len(raw) < 10 * len(undecodable):
+                frame = sub.recv_frame()
+                assert frame is not None, "nothing within 30 s"
+                raw.append(frame)
+    finally:
+        stop.set()
+        feeder.join()
+        pub.close()
+    assert decoded == [("det.cam0", GOOD)] * 3, "only the subscribed topic, decoded"
+    assert refused >= len(undecodable), f"{refused} frames refused, fewer than a round of the bad ones"
+    assert good in raw and all(f.startswith(b"det.cam0 ") for f in raw), "frames as they came"
+    with Subscriber(endpoint, ("det",), timeout_s=0.05) as quiet:
+        assert quiet.recv() is None and quiet.recv_frame() is None, "a timeout is None"
 
 
 def test_listen_tells_and_skips_bad_messages_and_prints_the_good_ones():

@@ -19,7 +19,7 @@ import zmq.auth
 from conftest import free_endpoint, wait_until
 from helpers import refused_handshake
 
-from edge_agent.client import connect
+from edge_agent.client import Subscriber
 from edge_agent.pipelines.publish import ZmqPublisher
 
 PUBLISH_LOG = "edge_agent.pipelines"  # the publisher and its CURVE allow-list (curve.py)
@@ -79,26 +79,29 @@ class Sender:
 
 
 class Client:
-    """A CURVE subscriber made by ``edge_agent.client.connect``; ``seqs`` is what arrived."""
+    """A CURVE subscriber made by ``edge_agent.client.Subscriber``; ``seqs`` is what arrived."""
 
     def __init__(self, ctx: zmq.Context, keys: Keys, name: str, endpoint: str) -> None:
-        self.sock = connect(
-            endpoint, ("det",), str(keys.public("server")), str(keys.dir / f"{name}.key_secret"), ctx
+        self.sub = Subscriber(
+            endpoint,
+            ("det",),
+            server_key=str(keys.public("server")),
+            client_cert=str(keys.dir / f"{name}.key_secret"),
+            timeout_s=0,  # drain() takes what is there and returns
+            context=ctx,
         )
         self.seqs: list[int] = []
 
     def drain(self) -> list[int]:
-        with contextlib.suppress(zmq.Again):
-            while True:
-                _, _, body = self.sock.recv(zmq.NOBLOCK).partition(b" ")
-                self.seqs.append(json.loads(body)["seq"])
+        while (got := self.sub.recv()) is not None:
+            self.seqs.append(got[1]["seq"])
         return self.seqs
 
     def after(self, seq: int) -> list[int]:
         return [s for s in self.drain() if s > seq]
 
     def close(self) -> None:
-        self.sock.close(linger=0)
+        self.sub.close()
 
 
 @pytest.fixture
@@ -139,7 +142,7 @@ def receives_nothing_after(client: Client, seq: int, seconds: float = QUIET_S) -
     """What ``client`` received with a seq above ``seq`` while polling for ``seconds``."""
     end = time.monotonic() + seconds
     while time.monotonic() < end:
-        client.sock.poll(50)
+        client.sub.poll(0.05)
         client.drain()
     return client.after(seq)
 

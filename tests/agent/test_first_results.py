@@ -19,14 +19,16 @@ import zmq
 from conftest import agent_command, read_line, spawn, spawn_run, wait_until
 from helpers import write_video
 
-from edge_agent.client import GapTracker, connect, decode
-from edge_agent.core.config import AgentConfig, PublishConfig
+from edge_agent.client import GapTracker, connect
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.publish_config import PublishConfig
 from edge_agent.core.source_config import (
     ImageFolderSourceConfig,
     SyntheticSourceConfig,
     V4L2SourceConfig,
     VideoSourceConfig,
 )
+from edge_agent.core.stream_frames import decode
 from edge_agent.pipelines.publish import ZmqPublisher
 
 

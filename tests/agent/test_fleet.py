@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.core.config import AutoBackendConfig, OnnxRuntimeConfig, TensorRTConfig
 from edge_agent.core.configload import ConfigError, Problem
 from edge_agent.core.effective.diff import diff_configs
 from edge_agent.core.effective.parse import DeviceFacts
 from edge_agent.core.effective.render import load_effective, load_fleet, validate_fleet
+from edge_agent.core.model_config import AutoBackendConfig, OnnxRuntimeConfig, TensorRTConfig
 from edge_agent.core.source_config import RtspSourceConfig, SyntheticSourceConfig, VideoSourceConfig
 
 

@@ -13,14 +13,11 @@ import pytest
 from conftest import agent_command, free_endpoint, run_process, started
 
 from edge_agent.checks.healthcheck import Judge, Window, check, judge
-from edge_agent.core.config import (
-    AgentConfig,
-    FaultsConfig,
-    MetricsConfig,
-    ModelConfig,
-    PublishConfig,
-    config_hash,
-)
+from edge_agent.core.config import AgentConfig, config_hash
+from edge_agent.core.endpoint_config import MetricsConfig
+from edge_agent.core.model_config import ModelConfig
+from edge_agent.core.publish_config import PublishConfig
+from edge_agent.core.resilience_config import FaultsConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.pipelines.deadline import DROP_REASONS
 from edge_agent.pipelines.heartbeat import HEALTH_TOPIC

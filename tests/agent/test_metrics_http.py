@@ -22,7 +22,9 @@ import pytest
 from conftest import wait_until
 from prometheus_client.core import GaugeMetricFamily
 
-from edge_agent.service.http_endpoint import Deferred, HttpEndpoint, Request, Response
+from edge_agent.service.http_endpoint import HttpEndpoint
+from edge_agent.service.http_request import Request
+from edge_agent.service.http_response import Deferred, Response
 from edge_agent.service.metrics import AgentCollector, MetricsServer
 
 #: File descriptors the server may hold beyond its connections at a moment we look.

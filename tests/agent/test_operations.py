@@ -15,9 +15,13 @@ import zmq
 from conftest import REPO, agent_command, run_process, spawn, started, wait_until
 from helpers import Subscriber, free_port, running_agent, scrape, value, write_video
 
-from edge_agent.client import GapTracker, Result, connect, decode, subscribe
-from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig
+from edge_agent.client import GapTracker, Result, connect, subscribe
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.endpoint_config import MetricsConfig
+from edge_agent.core.model_config import ModelConfig
+from edge_agent.core.publish_config import PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig, VideoSourceConfig
+from edge_agent.core.stream_frames import decode
 from edge_agent.service.runner import Agent
 
 

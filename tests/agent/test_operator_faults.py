@@ -283,7 +283,10 @@ def test_a_pipeline_a_reload_left_stuck_keeps_the_stop_unclean(const_model, endp
     exits at once instead of the interpreter joining that thread for ever)."""
     from dataclasses import replace
 
-    from edge_agent.core.config import AgentConfig, DeadlineConfig, ModelConfig, PublishConfig
+    from edge_agent.core.config import AgentConfig
+    from edge_agent.core.deadline_config import DeadlineConfig
+    from edge_agent.core.model_config import ModelConfig
+    from edge_agent.core.publish_config import PublishConfig
     from edge_agent.core.source_config import SyntheticSourceConfig
     from edge_agent.service.runner import Agent
 
@@ -321,7 +324,10 @@ def test_frames_that_reach_an_abandoned_inference_thread_are_counted_once(const_
     """stop() gave up on the inference thread (``InferStage.abandon``) just as it took a
     batch from the scheduler, or just as its backend returned: those frames are counted
     (shutdown), once, and never handed on."""
-    from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig
+    from edge_agent.core.config import AgentConfig
+    from edge_agent.core.endpoint_config import MetricsConfig
+    from edge_agent.core.model_config import ModelConfig
+    from edge_agent.core.publish_config import PublishConfig
     from edge_agent.core.source_config import SyntheticSourceConfig
     from edge_agent.pipelines.stages import FrameQueue
     from edge_agent.service.runner import Agent

@@ -96,7 +96,7 @@ def test_the_float_variant_gives_the_bundled_detectors_outputs(tmp_path):
     """What device preprocessing runs on a device: the same detector taking float NCHW pixels."""
     from edge_agent.checks.evaluation import heldout_images
     from edge_agent.checks.selftest import float_variant
-    from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig
+    from edge_agent.core.model_config import ModelConfig, OnnxRuntimeConfig
     from edge_agent.pipelines.model import load_model
     from edge_agent.pipelines.preprocess import Letterbox
 

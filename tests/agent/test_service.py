@@ -18,7 +18,10 @@ import pytest
 from conftest import agent_command, run_process, spawn, started, wait_until
 from helpers import NotifySocket, Subscriber
 
-from edge_agent.core.config import AgentConfig, ModelConfig, PublishConfig, ServiceConfig
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.model_config import ModelConfig
+from edge_agent.core.publish_config import PublishConfig
+from edge_agent.core.resilience_config import ServiceConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.service.runner import Agent
 from edge_agent.service.sdnotify import Notifier
@@ -272,7 +275,8 @@ def test_a_reload_that_fails_after_the_drain_resumes_the_old_config(tmp_path, co
 
     from fakes.jetson_tree import make_tree
 
-    from edge_agent.core.config import MetricsConfig, PowerConfig
+    from edge_agent.core.endpoint_config import MetricsConfig
+    from edge_agent.core.power_config import PowerConfig
     from edge_agent.power import sysfs
 
     root = make_tree(tmp_path / "root", "orin-nano")
@@ -304,7 +308,7 @@ def test_a_reload_that_fails_after_the_drain_resumes_the_old_config(tmp_path, co
 def test_a_slow_model_is_not_taken_for_a_stuck_one(const_model, endpoint, monkeypatch):
     """Every inference takes 0.3 s, longer than stage_timeout_s: a CPU fallback of a big
     model. The stage is slow, not stuck: it gets three times its slowest inference."""
-    from edge_agent.core.config import FaultsConfig
+    from edge_agent.core.resilience_config import FaultsConfig
 
     monkeypatch.setenv("EDGE_AGENT_FAULTS", "1")
     cfg = AgentConfig(

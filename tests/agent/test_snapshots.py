@@ -15,9 +15,10 @@ from conftest import free_endpoint, started, wait_until
 from helpers import Subscriber
 
 from edge_agent.core.analytics_config import AnalyticsConfig, LineConfig, SnapshotConfig, ZoneConfig
-from edge_agent.core.config import AgentConfig, PublishConfig
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.publish_config import PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
-from edge_agent.pipelines.analytics.step import SourceAnalytics
+from edge_agent.pipelines.steps.analytics import SourceAnalytics
 from edge_agent.service.runner import Agent
 from edge_agent.service.snapshots import NAME, POOL, SnapshotService, file_name
 
@@ -147,7 +148,7 @@ def test_an_agent_saves_a_snapshot_per_event_and_nothing_while_off(tmp_path):
     with started(Agent(off), clean=True) as agent:
         lane = agent.pipeline._lanes[0]
         wait_until(lambda: lane.stats.counts().on_time + lane.stats.counts().late >= 10, 30, message="frames")
-        assert not lane.keeps_pixels and lane.analytics.snapshots is None
+        assert not lane.keeps_pixels and lane.steps[-1].snapshots is None
         slots = lane.primary.pools[lane.name].slots
         assert all(s.pixels is None for s in slots)
 

@@ -18,7 +18,10 @@ import pytest
 from conftest import free_endpoint, run_process, started, wait_until
 from helpers import free_port
 
-from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig, ViewConfig
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.endpoint_config import MetricsConfig, ViewConfig
+from edge_agent.core.model_config import ModelConfig
+from edge_agent.core.publish_config import PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.pipelines.view_tap import ViewFrame
 from edge_agent.service.view.annotate import PALETTE, annotate, colour

@@ -16,14 +16,18 @@ from conftest import free_endpoint, started, wait_until
 from helpers import free_port
 
 from edge_agent.core.analytics_config import AnalyticsConfig, LineConfig, ZoneConfig
-from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig, ViewConfig
-from edge_agent.core.source_config import SyntheticSourceConfig
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.endpoint_config import MetricsConfig, ViewConfig
+from edge_agent.core.model_config import ModelConfig
+from edge_agent.core.publish_config import PublishConfig
+from edge_agent.core.source_config import SyntheticSourceConfig, TrackerConfig
 from edge_agent.core.stamps import CAPTURED, PUBLISH
 from edge_agent.pipelines.analytics.geometry import Geometry, LineShape, Shapes, ZoneShape, shapes_of
-from edge_agent.pipelines.analytics.step import SourceAnalytics
 from edge_agent.pipelines.backends.base import IOSet
 from edge_agent.pipelines.slots import FrameSlot
 from edge_agent.pipelines.sources.base import SourceFrame
+from edge_agent.pipelines.steps.analytics import SourceAnalytics
+from edge_agent.pipelines.steps.tracking import SourceTracker
 from edge_agent.pipelines.view_tap import ViewFrame, ViewTap
 from edge_agent.service.view.annotate import annotate, colour, line_colour, zone_colour
 
@@ -129,7 +133,7 @@ def lane_slot(frame_id: int, boxes: list[tuple[float, float, float, float]], tra
     io = IOSet({"images": np.zeros((1, 8, 8, 3), np.uint8)}, [])
     labels = SimpleNamespace(labels=("a",))  # what the tap reads of the slot's model profile
     slot = FrameSlot(
-        0, io, "images", max_det=4, max_gt=1, profile=SimpleNamespace(model=SimpleNamespace(manifest=labels))
+        0, io, "images", max_det=4, profile=SimpleNamespace(model=SimpleNamespace(manifest=labels))
     )
     slot.frame_id, slot.det_count = frame_id, len(boxes)
     slot.det_xyxy[: len(boxes)] = np.reshape(boxes, (-1, 4))
@@ -146,7 +150,8 @@ def through_tap(tap: ViewTap, slot: FrameSlot, analytics, size: tuple[int, int] 
     source_frame.image, source_frame.frame_id = np.zeros((size[1], size[0], 3), np.uint8), slot.frame_id
     tap._next_ns = 0  # due now: the view's rate is not what is tested here
     tap.offer_pixels(source_frame)
-    tap.offer_result(slot, False, True, analytics)
+    steps = (SourceTracker(TrackerConfig(), "m.onnx"), analytics) if analytics is not None else ()
+    tap.offer_result(slot, False, steps)  # the tracker hands its ids on too
     into = ViewFrame(4)
     assert tap.take(into, -1) == tap.ready_seq, "a frame is ready"
     return into

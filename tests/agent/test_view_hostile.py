@@ -20,8 +20,8 @@ from conftest import started, wait_until
 from helpers import free_port
 from test_view import config, get
 
-from edge_agent.core.config import ViewConfig
-from edge_agent.core.configload import FieldError
+from edge_agent.core.configfields import FieldError
+from edge_agent.core.endpoint_config import ViewConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
 
 CAP = 32  # edge_agent.service.view.server.MAX_CONNECTIONS

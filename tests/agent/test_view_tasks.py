@@ -49,7 +49,7 @@ def lane_slot(task: Task | None, max_det: int = 4) -> FrameSlot:
     model = SimpleNamespace(manifest=SimpleNamespace(labels=LABELS))
     if task is not None:
         model.task = task
-    slot = FrameSlot(0, io, "images", max_det, 1, SimpleNamespace(model=model), task)
+    slot = FrameSlot(0, io, "images", max_det, SimpleNamespace(model=model), task)
     g = slot.geo
     g.src_w, g.src_h, g.scale_x, g.scale_y, g.new_w, g.new_h = W, H, 2.0, 2.0, 2 * W, 2 * H
     return slot
@@ -65,8 +65,7 @@ def fill(slot: FrameSlot, boxes: list, classes: list[int], extra: np.ndarray | N
         np.asarray(classes, np.int32),
         None if extra is None else np.asarray(extra, np.float32),
     )
-    task = slot.profile.model.task if hasattr(slot.profile.model, "task") else Task()
-    slot.fill(found, task)
+    slot.fill(found)
     return slot
 
 

@@ -16,7 +16,8 @@ from edge_agent.core.analytics_config import (
     polygon_problem,
 )
 from edge_agent.core.config import AgentConfig
-from edge_agent.core.configload import ConfigError, FieldError, Problem, load
+from edge_agent.core.configfields import FieldError
+from edge_agent.core.configload import ConfigError, Problem, load
 
 FILE = "agent.yaml"
 TRI = "[[0.1, 0.1], [0.5, 0.1], [0.1, 0.5]]"  # a good zone

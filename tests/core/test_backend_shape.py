@@ -2,7 +2,7 @@
 whatever the ``type``, in what ``config show``/``render``/``diff`` print and in what loads; the
 flat form of a single type (``{type: onnxruntime, providers: ...}``) still loads.
 
-(agent/core/configload.py ``Builder._unnest``, agent/core/config.py ``printed``)
+(agent/core/configbuild.py ``Builder._unnest``, agent/core/config.py ``printed``)
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from edge_agent.core.config import AgentConfig, OnnxRuntimeConfig, TensorRTConfig, load_config, printed
+from edge_agent.core.config import AgentConfig, load_config, printed
 from edge_agent.core.configload import ConfigError, load
+from edge_agent.core.model_config import OnnxRuntimeConfig, TensorRTConfig
 
 
 def problems(text: str) -> list[tuple[int, str, str]]:

@@ -1,6 +1,7 @@
 """Agent configuration: YAML loading, error reporting, dump and the `config` CLI.
 
-(agent/config.py, agent/configload.py, agent/cli.py `config validate|show`)
+(agent/core/config.py and its sections' modules, agent/core/configload.py and configbuild.py,
+agent/cli.py `config validate|show`)
 """
 
 from __future__ import annotations
@@ -16,17 +17,11 @@ import pytest
 import yaml
 from conftest import REPO
 
-from edge_agent.core.config import (
-    AgentConfig,
-    AutoBackendConfig,
-    DeadlineConfig,
-    ModelConfig,
-    OnnxRuntimeConfig,
-    PublishConfig,
-    load_config,
-    printed,
-)
+from edge_agent.core.config import AgentConfig, load_config, printed
 from edge_agent.core.configload import ConfigError, Problem, dump, load
+from edge_agent.core.deadline_config import DeadlineConfig
+from edge_agent.core.model_config import AutoBackendConfig, ModelConfig, OnnxRuntimeConfig
+from edge_agent.core.publish_config import PublishConfig
 from edge_agent.core.source_config import (
     GStreamerSourceConfig,
     ImageFolderSourceConfig,
@@ -664,7 +659,9 @@ def test_reload_kinds_come_from_the_fields_marks():
     """Reload decides from field metadata, not from lists kept beside the config."""
     from dataclasses import replace
 
-    from edge_agent.core.config import AgentConfig, LadderStep, PublishConfig
+    from edge_agent.core.config import AgentConfig
+    from edge_agent.core.deadline_config import LadderStep
+    from edge_agent.core.publish_config import PublishConfig
     from edge_agent.core.reloads import LANE, MODELS, REBIND, marked_fields, marked_values
     from edge_agent.core.source_config import SyntheticSourceConfig
 
@@ -696,7 +693,8 @@ def test_reload_kinds_come_from_the_fields_marks():
 
 
 def test_the_config_hash_shows_drift_but_not_who_or_where_a_device_is():
-    from edge_agent.core.config import MetricsConfig, config_hash
+    from edge_agent.core.config import config_hash
+    from edge_agent.core.endpoint_config import MetricsConfig
 
     base = AgentConfig(device_id="a")
     same = AgentConfig(
@@ -713,7 +711,8 @@ def test_every_field_marked_local_is_left_out_of_the_hash_and_only_those(backend
     its own or inside ``auto``), found from the marks, not from a list of key paths."""
     from dataclasses import fields, is_dataclass, replace
 
-    from edge_agent.core.config import AutoBackendConfig, TensorRTConfig, config_hash
+    from edge_agent.core.config import config_hash
+    from edge_agent.core.model_config import AutoBackendConfig, TensorRTConfig
 
     trt = TensorRTConfig(cache_dir="/a")
     base = AgentConfig(backend=AutoBackendConfig(tensorrt=trt) if backend == "auto" else trt)

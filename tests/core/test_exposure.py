@@ -13,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from edge_agent.core.config import AgentConfig, MetricsConfig, PublishConfig, ViewConfig
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.endpoint_config import MetricsConfig, ViewConfig
 from edge_agent.core.exposure import exposure_warnings, on_loopback
+from edge_agent.core.publish_config import PublishConfig
 
 
 def keys(cfg: AgentConfig) -> list[str]:

@@ -13,7 +13,8 @@ FakeTensorRT so one list shows the whole protocol in order) and enforces pycuda'
 
 - after ``init()``, every call that needs a context raises ``FakeLogicError`` (pycuda's
   ``LogicError``) unless a context is current in the calling thread;
-- the host side of ``memcpy_*_async`` must come from ``pagelocked_empty``;
+- the host side of ``memcpy_*_async`` must come from ``pagelocked_empty`` (the array, or a
+  contiguous view into it);
 - a second ``free()`` of an allocation raises (pycuda ``src/cpp/cuda.hpp``:
   ``device_allocation::free`` / ``pagelocked_host_allocation::free`` throw
   CUDA_ERROR_INVALID_HANDLE once ``m_valid`` is false);
@@ -548,7 +549,12 @@ class FakeCudaDriver:
 
     @staticmethod
     def _pagelocked(what: str, host: Any) -> np.ndarray:
-        if not isinstance(host, np.ndarray) or not isinstance(host.base, FakePagelockedHostAllocation):
+        # Page-locked is the memory's property: a contiguous view into it (the first rows of
+        # a buffer) is page-locked too, which numpy shows as a base chain ending there.
+        base = host.base if isinstance(host, np.ndarray) else None
+        while isinstance(base, np.ndarray):
+            base = base.base
+        if not isinstance(base, FakePagelockedHostAllocation) or not host.flags.c_contiguous:
             raise AssertionError(
                 f"{what}: the host buffer must be page-locked (from pagelocked_empty), "
                 f"got {type(host).__name__} with base {type(getattr(host, 'base', None)).__name__}"

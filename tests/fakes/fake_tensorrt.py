@@ -6,8 +6,8 @@ TensorRT 10.3 Python bindings (NVIDIA/TensorRT tag v10.3.0, summarised in
 ``OnnxParser``, ``INetworkDefinition`` (``add_input``/``add_cast``/``add_shuffle``/
 ``add_constant``/``add_gather``/``add_scale``/``mark_output``), ``IBuilderConfig``,
 ``IOptimizationProfile``, ``ITimingCache``, ``IProgressMonitor``,
-``IInt8EntropyCalibrator2``, ``Runtime``, ``ICudaEngine``, ``IExecutionContext``, the
-enums and ``nptype``.
+``IInt8EntropyCalibrator2``, ``Runtime``, ``ICudaEngine``, ``IExecutionContext``,
+``IOutputAllocator``, the enums and ``nptype``.
 
 - The parser reads the real ONNX file (with ``onnx``), so the network's inputs, outputs and
   layers are the model's own; dynamic dimensions are -1, as in TensorRT.
@@ -43,7 +43,8 @@ enums and ``nptype``.
   itemsize (TensorRT writes that much, whatever was allocated), and marks the stream busy
   until it is synchronised. A dynamic output dimension stays -1 after the input shapes are
   set unless it is axis 0 under the input's batch axis's ONNX name: a data-dependent output
-  (NonMaxSuppression inside the graph: [num_selected, 3]).
+  (NonMaxSuppression inside the graph: [num_selected, 3]), which needs an output allocator
+  (``set_output_allocator``; the protocol is in fake_trt_runtime's docstring).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from fakes.fake_trt_types import (
     FakeDeviceType,
     FakeExecutionContextAllocationStrategy,
     FakeIInt8EntropyCalibrator2,
+    FakeIOutputAllocator,
     FakeIProgressMonitor,
     FakeLogger,
     FakeMemoryPoolType,
@@ -346,6 +348,7 @@ class FakeTensorRT:
     ScaleMode = FakeScaleMode
     IProgressMonitor = FakeIProgressMonitor
     IInt8EntropyCalibrator2 = FakeIInt8EntropyCalibrator2
+    IOutputAllocator = FakeIOutputAllocator
     ExecutionContextAllocationStrategy = FakeExecutionContextAllocationStrategy
 
     def __init__(
@@ -382,6 +385,9 @@ class FakeTensorRT:
         self.plugin_allocates: set[str] = set()
         self.bake_inputs = False  # True: enqueues read their inputs when issued (see fake_trt_runtime)
         self.scratch_streams: dict[int, int] = {}  # user-managed device memory -> the stream last using it
+        # Rows each data-dependent output gets per enqueue, by output name (its allocator is
+        # asked for that many rows' bytes, then told the shape; the kernel writes them).
+        self.output_rows: dict[str, int] = {}
 
     def version_at_least(self, major: int, minor: int) -> bool:
         got = tuple(int(p) for p in self.__version__.split(".")[:2])

@@ -15,10 +15,26 @@ refuses two contexts sharing user-managed device memory at once (``setDeviceMemo
 are read when the enqueue is issued, so a graph replays the values of the captured frame.
 Deserializing an engine uses the legacy stream here (TensorRT copies the weights to the
 device; on which stream is not documented: the fake takes the stricter case).
+
+Outputs of data-dependent shape (-1 after the input shapes are set) follow TensorRT 10's
+output allocator (``include/NvInferRuntime.h``: ``setTensorAddress``, ``IOutputAllocator``;
+the binding, ``python/src/infer/pyCore.cpp`` ``PyOutputAllocator``):
+``set_output_allocator(name, allocator) -> bool`` (False for a name that is not an output;
+None unsets); ``execute_async_v3`` refuses (AssertionError) such an output without an
+allocator, and otherwise, on the host during the enqueue, calls its
+``reallocate_output_async(name, memory, size, alignment, stream)`` (the deprecated
+``reallocate_output`` where only that one is overridden) with the tensor's bytes (at least 1:
+"Always positive, even for an empty tensor"), then ``notify_shape(name, dims)``. The rows an
+enqueue gives are ``FakeTensorRT.output_rows[name]`` (0 by default). As the binding does, an
+exception in a callback, or a return value that is not an int, reads as nullptr; nullptr
+fails the enqueue (False) before ``notify_shape`` and before any work (stricter than a
+device, which may have run part of the network). A non-null address must hold the bytes
+asked for and be 256-byte aligned (AssertionError: TensorRT would write past it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +44,9 @@ from fakes.fake_trt_types import (
     _NP,
     MAGIC,
     FakeDataType,
+    FakeDims,
     FakeExecutionContextAllocationStrategy,
+    FakeIOutputAllocator,
     FakeTensorIOMode,
 )
 
@@ -102,6 +120,8 @@ class FakeExecutionContext:
         self._trt, self.engine, self.strategy = trt, engine, strategy
         self.input_shapes: dict[str, tuple[int, ...]] = {}
         self.addresses: dict[str, int] = {}
+        self.allocators: dict[str, Any] = {}  # output name -> its IOutputAllocator
+        self.placed: dict[str, tuple[int, tuple[int, ...]]] = {}  # the last enqueue's allocated outputs
         self._memory = 0  # activation memory: its own (STATIC) or the application's
         self.generation = 0  # bumped by every change a captured graph depends on
 
@@ -198,6 +218,38 @@ class FakeExecutionContext:
         self.generation += 1
         return True
 
+    def set_output_allocator(self, name: str, output_allocator: Any) -> bool:
+        self._trt._record("IExecutionContext.set_output_allocator", self.engine.label, name)
+        if output_allocator is not None and not (
+            isinstance(output_allocator, FakeIOutputAllocator)
+            and getattr(output_allocator, "_fake_initialised", False)
+        ):
+            # pybind11 refuses an instance whose base __init__ was not called.
+            raise TypeError(
+                "set_output_allocator(): incompatible function arguments (IOutputAllocator.__init__?)"
+            )
+        if self.engine.get_tensor_mode(name) != FakeTensorIOMode.OUTPUT:
+            return False  # the real call returns False for a name that is not an output
+        if output_allocator is None:
+            self.allocators.pop(name, None)
+        else:
+            self.allocators[name] = output_allocator
+        self.generation += 1
+        return True
+
+    def get_output_allocator(self, name: str) -> Any:
+        return self.allocators.get(name)
+
+    def _data_dependent(self) -> list[str]:
+        """Outputs with a -1 once the input shapes are set."""
+        e = self.engine
+        return [
+            n
+            for n in e._names
+            if e.get_tensor_mode(n) == FakeTensorIOMode.OUTPUT
+            and any(d < 0 for d in self.get_tensor_shape(n))
+        ]
+
     def execute_async_v3(self, stream_handle: int) -> bool:
         self._trt._record("IExecutionContext.execute_async_v3", self.engine.label, stream_handle)
         if not isinstance(stream_handle, int) or isinstance(stream_handle, bool):
@@ -205,7 +257,14 @@ class FakeExecutionContext:
                 f"execute_async_v3 takes the stream's int handle, got {type(stream_handle).__name__}"
             )
         self._check_shapes_set("execute_async_v3")
-        missing = [n for n in self.engine._names if n not in self.addresses]
+        dds = self._data_dependent()
+        unserved = [n for n in dds if n not in self.allocators]
+        if unserved:
+            raise AssertionError(
+                f"execute_async_v3 on {self.engine.label}: output(s) {unserved} have a data-dependent shape "
+                "and no output allocator (set_output_allocator)"
+            )
+        missing = [n for n in self.engine._names if n not in self.addresses and n not in self.allocators]
         if missing:
             raise AssertionError(f"execute_async_v3 on {self.engine.label}: no address set for {missing}")
         cuda = self._trt.cuda
@@ -215,6 +274,8 @@ class FakeExecutionContext:
             if why:
                 cuda._invalidate(capture, why)
                 return False  # enqueue fails when the capture fails (trtexec's comment)
+            if not self._allocate_outputs(dds, stream_handle):
+                return False
             self._check_buffer_sizes()
             if self.strategy == FakeExecutionContextAllocationStrategy.USER_MANAGED and not self._memory:
                 raise AssertionError(
@@ -228,6 +289,39 @@ class FakeExecutionContext:
                 tuple(self.addresses.values()),
             )
         return self._trt.execute_result
+
+    def _allocate_outputs(self, dds: list[str], stream_handle: int) -> bool:
+        """Ask each output served by an allocator (data-dependent, or with no address) for its
+        memory, then tell its shape; False: an allocator gave nullptr (the enqueue fails)."""
+        trt, e, cuda = self._trt, self.engine, self._trt.cuda
+        self.placed = {}
+        for name in e._names:
+            alloc = self.allocators.get(name)
+            if alloc is None or (name not in dds and name in self.addresses):
+                continue
+            shape = self.get_tensor_shape(name)
+            if name in dds:
+                rows = int(trt.output_rows.get(name, 0))
+                shape = tuple(rows if i == 0 and d < 0 else d for i, d in enumerate(shape))
+            size = max(int(np.prod(shape)) * np.dtype(_NP[e.get_tensor_dtype(name)]).itemsize, 1)
+            current = self.addresses.get(name, 0)
+            ptr = _reallocate(trt, alloc, name, current, size, stream_handle)
+            if not ptr:
+                return False
+            if ptr % 256:
+                raise AssertionError(
+                    f"reallocate_output_async({name!r}) returned {ptr:#x}: not 256-byte aligned"
+                )
+            if cuda.device_bytes_at(ptr) < size:
+                raise AssertionError(
+                    f"reallocate_output_async({name!r}, size={size}) returned {ptr:#x}, which holds "
+                    f"{cuda.device_bytes_at(ptr)} B: TensorRT would write past it"
+                )
+            self.placed[name] = (ptr, shape)
+            trt._record("IOutputAllocator.notify_shape", name, shape)
+            with contextlib.suppress(Exception):  # the binding prints it and goes on
+                alloc.notify_shape(name, FakeDims(shape))
+        return True
 
     def _uncapturable(self) -> str:
         """Why this enqueue cannot be captured ("" if it can)."""
@@ -250,6 +344,8 @@ class FakeExecutionContext:
         cuda, generation, memory = trt.cuda, self.generation, self._memory
         shapes = {n: self.get_tensor_shape(n) for n in self.addresses}
         addresses = dict(self.addresses)
+        for n, (ptr, shape) in self.placed.items():  # where the output allocators put them
+            addresses[n], shapes[n] = ptr, shape
         shared = self.strategy == FakeExecutionContextAllocationStrategy.USER_MANAGED
 
         def arrays() -> dict[str, np.ndarray]:
@@ -288,10 +384,28 @@ class FakeExecutionContext:
         return run
 
 
+def _reallocate(trt: FakeTensorRT, alloc: Any, name: str, current: int, size: int, stream: int) -> int:
+    """PyOutputAllocator.reallocateOutputAsync: the async override, else the deprecated one,
+    else nullptr; an exception or a value that is not an int is printed and read as nullptr."""
+    trt._record("IOutputAllocator.reallocate_output_async", name, current, size, 256, stream)
+    try:
+        fn = getattr(alloc, "reallocate_output_async", None)
+        if fn is not None:
+            ptr = fn(name, current, size, 256, stream)
+        else:
+            legacy = getattr(alloc, "reallocate_output", None)
+            ptr = legacy(name, current, size, 256) if legacy is not None else 0
+    except Exception:
+        return 0
+    return ptr if isinstance(ptr, int) and not isinstance(ptr, bool) else 0
+
+
 def _check_sizes(ctx: FakeExecutionContext) -> None:
     """Every bound buffer must hold the tensor's volume x itemsize: TensorRT writes all of it."""
     cuda, e = ctx._trt.cuda, ctx.engine
     for name, address in ctx.addresses.items():
+        if name in ctx.placed:
+            continue  # its allocator's memory, checked when it was given
         shape = ctx.get_tensor_shape(name)
         if any(d < 0 for d in shape):
             raise AssertionError(f"execute_async_v3 on {e.label}: {name!r} has unknown shape {shape}")

@@ -111,3 +111,19 @@ class FakeIInt8EntropyCalibrator2:
 
     def __init__(self) -> None:
         self._fake_initialised = True
+
+
+class FakeIOutputAllocator:
+    """trt.IOutputAllocator (TensorRT 10): subclasses call ``__init__`` and override
+    ``reallocate_output_async(tensor_name, memory, size, alignment, stream)`` (or the
+    deprecated ``reallocate_output(tensor_name, memory, size, alignment)``) and
+    ``notify_shape(tensor_name, shape)``. The binding defines only ``__init__`` on the base
+    (python/src/infer/pyCore.cpp: ``py::class_<IOutputAllocator, PyOutputAllocator>`` with
+    ``py::init<>()``): the callbacks are the subclass's own."""
+
+    def __init__(self) -> None:
+        self._fake_initialised = True
+
+
+class FakeDims(tuple):
+    """trt.Dims as ``notify_shape`` receives it: a sequence of ints (len, index, iterate)."""

@@ -1,20 +1,23 @@
 """What the TensorRT backend's tests share: one fake GPU (FakeTensorRT and FakeCudaDriver on
-one call log), the input formats, build settings, and the fixtures ``cache``, ``cuda`` and ``float_model``.
+one call log), the input formats, build settings, float detectors, and the fixtures ``cache``,
+``cuda`` and ``float_model``.
 
 A test module takes a fixture by binding it (``cache = trt_kit.cache``): a conftest.py in
-tests/pipelines would take the name ``conftest`` from tests/conftest.py, which the tests there
-import helpers from.
+tests/pipelines/backends would take the name ``conftest`` from tests/conftest.py, which the
+tests there import helpers from.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import onnx
 import pytest
 
-from edge_agent.core.config import TensorRTConfig
+from edge_agent.core.model_config import TensorRTConfig
 from edge_agent.models.manifest import InputFormat
 from edge_agent.models.testmodels import constant_detector, yolov8_output
 from edge_agent.pipelines.backends import trt_build
@@ -105,10 +108,59 @@ def cuda() -> Iterator[FakeCudaDriver]:
     drv.Context.pop()
 
 
+def float_detector(
+    tmp_path: Path, name: str, dtype: int = onnx.TensorProto.FLOAT, height: int = 320, **kw
+) -> str:
+    """A float NCHW detector (like an Ultralytics export) reporting one box, as
+    ``tmp_path/name/model.onnx``; ``dtype`` its input's ONNX type, ``height`` its square side."""
+    out = yolov8_output([(160, 160, 40, 40)], [0], [0.9], 4, 2100)
+    d = tmp_path / name
+    d.mkdir()
+    return constant_detector(
+        str(d / "model.onnx"), out, height=height, width=height, layout="NCHW", dtype=dtype, **kw
+    )
+
+
 @pytest.fixture
 def float_model(tmp_path) -> Path:
     """A float NCHW detector (like an Ultralytics export) reporting one box."""
-    out = yolov8_output([(160, 160, 40, 40)], [0], [0.9], 4, 2100)
-    d = tmp_path / "floatdet"
-    d.mkdir()
-    return Path(constant_detector(str(d / "model.onnx"), out, layout="NCHW", dtype=onnx.TensorProto.FLOAT))
+    return Path(float_detector(tmp_path, "floatdet"))
+
+
+# -- CUDA graphs (test_trt_graphs.py, test_trt_graph_fallbacks.py) ------------------------------
+
+
+def mean_kernel(label: str, ins: dict, outs: dict) -> None:
+    value = float(next(iter(ins.values())).astype(np.float64).mean())
+    for out in outs.values():
+        out[...] = value
+
+
+def graph_fakes(**kw) -> Fakes:
+    """Fakes with cuda-python's runtime, whose engines write the mean of their input."""
+    f = Fakes(graphs=True, **kw)
+    f.trt.kernel = mean_kernel
+    return f
+
+
+def graph_backend(
+    model: Any, cache: Path, fakes: Fakes | None = None, fmt: InputFormat = UINT8_FMT, **cfg
+) -> tuple[TensorRTBackend, Fakes]:
+    fakes = fakes or graph_fakes()
+    be = fakes.backend(cache, **cfg)
+    be.load(str(model), fmt)
+    return be, fakes
+
+
+def infer_value(be: TensorRTBackend, io: Any, value: int) -> float:
+    """Fill the frame with ``value``, infer, and return what the outputs hold (one value)."""
+    io.inputs[be.inputs[0].name][...] = value
+    be.upload(io)
+    be.infer(io)
+    out = io.outputs[0]
+    assert np.all(out == out.flat[0]), "the kernel writes one value everywhere"
+    return float(out.flat[0])
+
+
+def count(fakes: Fakes, name: str, since: int = 0) -> int:
+    return sum(1 for n, _ in fakes.since(since) if n == name)

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from edge_agent.core import configload
 from edge_agent.core.config import AgentConfig
+from edge_agent.core.configbuild import is_union
 from edge_agent.core.configload import ConfigError
 from edge_agent.core.effective.render import load_effective
 
@@ -46,7 +47,7 @@ def typed(hint: typing.Any, depth: int) -> st.SearchStrategy:
         return section(hint, depth) if depth > 0 else st.just({})
     if origin is typing.Literal:
         return st.one_of(st.sampled_from(args), ANY)
-    if configload.is_union(hint):
+    if is_union(hint):
         return st.one_of(*(typed(a, depth) for a in args if a is not type(None)), st.none())
     if origin in (list, tuple):
         inner = typed(args[0], depth - 1) if args and depth > 0 else ANY

@@ -1,5 +1,5 @@
 """Fuzz targets: the HTTP request heads of the live view and the metrics
-(``http_endpoint.parse_head``, which the one server of both calls on the bytes a connection
+(``http_request.parse_head``, which the one server of both calls on the bytes a connection
 has sent so far), then the view's and the metrics' answers to what it lets through. Inputs:
 any bytes, and near-valid heads (methods, paths with %-escapes and ``..``, queries with
 repeated keys and the view's token, header lines folded, with NUL, bare CR, non-ASCII,
@@ -24,8 +24,10 @@ from fuzzing import bounded, examples
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from edge_agent.core.config import ViewConfig
-from edge_agent.service.http_endpoint import HttpEndpoint, Request, RequestRefused, Response, parse_head
+from edge_agent.core.endpoint_config import ViewConfig
+from edge_agent.service.http_endpoint import HttpEndpoint
+from edge_agent.service.http_request import Request, RequestRefused, parse_head
+from edge_agent.service.http_response import Response
 from edge_agent.service.metrics import AgentCollector, MetricsServer
 from edge_agent.service.view.server import ViewServer, allowed_hosts
 

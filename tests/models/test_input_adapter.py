@@ -16,7 +16,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig
+from edge_agent.core.model_config import ModelConfig, OnnxRuntimeConfig
 from edge_agent.models import adapter
 from edge_agent.models.testmodels import float_nchw_detector
 from edge_agent.pipelines.model import load_model

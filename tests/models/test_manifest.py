@@ -7,8 +7,8 @@ import pytest
 from conftest import LABELS, write_manifest
 from onnx import TensorProto
 
-from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig
 from edge_agent.core.configload import ConfigError
+from edge_agent.core.model_config import ModelConfig, OnnxRuntimeConfig
 from edge_agent.models.manifest import ModelError, bundled_model_path, resolve_model
 from edge_agent.models.testmodels import constant_detector, yolov5_output, yolov8_output
 from edge_agent.pipelines.model import load_model

@@ -20,14 +20,10 @@ from fakes.fake_tensorrt import FakeTensorRT
 from helpers import Subscriber
 from onnx import TensorProto, helper
 
-from edge_agent.core.config import (
-    AgentConfig,
-    MetricsConfig,
-    ModelConfig,
-    OnnxRuntimeConfig,
-    PublishConfig,
-    TensorRTConfig,
-)
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.endpoint_config import MetricsConfig
+from edge_agent.core.model_config import ModelConfig, OnnxRuntimeConfig, TensorRTConfig
+from edge_agent.core.publish_config import PublishConfig
 from edge_agent.core.source_config import ImageFolderSourceConfig
 from edge_agent.models.manifest import ModelError, resolve_model
 from edge_agent.models.testmodels import brightness_detector, efficient_nms_plugin_graph
@@ -35,7 +31,7 @@ from edge_agent.pipelines.backends import registry
 from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
 from edge_agent.pipelines.model import load_model
 from edge_agent.pipelines.preprocess import Letterbox, boxes_to_source
-from edge_agent.pipelines.slots import ModelBuffers
+from edge_agent.pipelines.profile import Profile
 from edge_agent.service.runner import Agent
 
 F, I32 = TensorProto.FLOAT, TensorProto.INT32
@@ -374,7 +370,7 @@ def test_a_batch_of_frames_decodes_as_each_frame_alone(tmp_path, fmt):
     path = brightness_detector(str(tmp_path / "m.onnx"), outputs, metadata={**META, **meta})
     model = load_model(ModelConfig(path=path, input_adapter="off"), OnnxRuntimeConfig())
     assert model.decode.name == fmt
-    profile = ModelBuffers("m", model)
+    profile = Profile("m", model)
     pool = profile.pool("cam")
     profile.prepare_batches(3)
     slots = [pool.acquire(1.0) for _ in range(3)]

@@ -17,8 +17,8 @@ import pytest
 from conftest import agent_command, free_endpoint, run_process, spawn
 from onnx import TensorProto, helper, numpy_helper
 
-from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig
 from edge_agent.core.configload import ConfigError
+from edge_agent.core.model_config import ModelConfig, OnnxRuntimeConfig
 from edge_agent.models import onnx_info
 from edge_agent.models.manifest import ModelError, resolve_model
 from edge_agent.models.testmodels import constant_detector, yolov8_output

@@ -15,7 +15,7 @@ from edge_agent.core.analytics_config import MAX_COORDINATE, AnalyticsConfig, Li
 from edge_agent.core.stamps import CAPTURED, N_STAMPS
 from edge_agent.pipelines.analytics.counter import IN, OUT, Counter
 from edge_agent.pipelines.analytics.geometry import Geometry, clip_polygon, clip_segment, clip_window
-from edge_agent.pipelines.analytics.step import SourceAnalytics
+from edge_agent.pipelines.steps.analytics import SourceAnalytics
 
 W, H, FPS = 640, 480, 30.0
 LABELS = ("person", "car")

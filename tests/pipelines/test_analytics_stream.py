@@ -16,10 +16,12 @@ from conftest import REPO, free_endpoint, started, wait_until
 from helpers import Subscriber
 
 from edge_agent.core.analytics_config import AnalyticsConfig, LineConfig, ZoneConfig
-from edge_agent.core.config import AgentConfig, PublishConfig
+from edge_agent.core.config import AgentConfig
 from edge_agent.core.configload import ConfigError
+from edge_agent.core.publish_config import PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig, TrackerConfig
-from edge_agent.service.assembly import Assembly
+from edge_agent.pipelines.steps.base import StepContext
+from edge_agent.pipelines.steps.registry import build_steps
 from edge_agent.service.metrics import AgentCollector
 from edge_agent.service.runner import Agent
 
@@ -94,7 +96,7 @@ def test_a_reload_keeps_the_counts_of_what_it_did_not_change_and_refuses_a_bad_l
     cfg = config(AnalyticsConfig(zones=(HALF,), lines=(DOOR,)))
     sub = Subscriber(cfg.publish.endpoint, "event.", keep_all=True)
     with started(Agent(cfg), sub, clean=True) as agent:
-        counter = lambda: agent.pipeline._lanes[0].analytics.counter  # noqa: E731
+        counter = lambda: agent.pipeline._lanes[0].steps[-1].counter  # noqa: E731
         wait_until(
             lambda: counter().entered.sum() >= 2 and counter().crossed.sum() >= 2,
             90,
@@ -105,12 +107,12 @@ def test_a_reload_keeps_the_counts_of_what_it_did_not_change_and_refuses_a_bad_l
             cfg, source=replace(cfg.source, analytics=AnalyticsConfig(zones=(HALF,), lines=(moved,)))
         )
         before = counter()
-        entered, seq = before.entered.sum(), agent.pipeline._lanes[0].analytics.seq
+        entered, seq = before.entered.sum(), agent.pipeline._lanes[0].steps[-1].seq
         assert agent.reload(new) == ["source"]
         after = counter()
         assert after is not before
         assert after.entered.sum() >= entered, "the zone did not change: its counts go on"
-        assert agent.pipeline._lanes[0].analytics.seq >= seq, "event numbers go on"
+        assert agent.pipeline._lanes[0].steps[-1].seq >= seq, "event numbers go on"
         # a label the model does not have: refused, the running config stays
         bad = replace(HALF, labels=("person",))
         wrong = replace(cfg, source=replace(cfg.source, analytics=AnalyticsConfig(zones=(bad,))))
@@ -123,11 +125,15 @@ def test_a_reload_keeps_the_counts_of_what_it_did_not_change_and_refuses_a_bad_l
     assert all(e["line"] == "door" for e in events if e["kind"] == "cross")
 
 
+def step_names(cfg: AgentConfig) -> list[str]:
+    """The per-frame steps the registered plug-ins build for ``cfg``'s source, in order."""
+    ctx = StepContext(cfg.source, "source", "m.onnx", ("0",), "dev", "run", lambda t, b: None, lambda m: b"")
+    return [s.name for s in build_steps(ctx)]
+
+
 def test_no_zones_no_step_and_analytics_needs_the_tracker():
-    plain = config(AnalyticsConfig())
-    assert [type(s).__name__ for s in Assembly().post_steps(plain)] == ["TrackStep"]
-    with_zone = config(AnalyticsConfig(zones=(HALF,)))
-    assert [type(s).__name__ for s in Assembly().post_steps(with_zone)] == ["TrackStep", "AnalyticsStep"]
+    assert step_names(config(AnalyticsConfig())) == ["tracking"]
+    assert step_names(config(AnalyticsConfig(zones=(HALF,)))) == ["tracking", "analytics"]
     with pytest.raises(ValueError, match="tracker is off"):
         SyntheticSourceConfig(tracker=TrackerConfig(type="none"), analytics=AnalyticsConfig(zones=(HALF,)))
 

@@ -7,8 +7,8 @@ import itertools
 import numpy as np
 import pytest
 
-from edge_agent.core.config import DeadlineConfig, LadderStep
-from edge_agent.core.configload import FieldError
+from edge_agent.core.configfields import FieldError
+from edge_agent.core.deadline_config import DeadlineConfig, LadderStep
 from edge_agent.core.stamps import CAPTURED, INFER_START, N_STAMPS, PUBLISH
 from edge_agent.pipelines.deadline import DROP_REASONS, DeadlineMonitor, MissWindow
 

@@ -14,14 +14,11 @@ from pathlib import Path
 from conftest import wait_until, write_manifest
 from helpers import Subscriber
 
-from edge_agent.core.config import (
-    AgentConfig,
-    DeadlineConfig,
-    LadderStep,
-    MetricsConfig,
-    ModelConfig,
-    PublishConfig,
-)
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.deadline_config import DeadlineConfig, LadderStep
+from edge_agent.core.endpoint_config import MetricsConfig
+from edge_agent.core.model_config import ModelConfig
+from edge_agent.core.publish_config import PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.models.testmodels import constant_detector, yolov8_output
 from edge_agent.service.runner import Agent

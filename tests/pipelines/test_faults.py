@@ -16,16 +16,12 @@ from conftest import agent_command, run_process, started, wait_until, write_mani
 from helpers import Subscriber
 
 from edge_agent.core import resources
-from edge_agent.core.config import (
-    AgentConfig,
-    FaultsConfig,
-    MetricsConfig,
-    ModelConfig,
-    OnnxRuntimeConfig,
-    PublishConfig,
-    ResilienceConfig,
-)
-from edge_agent.core.configload import FieldError
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.configfields import FieldError
+from edge_agent.core.endpoint_config import MetricsConfig
+from edge_agent.core.model_config import ModelConfig, OnnxRuntimeConfig
+from edge_agent.core.publish_config import PublishConfig
+from edge_agent.core.resilience_config import FaultsConfig, ResilienceConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.service.runner import Agent
 

@@ -25,14 +25,12 @@ import pytest
 from conftest import wait_until
 from helpers import Subscriber, write_video
 
-from edge_agent.core.config import (
-    AgentConfig,
-    DeadlineConfig,
-    FaultsConfig,
-    MetricsConfig,
-    ModelConfig,
-    PublishConfig,
-)
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.deadline_config import DeadlineConfig
+from edge_agent.core.endpoint_config import MetricsConfig
+from edge_agent.core.model_config import ModelConfig
+from edge_agent.core.publish_config import PublishConfig
+from edge_agent.core.resilience_config import FaultsConfig
 from edge_agent.core.source_config import SyntheticSourceConfig, VideoSourceConfig
 from edge_agent.pipelines.scheduler import FRESH_SHARE
 from edge_agent.service.runner import Agent
@@ -149,22 +147,24 @@ def test_latency_mode_runs_only_fresh_frames_under_overload_and_throughput_mode_
     assert lat["dropped_by_reason"]["stale"] == thr["dropped_by_reason"]["stale"] == 0, (lat, thr)
 
     # Every published frame that had to wait for the busy inference was fresh by the rule
-    # when the inference became free: it had waited at most half an interval (the
-    # larger bound here: a quarter of the processing time is less, asserted below), plus
-    # the slack. Unless its camera's next frame was overdue by half an interval (or the
+    # when the inference became free: it had waited at most half an interval (or a quarter
+    # of the processing time, when a busy machine makes that the larger), plus the slack.
+    # Unless its camera's next frame was overdue by half an interval (or the
     # camera stopped at the end): then the scheduler runs the stale one after all, and
     # counts it. Judged at the moment the inference became free (the previous frame's
     # INFER_END), which is no later than the scheduler's decision: what this machine's
     # load adds after it cannot fail the test. A frame that reached an idle inference had
     # no choice to make.
     assert len(results.messages) >= 10, len(results.messages)
-    lat_waits = waits_when_inference_freed(results.messages)
-    too_long = [w for w in lat_waits if w > INTERVAL_MS / 2 + SLACK_MS]
+    # The rule's bound as it stood at the end (a busy machine makes the processing longer
+    # than the sleep alone, and a quarter of it may then be the larger bound).
     snap = latency.pipeline.snapshot()
-    assert len(too_long) <= snap.batching.fresh_fallbacks, (too_long, lat_waits)
     est = snap.lanes[0].deadline.estimate_ms
     work_ms = sum(v for k, v in next(iter(est.values())).items() if not k.startswith("wait"))
-    assert FRESH_SHARE * work_ms < INTERVAL_MS / 2, est
+    bound_ms = max(INTERVAL_MS / 2, FRESH_SHARE * work_ms)
+    lat_waits = waits_when_inference_freed(results.messages)
+    too_long = [w for w in lat_waits if w > bound_ms + SLACK_MS]
+    assert len(too_long) <= snap.batching.fresh_fallbacks, (too_long, lat_waits, est)
     # The same measure in throughput mode: it runs frames the rule would have passed over.
     thr_waits = waits_when_inference_freed(thr_results.messages)
     assert thr_waits and max(thr_waits) > INTERVAL_MS / 2 + SLACK_MS, thr_waits

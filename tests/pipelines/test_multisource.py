@@ -22,19 +22,16 @@ import pytest
 from conftest import REPO, free_endpoint, started, wait_until, write_manifest
 from helpers import Subscriber
 
-from edge_agent.core.config import (
-    AgentConfig,
-    BatchingConfig,
-    MetricsConfig,
-    ModelConfig,
-    OnnxRuntimeConfig,
-    PublishConfig,
-)
+from edge_agent.core.config import AgentConfig
 from edge_agent.core.configload import ConfigError, load
+from edge_agent.core.deadline_config import BatchingConfig
+from edge_agent.core.endpoint_config import MetricsConfig
+from edge_agent.core.model_config import ModelConfig, OnnxRuntimeConfig
+from edge_agent.core.publish_config import PublishConfig
 from edge_agent.core.source_config import ImageFolderSourceConfig, SyntheticSourceConfig, V4L2SourceConfig
 from edge_agent.models.testmodels import constant_detector, yolov8_output
 from edge_agent.pipelines.model import load_model
-from edge_agent.pipelines.slots import ModelBuffers
+from edge_agent.pipelines.profile import Profile
 from edge_agent.pipelines.sources.synthetic import SceneSpec, SyntheticScene
 from edge_agent.service.runner import Agent
 
@@ -282,7 +279,7 @@ def test_every_source_has_its_topic_seq_heartbeat_and_budget(const_model, endpoi
 def test_batched_inference_gives_each_frame_its_own_result():
     """A batch of three different frames decodes exactly as each frame alone."""
     model = load_model(ModelConfig(), OnnxRuntimeConfig())
-    profile = ModelBuffers("bundled", model)
+    profile = Profile("bundled", model)
     pool = profile.pool("cam")
     profile.prepare_batches(3)
     scene = SyntheticScene(SceneSpec(width=640, height=480, seed=7, num_objects=6))
@@ -442,7 +439,7 @@ def test_batched_inference_and_scheduling_allocate_nothing_frame_sized(const_mod
     from edge_agent.pipelines.scheduler import BatchScheduler
 
     model = load_model(ModelConfig(path=str(const_model)), OnnxRuntimeConfig())
-    profile = ModelBuffers("const", model)
+    profile = Profile("const", model)
     pools = [profile.pool(f"c{i}") for i in range(3)]
     profile.prepare_batches(3)
 
@@ -454,7 +451,7 @@ def test_batched_inference_and_scheduling_allocate_nothing_frame_sized(const_mod
         def around_ns(self) -> tuple[float, float]:
             return (0.0, 0.0)
 
-        def current(self) -> ModelBuffers:
+        def current(self) -> Profile:
             return profile
 
         def drop(self, slot, reason: str) -> None:
@@ -467,7 +464,7 @@ def test_batched_inference_and_scheduling_allocate_nothing_frame_sized(const_mod
     def one_round() -> None:
         for lane, pool in enumerate(pools):
             slot = pool.acquire(1.0)
-            slot.lane = lane
+            slot.lane_index = lane
             slot.stamps[0] = time.monotonic_ns()
             scheduler.put(lane, slot, stop)
         batch = scheduler.next_batch(1.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import tracemalloc
@@ -10,7 +11,11 @@ import pytest
 from conftest import started, wait_until
 from helpers import Subscriber, write_video
 
-from edge_agent.core.config import AgentConfig, MetricsConfig, ModelConfig, PublishConfig
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.endpoint_config import MetricsConfig
+from edge_agent.core.latency import LatencyHistogram
+from edge_agent.core.model_config import ModelConfig
+from edge_agent.core.publish_config import PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig, VideoSourceConfig
 from edge_agent.core.stamps import STAGES
 from edge_agent.pipelines.slots import Closed
@@ -96,8 +101,9 @@ def test_steady_state_allocates_nothing_per_frame(const_model, endpoint):
 
     numpy reports its buffers to tracemalloc, so a resize, colour conversion or output
     array allocated per frame would show as a peak of hundreds of KB (a 640x480 frame is
-    900 KB, the model input 300 KB). What remains are small Python objects (the message
-    dict, a few candidate indices) that are freed every frame.
+    900 KB, the letterboxed 320x320 image 300 KB, the float input 1.2 MB). What remains
+    are small Python objects (the message dict, a few candidate indices) that are freed
+    every frame.
 
     Growth is measured from a point already traced: what the steady state keeps alive and
     replaces now and then (the heartbeat's window histogram, its last message) was
@@ -123,7 +129,13 @@ def test_steady_state_allocates_nothing_per_frame(const_model, endpoint):
     frames = published() - start_count
     assert frames >= 2500, frames
     assert current - mid < 64 * 1024, f"traced memory grew by {current - mid} B over {frames} frames"
-    assert peak - mid < 200 * 1024, f"peak {peak - mid} B above the steady state: a per-frame buffer?"
+    # The smallest frame-sized buffer the path handles: the letterboxed image (uint8, the
+    # model's input size, 300 KB here); the float input and the camera frame are larger.
+    # Transient objects of other threads (the heartbeat, a log record) stay well under it,
+    # even on a busy machine (up to 215 KB seen at a load of 14 on 2 cores).
+    params = agent.primary_profile().model.params
+    smallest = params.input_w * params.input_h * 3
+    assert peak - mid < 0.85 * smallest, f"peak {peak - mid} B above the steady state: a per-frame buffer?"
 
 
 def test_slots_are_preallocated_and_reused(const_model, endpoint):
@@ -249,47 +261,87 @@ def test_the_snapshot_is_frozen_and_outlives_the_frames(const_model, endpoint):
 
 
 class Keep:
-    """A per-result step: keeps a frame's first detection only, and notes which frames it saw."""
+    """A per-frame step's state: keeps a frame's first detection only, and notes which
+    frames it saw."""
+
+    name = "keep"
+    keeps_pixels = False
 
     def __init__(self) -> None:
         self.seen: list[tuple[str, int]] = []
 
-    def run(self, slot, lane) -> None:
-        self.seen.append((lane.name, slot.frame_id))
+    def run(self, slot) -> None:
+        self.seen.append((slot.source, slot.frame_id))
         slot.det_count = min(slot.det_count, 1)
 
+    def message_block(self):
+        return {"kept": 1}
 
-class WithSteps(Assembly):
-    def __init__(self, *steps, frames: int = 0) -> None:
-        super().__init__(frames)
-        self.steps = list(steps)
+    def adopt(self, last, continuous, same_source):
+        return self
 
-    def post_steps(self, cfg):
-        return self.steps
+    def to_view(self, frame, slot) -> None:
+        pass
+
+    def snapshot(self):
+        return Seen(len(self.seen), LatencyHistogram())
+
+    take_snapshot = snapshot
 
 
-def test_a_post_step_runs_on_every_frame_between_decoding_and_publishing(const_model, endpoint):
-    """The shape the tracker and analytics drop into: a step handed in through the agent's
+@dataclasses.dataclass(frozen=True)
+class Seen:
+    frames: int
+    cost: LatencyHistogram
+
+    def as_dict(self):
+        return {"frames": self.frames}
+
+
+class Given:
+    """A step plug-in that gives every source ``state`` (the tests' steps)."""
+
+    order = 0
+
+    def __init__(self, state) -> None:
+        self.state = state
+        self.name = state.name
+
+    def build(self, ctx):
+        return self.state
+
+
+def with_steps(*states, frames: int = 0) -> Assembly:
+    return Assembly(frames, [Given(s) for s in states])
+
+
+def test_a_step_runs_on_every_frame_between_decoding_and_publishing(const_model, endpoint):
+    """The shape the tracker and analytics drop into: a step plug-in handed to the agent's
     assembly sees every decoded frame before its result goes out, and what it leaves in
-    the slot is published."""
+    the slot, and its block, are published."""
     step = Keep()
     sub = Subscriber(endpoint, "det")
-    agent = make_agent(const_model, endpoint, SyntheticSourceConfig(fps=50, seed=1), assembly=WithSteps(step))
+    source = SyntheticSourceConfig(fps=50, seed=1)
+    agent = make_agent(const_model, endpoint, source, assembly=with_steps(step))
     with started(agent, sub, clean=True):
         sub.wait_for(10)
     by_frame = {m["frame_id"]: m for m in sub.messages}
     assert by_frame and set(by_frame) <= {f for _, f in step.seen}, "every published frame went through it"
     assert all(len(m["detections"]) == 1 for m in by_frame.values()), "the step's result is what is sent"
+    assert all(m["keep"] == {"kept": 1} for m in by_frame.values()), "its block, under its name"
     assert {name for name, _ in step.seen} == {"cam0"}
 
 
-class Fails:
-    def run(self, slot, lane) -> None:
+class Fails(Keep):
+    name = "fails"
+    message_block = None
+
+    def run(self, slot) -> None:
         raise ValueError("a step that fails")
 
 
-def test_a_failing_post_step_drops_its_frame_as_an_error(const_model, endpoint):
-    agent = make_agent(const_model, endpoint, assembly=WithSteps(Fails(), frames=5))
+def test_a_failing_step_drops_its_frame_as_an_error(const_model, endpoint):
+    agent = make_agent(const_model, endpoint, assembly=with_steps(Fails(), frames=5))
     agent.start()
     assert agent.pipeline.finished.wait(20)
     assert agent.stop()

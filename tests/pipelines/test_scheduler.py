@@ -52,8 +52,8 @@ def frozen(monkeypatch) -> FrozenClock:
 
 def make_slot(lane: int, age_ms: float, profile: object = PROFILE) -> FrameSlot:
     io = IOSet({"images": np.zeros((1, 2, 2, 3), np.uint8)}, [np.zeros((1, 8, 4), np.float32)])
-    slot = FrameSlot(0, io, "images", max_det=4, max_gt=1, profile=profile)
-    slot.lane = lane
+    slot = FrameSlot(0, io, "images", max_det=4, profile=profile)
+    slot.lane_index = lane
     slot.stamps[CAPTURED] = scheduler_module.time.monotonic_ns() - int(age_ms * MS)  # frozen or not
     return slot
 
@@ -120,7 +120,7 @@ def make_scheduler(
 def put_all(s: BatchScheduler, slots: list[FrameSlot]) -> None:
     stop = threading.Event()
     for slot in slots:
-        assert s.put(slot.lane, slot, stop)
+        assert s.put(slot.lane_index, slot, stop)
 
 
 def give_rhythm(s: BatchScheduler, lane: int, interval_s: float) -> None:
@@ -132,7 +132,7 @@ def give_rhythm(s: BatchScheduler, lane: int, interval_s: float) -> None:
 
 
 def lanes_of(batch) -> list[int]:
-    return [slot.lane for slot in batch]
+    return [slot.lane_index for slot in batch]
 
 
 def test_higher_priority_is_served_first_even_with_a_later_deadline(frozen):

@@ -10,12 +10,14 @@ import pytest
 from conftest import REPO, free_endpoint, started, wait_until, write_manifest
 from helpers import Subscriber
 
-from edge_agent.core.config import AgentConfig, ModelConfig, PublishConfig
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.model_config import ModelConfig
+from edge_agent.core.publish_config import PublishConfig
+from edge_agent.core.schema import SCHEMA_VERSION
 from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.core.stamps import STAGES
 from edge_agent.models.testmodels import constant_detector, yolov8_output
 from edge_agent.pipelines.deadline import DROP_REASONS
-from edge_agent.pipelines.publish import SCHEMA_VERSION
 from edge_agent.service.runner import Agent
 
 SCHEMA_PATH = REPO / "pipelines/schema/message-v2.schema.json"
@@ -207,13 +209,13 @@ def test_the_formatted_detections_parse_to_the_same_objects(n):
     import numpy as np
 
     from edge_agent.pipelines.backends.base import IOSet
-    from edge_agent.pipelines.publish import MessageBuilder
+    from edge_agent.pipelines.messages import MessageBuilder
     from edge_agent.pipelines.slots import FrameSlot
 
     labels = ("person", 'say "cheese"', "back\\slash", "naïve")
     builder = MessageBuilder("dev", labels, 50.0)
     io = IOSet(inputs={"images": np.zeros((1, 3, 8, 8), np.float32)}, outputs=[])
-    slot = FrameSlot(0, io, "images", 100, 4)
+    slot = FrameSlot(0, io, "images", 100)
     rng = np.random.default_rng(n)
     slot.det_count = n
     slot.det_xyxy[:n] = rng.uniform(0, 1920, (n, 4))

@@ -19,8 +19,8 @@ from edge_agent.models.decoders.seg import End2EndSeg
 from edge_agent.models.manifest import resolve_model
 from edge_agent.models.testmodels import brightness_detector
 from edge_agent.pipelines.backends.base import IOSet
+from edge_agent.pipelines.messages import MessageBuilder
 from edge_agent.pipelines.preprocess import letterbox_geometry
-from edge_agent.pipelines.publish import MessageBuilder
 from edge_agent.pipelines.slots import FrameSlot
 from edge_agent.pipelines.tasks import masks as m
 from edge_agent.pipelines.tasks.registry import task_for
@@ -32,7 +32,7 @@ P = DecodeParams(0.25, 0.45, 100, input_w=IN, input_h=IN)
 
 def slot_for(task, outputs, src_w, src_h, max_det=8) -> FrameSlot:
     io = IOSet(inputs={"images": np.zeros((1, 3, IN, IN), np.float32)}, outputs=outputs)
-    s = FrameSlot(0, io, "images", max_det, 0, None, task)
+    s = FrameSlot(0, io, "images", max_det, None, task)
     s.profile = SimpleNamespace(model=SimpleNamespace(task=task))
     letterbox_geometry(src_w, src_h, IN, IN, s.geo)
     return s
@@ -55,10 +55,10 @@ def test_an_oriented_box_that_overflows_when_mapped_is_dropped_and_the_next_fram
     task = task_for(BoundDecoder(End2EndObb().fit([(1, 300, 7)], 2), (0,)), P)
     s = slot_for(task, [np.zeros((1, 300, 7), np.float32)], 256, 256)  # scale 0.25: sizes x 4
     huge = [[10, 10, 2e38, 1, 0.0], [20, 20, 8, 4, 0.3]]
-    s.fill(decoded([[0, 0, 20, 20], [16, 18, 24, 22]], [0.9, 0.8], [0, 1], huge), task)
+    s.fill(decoded([[0, 0, 20, 20], [16, 18, 24, 22]], [0.9, 0.8], [0, 1], huge))
     (det,) = message(s)  # valid JSON: the overflowing one is gone
     assert det["class_id"] == 1 and det["obb"]["size"] == [32.0, 16.0]
-    s.fill(decoded([[5, 5, 15, 15]], [0.9], [0], [[10, 10, 5, 5, 0.3]]), task)
+    s.fill(decoded([[5, 5, 15, 15]], [0.9], [0], [[10, 10, 5, 5, 0.3]]))
     assert s.det_count == 1, "a valid box is not dropped for the previous frame's values"
 
 
@@ -66,7 +66,7 @@ def test_an_infinite_score_is_dropped():
     task = task_for(BoundDecoder(End2EndPose().fit([(1, 300, 12)], 2), (0,)), P)
     s = slot_for(task, [np.zeros((1, 300, 12), np.float32)], 64, 64)
     kpts = np.ones((2, 6), np.float32)
-    s.fill(decoded([[0, 0, 9, 9], [1, 1, 8, 8]], [np.inf, 0.5], [0, 1], kpts), task)
+    s.fill(decoded([[0, 0, 9, 9], [1, 1, 8, 8]], [np.inf, 0.5], [0, 1], kpts))
     assert [d["class_id"] for d in message(s)] == [1]
 
 

@@ -21,7 +21,9 @@ from conftest import REPO, free_endpoint, started, wait_until
 from helpers import Subscriber
 
 from edge_agent.client import parse
-from edge_agent.core.config import AgentConfig, ModelConfig, PublishConfig
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.model_config import ModelConfig
+from edge_agent.core.publish_config import PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig, TrackerConfig
 from edge_agent.models.testmodels import brightness_detector
 from edge_agent.service.runner import Agent

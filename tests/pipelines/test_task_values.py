@@ -35,7 +35,7 @@ P = DecodeParams(0.25, 0.45, 100, input_w=IN, input_h=IN)
 
 def slot(task: Task, outputs: list[np.ndarray], src_w: int, src_h: int, max_det: int = 8) -> FrameSlot:
     io = IOSet(inputs={"images": np.zeros((1, 3, IN, IN), np.float32)}, outputs=outputs)
-    s = FrameSlot(0, io, "images", max_det, 0, None, task)
+    s = FrameSlot(0, io, "images", max_det, None, task)
     letterbox_geometry(src_w, src_h, IN, IN, s.geo)
     return s
 
@@ -78,7 +78,7 @@ def test_pose_keypoints_map_to_the_frame_and_are_clipped(src_w, src_h):
         np.float32,
     )
     s = slot(task, [np.zeros((1, 300, 18), np.float32)], src_w, src_h)
-    s.fill(found([[8, 10, 40, 50], [20, 20, 44, 44]], [0.9, 0.8], [0, 0], kpts.reshape(2, -1)), task)
+    s.fill(found([[8, 10, 40, 50], [20, 20, 44, 44]], [0.9, 0.8], [0, 0], kpts.reshape(2, -1)))
     assert s.det_count == 2
     got = s.det_extra[:2].reshape(2, 4, 3)
     x, y = to_source(kpts[..., 0], kpts[..., 1], s.geo)
@@ -94,7 +94,7 @@ def test_pose_with_two_values_per_keypoint():
     task = pose_task(3, 2)
     kpts = np.array([[10, 20, 63, 60, 70, 4]], np.float32)  # x, y pairs
     s = slot(task, [np.zeros((1, 300, 12), np.float32)], 128, 96)
-    s.fill(found([[8, 10, 40, 50]], [0.9], [0], kpts), task)
+    s.fill(found([[8, 10, 40, 50]], [0.9], [0], kpts))
     np.testing.assert_allclose(s.det_extra[0], [20, 24, 126, 96, 128, 0])
     assert task.fields(s, 0) == {"keypoints": [[20.0, 24.0], [126.0, 96.0], [128.0, 0.0]]}
 
@@ -102,7 +102,7 @@ def test_pose_with_two_values_per_keypoint():
 def test_detections_with_nan_or_infinite_values_are_dropped_and_the_message_stays_json():
     """A broken export's NaN keypoint or infinite box would make the message invalid JSON
     ("nan" is no JSON): such a detection is dropped, the others kept in order."""
-    from edge_agent.pipelines.publish import MessageBuilder
+    from edge_agent.pipelines.messages import MessageBuilder
 
     task = pose_task(2, 3)
     kpts = np.array(
@@ -111,13 +111,13 @@ def test_detections_with_nan_or_infinite_values_are_dropped_and_the_message_stay
     boxes = [[8, 10, 40, 50], [8, 10, 40, 50], [0, 0, np.inf, 9]]
     s = slot(task, [np.zeros((1, 300, 12), np.float32)], 128, 96)
     s.profile = type("Profile", (), {"model": type("Model", (), {"task": task})()})()
-    s.fill(found(boxes, [0.9, 0.8, 0.7], [0, 1, 2], kpts), task)
+    s.fill(found(boxes, [0.9, 0.8, 0.7], [0, 1, 2], kpts))
     assert s.det_count == 1 and s.det_score[0] == pytest.approx(0.9)
     builder = MessageBuilder("d", ("a", "b", "c"), 50.0)
     (det,) = json.loads(builder.detections_json(s))
     assert det["keypoints"] == [[20.0, 24.0, 0.9], [60.0, 64.0, 0.8]]
     plain = slot(Task(), [np.zeros((1, 300, 6), np.float32)], 128, 96)
-    plain.fill(found([[1, 2, np.nan, 4], [8, 10, 40, 50]], [0.9, 0.8], [0, 1], np.zeros((2, 0))), Task())
+    plain.fill(found([[1, 2, np.nan, 4], [8, 10, 40, 50]], [0.9, 0.8], [0, 1], np.zeros((2, 0))))
     assert plain.det_count == 1 and plain.det_class[0] == 1
 
 
@@ -125,7 +125,7 @@ def test_fill_keeps_at_most_the_slots_detections():
     task = pose_task(1, 3)
     s = slot(task, [np.zeros((1, 300, 9), np.float32)], 64, 48, max_det=2)
     kpts = np.array([[1, 9, 0.1], [2, 10, 0.2], [3, 11, 0.3]], np.float32)
-    s.fill(found([[0, 8, 4, 12]] * 3, [0.9, 0.8, 0.7], [0, 1, 2], kpts), task)
+    s.fill(found([[0, 8, 4, 12]] * 3, [0.9, 0.8, 0.7], [0, 1, 2], kpts))
     assert s.det_count == 2 and s.det_class.tolist() == [0, 1]
     np.testing.assert_allclose(s.det_extra, [[1, 1, 0.1], [2, 2, 0.2]], rtol=1e-6)
 
@@ -152,7 +152,7 @@ def test_obb_centre_size_angle_and_corners_map_to_the_frame_unclipped(src_w, src
     task = obb_task()
     xywhr = np.array([[30, 30, 20, 10, 0.4], [60, 4, 30, 12, 1.2], [2, 62, 16, 16, -0.3]], np.float32)
     s = slot(task, [np.zeros((1, 6, 84), np.float32)], src_w, src_h)
-    s.fill(found(bounds(xywhr), [0.9, 0.8, 0.7], [0, 0, 0], xywhr), task)
+    s.fill(found(bounds(xywhr), [0.9, 0.8, 0.7], [0, 0, 0], xywhr))
     assert s.det_count == 3
     geo = s.geo
     for i, (cx, cy, w, h, a) in enumerate(xywhr.tolist()):
@@ -209,7 +209,7 @@ def seg_task(form: str) -> SegmentTask:
 def seg_slot(task: SegmentTask, src_w: int, src_h: int) -> FrameSlot:
     s = slot(task, [PROTOS.copy(), np.zeros((1, 300, 6 + M), np.float32)], src_w, src_h)
     boxes, scores, classes, coeffs = zip(*ROWS)
-    s.fill(found(boxes, scores, classes, coeffs), task)
+    s.fill(found(boxes, scores, classes, coeffs))
     return s
 
 
@@ -314,7 +314,7 @@ def test_masks_none_keeps_every_detection_and_makes_no_mask():
 def test_segmentation_of_no_detections():
     task = seg_task("polygon")
     s = slot(task, [PROTOS.copy(), np.zeros((1, 300, 6 + M), np.float32)], 128, 96)
-    s.fill(found(np.zeros((0, 4)), [], [], np.zeros((0, M))), task)
+    s.fill(found(np.zeros((0, 4)), [], [], np.zeros((0, M))))
     assert s.det_count == 0
 
 
@@ -323,7 +323,7 @@ def test_a_slot_reused_for_a_frame_with_fewer_masks():
     s = seg_slot(task, 128, 96)
     assert s.det_count == 3
     box, score, cls, co = ROWS[4]
-    s.fill(found([box], [score], [cls], [co]), task)
+    s.fill(found([box], [score], [cls], [co]))
     assert s.det_count == 1 and s.det_class[0] == 4
     want = source_mask(
         input_mask(np.array(co, np.float32), PROTOS[0], np.array(box, np.float32), (IN, IN)), s.geo

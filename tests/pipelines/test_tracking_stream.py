@@ -17,10 +17,13 @@ from conftest import REPO, free_endpoint, started, wait_until, write_manifest
 from helpers import Subscriber
 
 from edge_agent.client import parse
-from edge_agent.core.config import AgentConfig, ModelConfig, PublishConfig
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.model_config import ModelConfig
+from edge_agent.core.publish_config import PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig, TrackerConfig
 from edge_agent.models.testmodels import constant_detector, yolov8_output
-from edge_agent.pipelines.publish import MessageBuilder
+from edge_agent.pipelines.messages import MessageBuilder
+from edge_agent.pipelines.tasks.base import DETECT
 from edge_agent.service.runner import Agent
 
 V2 = json.loads((REPO / "pipelines/schema/message-v2.schema.json").read_text())
@@ -145,6 +148,7 @@ def test_a_consumer_of_schema_1_still_reads_it(tracked):
 
 def test_msgpack_and_json_carry_the_same_tracks():
     slot = SimpleNamespace(
+        task=DETECT,
         det_count=3,
         det_class=np.array([0, 1, 0], np.int32),
         det_score=np.array([0.9, 0.4, 0.8], np.float32),
@@ -162,8 +166,8 @@ def test_msgpack_and_json_carry_the_same_tracks():
 
 
 def _ids(agent: Agent) -> set[int]:
-    lane = agent.pipeline._lanes[0]
-    t = lane.tracker.tracker
+    (tracker,) = [s for s in agent.pipeline._lanes[0].steps if s.name == "tracking"]
+    t = tracker.tracker
     return set(t.ids[: t.n].tolist()) - {0}
 
 
@@ -183,7 +187,7 @@ def test_a_reload_keeps_the_tracks_unless_the_tracker_changed(model, caplog):
             snap = agent.pipeline.snapshot().lanes[0].tracking
             assert snap.restarts == 0
             # the tracker's settings change: it restarts, says so, and ids go on
-            caplog.set_level(logging.INFO, logger="edge_agent.pipelines.tracking.step")
+            caplog.set_level(logging.INFO, logger="edge_agent.pipelines.steps.tracking")
             other = replace(same, source=replace(same.source, tracker=TrackerConfig(lost_frames=10)))
             assert agent.reload(other) == ["source"]
             assert any("tracker restarted: its settings changed" in r.getMessage() for r in caplog.records)
@@ -193,7 +197,7 @@ def test_a_reload_keeps_the_tracks_unless_the_tracker_changed(model, caplog):
             # off, then on again: the ids still go on
             off = replace(other, source=replace(other.source, tracker=TrackerConfig(type="none")))
             assert agent.reload(off) == ["source"]
-            assert agent.pipeline._lanes[0].tracker is None
+            assert agent.pipeline._lanes[0].steps == ()
             assert agent.reload(other) == ["source"]
             wait_until(lambda: len(_ids(agent)) == 2, 30, message="two tracks again")
             assert _ids(agent) == {5, 6}
@@ -211,10 +215,8 @@ def test_a_reload_keeps_the_tracks_unless_the_tracker_changed(model, caplog):
 
 def test_a_config_without_trackers_runs_no_step(model):
     """Tracking off costs nothing: no post step, no tracker on the lane."""
-    from edge_agent.service.assembly import Assembly
-
     off = config(model, free_endpoint(), TrackerConfig(type="none"))
-    assert Assembly().post_steps(off) == []
-    assert len(Assembly().post_steps(config(model, free_endpoint()))) == 1
     with Agent(off) as agent:
-        assert agent.pipeline._lanes[0].tracker is None
+        assert agent.pipeline._lanes[0].steps == ()
+    with Agent(config(model, free_endpoint())) as agent:
+        assert [s.name for s in agent.pipeline._lanes[0].steps] == ["tracking"]

@@ -5,6 +5,7 @@ configured from YAML with the config's file/line errors."""
 
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import subprocess
@@ -226,3 +227,133 @@ def test_its_max_pixels_is_the_cap(tmp_path):
     cv2.imwrite(str(tmp_path / "b.png"), np.full((20, 20, 3), 20, np.uint8))
     assert values(src, 1) == [20]
     assert src.unreadable == 1
+
+
+class CountedScandir:
+    """``os.scandir`` as it is, counting the entries read from every listing."""
+
+    read = 0
+
+    def __init__(self, real, path):
+        self._it = real(path)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        entry = next(self._it)
+        CountedScandir.read += 1
+        return entry
+
+    def close(self):
+        self._it.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def poll(src: WatchFolderSource) -> int:
+    """One poll, as ``read`` runs it every ``poll_s``; the folder entries it read."""
+    before = CountedScandir.read
+    src._look()
+    return CountedScandir.read - before
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    real = os.scandir
+    monkeypatch.setattr(CountedScandir, "read", 0)
+    monkeypatch.setattr(os, "scandir", lambda path: CountedScandir(real, path))
+
+
+def an_hour_old(folder) -> None:
+    """The folder's modification time an hour back: nothing changed in it lately."""
+    then = time.time_ns() - 3600 * 10**9
+    os.utime(folder, ns=(then, then))
+
+
+def test_a_poll_reads_at_most_scan_limit_entries_and_the_next_goes_on_where_it_stopped(
+    tmp_path, counted, caplog
+):
+    """A folder larger than a poll handles: each poll reads ``scan_limit`` entries at most,
+    the next goes on where it stopped, a new file is found within the pass, and the polls
+    cut short are counted (the first one logged)."""
+    for i in range(24):
+        (tmp_path / f"old{i:02d}.png").write_bytes(b"")
+    (tmp_path / "notes.txt").write_bytes(b"")  # not an image: read past, but read
+    src = WatchFolderSource(
+        WatchFolderSourceConfig(path=str(tmp_path), poll_s=0.01, settle_s=0), scan_limit=10
+    )
+    src.open()  # the folder as it is, listed whole once: not new
+    assert CountedScandir.read == 25 and src.describe()["seen"] == 24
+    image(tmp_path / "new.png", 50)
+    caplog.set_level(logging.WARNING, logger="edge_agent.pipelines.sources.watch")
+    assert [poll(src) for _ in range(3)] == [10, 10, 6], "the pass over 26 entries, 10 a poll"
+    assert src.scan_limited == 2 and src.describe()["scan_limited"] == 2
+    warned = [r for r in caplog.records if "scan_limited" in r.getMessage()]
+    assert len(warned) == 1, "the first poll cut short is logged, the others counted"
+    assert values(src, 1) == [50]
+    assert src.read(0.05) is None
+
+
+def test_a_quiet_folder_is_not_listed_again_until_it_changes(tmp_path, counted):
+    """Nothing changed since the last whole pass (the folder's time says so): a poll lists
+    nothing. A file added moves the folder's time: the next poll lists it again."""
+    for i in range(30):
+        (tmp_path / f"old{i:02d}.png").write_bytes(b"")
+    an_hour_old(tmp_path)
+    src = WatchFolderSource(
+        WatchFolderSourceConfig(path=str(tmp_path), poll_s=0.01, settle_s=0), scan_limit=100
+    )
+    src.open()
+    assert [poll(src) for _ in range(5)] == [0] * 5
+    image(tmp_path / "new.png", 70)
+    assert poll(src) == 31
+    assert values(src, 1) == [70] and src.scan_limited == 0
+
+
+def test_files_waiting_to_settle_count_against_the_bound_and_each_gets_its_turn(tmp_path, counted):
+    """More files waiting for their size to settle than a poll handles: a poll looks at
+    ``scan_limit`` of them again (the longest waiting first) before it lists on, and each
+    is read once it settled."""
+    src = WatchFolderSource(
+        WatchFolderSourceConfig(path=str(tmp_path), poll_s=0.01, settle_s=0.2), scan_limit=4
+    )
+    src.open()
+    for i in range(6):
+        image(tmp_path / f"up{i}.png", 10 + i, time.time_ns() - (6 - i) * 1_000_000)
+    assert poll(src) == 4, "the listing, 4 entries: 4 files waiting"
+    assert poll(src) == 0 and src.scan_limited == 2, "the 4 waiting take the whole poll"
+    got = values(src, 6)
+    assert sorted(got) == [10, 11, 12, 13, 14, 15] and src.read(0.05) is None
+
+
+@pytest.mark.parametrize(
+    "patterns",
+    [
+        ("*.jpg", "*.jpeg", "*.png", "*.bmp"),
+        ("*.PNG",),
+        ("cam[12]_*.png", "?.jpg"),
+        (".*.png",),
+        ("*",),
+    ],
+)
+def test_names_match_the_patterns_as_glob_matches_them(tmp_path, patterns):
+    """The listing matches names itself (no glob per poll): the same names as ``glob`` in
+    the folder, hidden ones included only by a pattern that starts with a dot."""
+    import glob
+
+    from edge_agent.pipelines.sources.watch import name_matcher
+
+    names = ["a.jpg", "b.JPG", "c.png", "c.PNG", ".hidden.png", "cam1_x.png", "cam3_x.png", "x.jpg", "xy.jpg"]
+    names += ["a.jpg.txt", "d.jpeg", "e.bmp", "[odd].png", "sp ace.png"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"")
+    by_glob = {
+        os.path.basename(f) for p in patterns for f in glob.glob(os.path.join(glob.escape(str(tmp_path)), p))
+    }
+    match = name_matcher(patterns).fullmatch
+    assert {n for n in names if match(n)} == by_glob

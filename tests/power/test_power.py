@@ -19,7 +19,7 @@ import pytest
 from conftest import agent_command, run_process, spawn_run, started, wait_until
 from fakes.jetson_tree import make_tree
 
-from edge_agent.core.config import PowerConfig
+from edge_agent.core.power_config import PowerConfig
 from edge_agent.power import controller, sysfs
 from edge_agent.power.controller import PowerError, ReadOnlyController, SysfsController, make_controller
 from edge_agent.power.manager import PowerManager, throttle_reasons
@@ -448,7 +448,9 @@ def test_throttling_reaches_the_health_stream_and_each_result(tmp_path, const_mo
     """manage: false (the unprivileged agent): telemetry is read, nothing is written."""
     from helpers import Subscriber
 
-    from edge_agent.core.config import AgentConfig, ModelConfig, PublishConfig
+    from edge_agent.core.config import AgentConfig
+    from edge_agent.core.model_config import ModelConfig
+    from edge_agent.core.publish_config import PublishConfig
     from edge_agent.core.source_config import SyntheticSourceConfig
 
     root = make_tree(tmp_path / "root", "orin-nano")

@@ -43,7 +43,7 @@ def model_stream(model: str, images: str, loops: int) -> dict[str, Frames]:
     import cv2
 
     from edge_agent.checks.evaluation import detect
-    from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig
+    from edge_agent.core.model_config import ModelConfig, OnnxRuntimeConfig
     from edge_agent.pipelines.model import load_model
 
     paths = sorted(p for p in Path(images).iterdir() if p.suffix.lower() in (".png", ".jpg", ".jpeg"))

@@ -86,7 +86,7 @@ def main() -> int:
     a = p.parse_args()
     loaded = None
     if a.source == "detector":
-        from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig
+        from edge_agent.core.model_config import ModelConfig, OnnxRuntimeConfig
         from edge_agent.pipelines.model import load_model
 
         loaded = load_model(ModelConfig(score_threshold=0.1, max_detections=100), OnnxRuntimeConfig())

@@ -8,7 +8,8 @@ from collections.abc import Mapping
 
 import yaml
 
-from edge_agent.core.configload import ENV_ORIGIN, ENV_PREFIX, ConfigError, Problem, compose, problem_at
+from edge_agent.core.configload import ConfigError, Problem, compose, problem_at
+from edge_agent.core.configpaths import ENV_ORIGIN, ENV_PREFIX
 from edge_agent.core.effective.merge import MAP_TAG, RESOLVER, STR_TAG, Merger, node_key
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

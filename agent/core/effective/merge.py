@@ -12,7 +12,8 @@ import yaml
 from yaml.resolver import Resolver
 
 from edge_agent.core.config import AgentConfig
-from edge_agent.core.configload import is_union, lookup, nested_sections
+from edge_agent.core.configbuild import is_union, nested_sections
+from edge_agent.core.configload import lookup
 from edge_agent.core.yamlnodes import Scalars
 
 STR_TAG = "tag:yaml.org,2002:str"

@@ -11,18 +11,18 @@ from dataclasses import dataclass, field, fields
 import yaml
 
 from edge_agent.core.config import AgentConfig
+from edge_agent.core.configbuild import Builder
+from edge_agent.core.configfields import check
 from edge_agent.core.configload import (
-    ENV_ORIGIN,
-    Builder,
     ConfigError,
     Problem,
-    check,
     compose_file,
     duplicate_keys,
     lookup,
     node_kind,
     problem_at,
 )
+from edge_agent.core.configpaths import ENV_ORIGIN
 from edge_agent.core.effective.diff import quote_key
 from edge_agent.core.effective.merge import SCALARS
 

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 import yaml
 
 from edge_agent.core.config import AgentConfig
-from edge_agent.core.configload import Builder, ConfigError, Problem, compose_file, to_plain
+from edge_agent.core.configbuild import Builder
+from edge_agent.core.configload import ConfigError, Problem, compose_file, to_plain
 from edge_agent.core.effective.env import env_layer, scalar_node, substitute
 from edge_agent.core.effective.flags import flags_layer
 from edge_agent.core.effective.merge import MAP_TAG, Merger

@@ -35,7 +35,7 @@ from edge_agent.core.files import UnsafePathError, open_dir, open_private
 __all__ = ["Message", "Spool", "SpoolError"]
 
 #: Stored in the meta table; a spool written by a different layout is refused, not guessed at.
-SCHEMA_VERSION = 1
+SPOOL_VERSION = 1
 
 _SCHEMA = (
     # AUTOINCREMENT: ids are never reused, also after the newest rows were deleted and the
@@ -43,7 +43,7 @@ _SCHEMA = (
     "CREATE TABLE messages (id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL,"
     " payload BLOB NOT NULL, qos INTEGER NOT NULL, retain INTEGER NOT NULL)",
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
-    f"INSERT INTO meta (key, value) VALUES ('version', {SCHEMA_VERSION}), ('dropped', 0)",
+    f"INSERT INTO meta (key, value) VALUES ('version', {SPOOL_VERSION}), ('dropped', 0)",
 )
 _COLUMNS = {
     "messages": ["id", "topic", "payload", "qos", "retain"],
@@ -210,10 +210,10 @@ class Spool:
                     f"a spool's has {expected}"
                 )
         meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
-        if meta.get("version") != SCHEMA_VERSION or not isinstance(meta.get("dropped"), int):
+        if meta.get("version") != SPOOL_VERSION or not isinstance(meta.get("dropped"), int):
             raise SpoolError(
                 f"spool {self.path}: wrong schema: meta holds {meta}, expected version "
-                f"{SCHEMA_VERSION} and a dropped count"
+                f"{SPOOL_VERSION} and a dropped count"
             )
 
     # -- transactions --------------------------------------------------------------------

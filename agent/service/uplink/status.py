@@ -144,7 +144,8 @@ class FleetView:
     def settle(self, timeout_s: float = 3.0) -> None:
         """Wait for the retained messages, which the broker sends right after it has
         acknowledged the subscription: until no new device has appeared for a few round
-        trips (live messages keep coming, so silence is not the sign), or ``timeout_s``."""
+        trips (live messages keep coming, so silence is not the sign) and every device online
+        has its health, or ``timeout_s``."""
         end = time.monotonic() + timeout_s
         if not self.subscribed.wait(timeout_s):
             return
@@ -152,8 +153,17 @@ class FleetView:
             raise ConnectionError(self.error)
         quiet = max(0.3, 3 * self.rtt_s)
         start = time.monotonic()
-        while time.monotonic() < end and time.monotonic() - max(start, self.last_new_device) < quiet:
+        while time.monotonic() < end and (
+            time.monotonic() - max(start, self.last_new_device) < quiet or self._healths_due()
+        ):
             time.sleep(0.05)
+
+    def _healths_due(self) -> bool:
+        """A device online has no health yet: its retained health (which an online device's
+        uplink keeps on the broker) is still on its way, e.g. a large one being read on a
+        busy machine, for longer than the quiet window."""
+        with self.lock:
+            return any(d.get("status") == "online" and "health" not in d for d in self.devices.values())
 
     def stop(self) -> None:
         self.client.disconnect()

@@ -18,9 +18,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from edge_agent.client import BOUNDS, MAX_FRAME_BYTES, MessageError, data_model_problem, decode
 from edge_agent.core.analytics_config import MAX_ITEMS
 from edge_agent.core.names import MAX_NAME, level_problem, name_ok
+from edge_agent.core.schema import SCHEMA_VERSION
+from edge_agent.core.stream_frames import BOUNDS, MAX_FRAME_BYTES, MessageError, data_model_problem, decode
 
 __all__ = [
     "BOUNDS",
@@ -163,10 +164,11 @@ def _block_problem(block: Any) -> str | None:
 
 
 def _event_problem(body: dict[str, Any]) -> str | None:
-    """An event as message-v2's ``$defs/event`` describes it (unknown keys pass: the frame
-    bound covers them, and a newer agent's field must not cost every event)."""
-    if body.get("schema") != 2 or body.get("type") != "event":
-        return "not schema 2 and type event"
+    """An event as the message schema's ``$defs/event`` describes it, of this version
+    (:data:`SCHEMA_VERSION`; unknown keys pass: the frame bound covers them, and a newer
+    agent's field must not cost every event)."""
+    if body.get("schema") != SCHEMA_VERSION or body.get("type") != "event":
+        return f"not schema {SCHEMA_VERSION} and type event"
     run = body.get("run_id")
     if not isinstance(run, str) or not run or len(run) > MAX_NAME or not run.isprintable():
         return "run_id is not a printable string of 1..128 characters"
@@ -216,7 +218,7 @@ def frame_problem(frame: bytes) -> str | None:
 
 
 def decode_message(frame: bytes) -> tuple[str, Any]:
-    """:func:`edge_agent.client.decode` with the uplink's bound on the frame's size (an
+    """:func:`edge_agent.core.stream_frames.decode` with the uplink's bound on the frame's size (an
     event's is smaller). Raises MessageError."""
     problem = frame_problem(frame)
     if problem is not None:

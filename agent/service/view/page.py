@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 import json
 
-from edge_agent.core.config import ViewConfig
+from edge_agent.core.endpoint_config import ViewConfig
 
 #: The chart's series: (heartbeat figure, colour); the legend and the lines share them.
 SERIES = (("p50", "#4fc3f7"), ("p99", "#ffb74d"))

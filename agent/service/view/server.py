@@ -34,10 +34,12 @@ from typing import Any
 
 import cv2
 
-from edge_agent.core.config import ViewConfig
+from edge_agent.core.endpoint_config import ViewConfig
 from edge_agent.core.exposure import on_loopback
 from edge_agent.pipelines.view_tap import ViewFrame, ViewTap
-from edge_agent.service.http_endpoint import Deferred, HttpEndpoint, Request, Response
+from edge_agent.service.http_endpoint import HttpEndpoint
+from edge_agent.service.http_request import Request
+from edge_agent.service.http_response import Deferred, Response
 from edge_agent.service.view.annotate import annotate
 from edge_agent.service.view.page import page
 from edge_agent.service.view.trails import Trails

@@ -388,7 +388,8 @@ def test_a_health_with_an_odd_events_interval_is_invalid():
 
 @pytest.mark.parametrize("events", [True, False])
 def test_the_uplink_adds_the_events_as_its_config_says(tmp_path, endpoint, events):
-    from edge_agent.core.config import AgentConfig, PublishConfig
+    from edge_agent.core.config import AgentConfig
+    from edge_agent.core.publish_config import PublishConfig
     from edge_agent.service.uplink.process import Uplink
 
     up = UplinkConfig(spool_path=str(tmp_path / "spool.sqlite"), events=events)

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 from conftest import REPO
 
-from edge_agent import client
+from edge_agent.core import stream_frames
 from edge_agent.core.stamps import CAPTURED, N_STAMPS, PUBLISH
 from edge_agent.models.decoders.base import DecodeParams
 from edge_agent.models.decoders.rotated import bounds, corners
 from edge_agent.pipelines.backends.base import IOSet
-from edge_agent.pipelines.publish import MessageBuilder
+from edge_agent.pipelines.messages import MessageBuilder
 from edge_agent.pipelines.slots import FrameSlot
 from edge_agent.pipelines.tasks.base import Task
 from edge_agent.pipelines.tasks.masks import Mask
@@ -61,7 +61,7 @@ def task_slot(task: Task, n: int, size: tuple[int, int] = (W, H), seed: int = 0)
     rng = np.random.default_rng(seed)
     io = IOSet({"images": np.zeros((1, 8, 8, 3), np.uint8)}, [])
     profile = SimpleNamespace(model=SimpleNamespace(task=task, manifest=SimpleNamespace(labels=LABELS)))
-    slot = FrameSlot(0, io, "images", max(n, 1), 1, profile, task)
+    slot = FrameSlot(0, io, "images", max(n, 1), profile, task)
     slot.geo.src_w, slot.geo.src_h = size
     slot.source, slot.frame_id, slot.det_count = "cam0", 42, n
     slot.stamps[:] = np.arange(N_STAMPS) * 1_000_000 + 5_000_000_000
@@ -129,7 +129,7 @@ KEY = {
 def test_a_task_result_is_taken_and_forwarded_whole_by_all(kind, encoding, tracks):
     slot = task_slot(TASKS[kind](), 12)
     frame = stream_frame(slot, encoding, tracks)
-    _, sent_body = client.decode(frame)
+    _, sent_body = stream_frames.decode(frame)
     dets = sent_body["detections"]
     assert len(dets) == 12 and all(KEY[kind] in d for d in dets), "the task's field on every detection"
     assert RESULTS.is_valid(sent_body), sorted(e.message for e in RESULTS.iter_errors(sent_body))
@@ -168,7 +168,7 @@ def test_a_frame_bloated_by_its_masks_is_refused_before_it_is_decoded():
         slot.det_masks[i] = Mask(x0, y0, rng.random((300, 300)) < 0.5)
     assert len(stream_frame(slot)) < MAX_FRAME_BYTES // 4
     # ...and a frame that big from anyone else on the endpoint is refused undecoded.
-    body = client.decode(stream_frame(task_slot(segment_task("rle"), 1)))[1]
+    body = stream_frames.decode(stream_frame(task_slot(segment_task("rle"), 1)))[1]
     body["detections"] *= 16
     for d in body["detections"]:
         d["mask"]["rle"]["counts"] = [1] * 40_000
@@ -177,7 +177,7 @@ def test_a_frame_bloated_by_its_masks_is_refused_before_it_is_decoded():
     problem, out = take(frame, make_forwarder("all", 1.0, 0.0))
     assert problem == f"{len(frame)} bytes, over {MAX_FRAME_BYTES}" and out == []
     # A mask past the bound on its own, in msgpack too: refused, whatever the encoding.
-    bloated = client.decode(stream_frame(task_slot(segment_task("rle"), 1)))[1]
+    bloated = stream_frames.decode(stream_frame(task_slot(segment_task("rle"), 1)))[1]
     bloated["detections"][0]["mask"]["rle"]["counts"] = [1] * MAX_FRAME_BYTES
     import msgpack
 

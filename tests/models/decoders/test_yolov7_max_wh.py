@@ -10,7 +10,7 @@ import pytest
 from decoder_checks import check_types, decode
 from onnx import TensorProto, helper, numpy_helper
 
-from edge_agent.core.config import ModelConfig, OnnxRuntimeConfig
+from edge_agent.core.model_config import ModelConfig, OnnxRuntimeConfig
 from edge_agent.models.decoders.base import DecodeParams, OutputMismatch
 from edge_agent.models.decoders.yolov7_max_wh import YoloV7MaxWh
 from edge_agent.models.manifest import resolve_model

@@ -1,31 +1,55 @@
-"""A source's analytics in the frame path: ``SourceAnalytics`` (its lane's: the counter,
-its events sent on ``event.<source>``, its cost) and ``AnalyticsStep``, the post step that
-runs it after the tracker."""
+"""The analytics step: a source's zones and lines counted over its tracks, after the
+tracker (``analytics/counter.py``); its events are sent on ``event.<source>``, its running
+counts ride on each result message under ``analytics``."""
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from edge_agent.core.analytics_config import AnalyticsConfig
 from edge_agent.core.latency import LatencyHistogram
+from edge_agent.core.schema import SCHEMA_VERSION
 from edge_agent.core.stamps import CAPTURED
+from edge_agent.core.yamlnodes import ConfigError, Problem
 from edge_agent.pipelines.analytics.counter import DWELL_BUCKETS_S, IN, OUT, Counter
 from edge_agent.pipelines.analytics.geometry import Shapes, shapes_of
-from edge_agent.pipelines.slots import FrameSlot
-from edge_agent.pipelines.snapshot import AnalyticsSnapshot, frozen_copy
+from edge_agent.pipelines.steps.base import LaneStep, Step, StepContext, cost_ms
 
 log = logging.getLogger(__name__)
 
 EVENT_TOPIC = "event"
 
 
-class SourceAnalytics:
-    """One source's zones and lines over its tracks. Used by the thread that publishes
-    its frames only; the heartbeat reads a snapshot."""
+@dataclass(frozen=True)
+class AnalyticsSnapshot:
+    """A source's counts by zone or line and label, as the heartbeat and metrics show them."""
+
+    zones: dict[str, dict[str, Any]]
+    lines: dict[str, dict[str, Any]]
+    events: int
+    overflow: int
+    cost: LatencyHistogram  # per frame, since it started
+    window: LatencyHistogram | None = None  # per frame since the last take (the heartbeat's)
+
+    def as_dict(self) -> dict:
+        return {
+            "zones": self.zones,
+            "lines": self.lines,
+            "events": self.events,
+            "overflow": self.overflow,
+            "cost_ms": cost_ms(self.cost, self.window),
+        }
+
+
+class SourceAnalytics(Step):
+    """One source's zones and lines over its tracks."""
+
+    name = "analytics"
 
     def __init__(
         self,
@@ -40,6 +64,7 @@ class SourceAnalytics:
         encode: Any,
     ) -> None:
         """``send(topic, body)`` and ``encode(message)``: the result stream's."""
+        super().__init__()
         self.config = config
         self.labels = labels
         self.counter = Counter(config, labels, lost_frames, capacity)
@@ -47,15 +72,24 @@ class SourceAnalytics:
         self.topic = f"{EVENT_TOPIC}.{source}".encode()
         # the agent's snapshot writer (``offer``) when this source saves event snapshots
         self.snapshots: Any = None
-        self._head = {"schema": 2, "type": "event", "device": device_id, "source": source, "run_id": run_id}
+        self._head = {
+            "schema": SCHEMA_VERSION,
+            "type": "event",
+            "device": device_id,
+            "source": source,
+            "run_id": run_id,
+        }
         self._send, self._encode = send, encode
         self.seq = 0  # the next event's number (per source and run)
-        self.cost = LatencyHistogram()  # per frame, since it started
-        self.window = LatencyHistogram()  # since the heartbeat last took it
         self._events: list[dict] = []
         self._unix_offset_ns = time.time_ns() - time.monotonic_ns()
 
-    def run(self, slot: FrameSlot) -> None:
+    @property
+    def keeps_pixels(self) -> bool:
+        """Each frame's image is kept for its events' snapshots."""
+        return self.snapshots is not None
+
+    def run(self, slot: Any) -> None:
         t0 = time.perf_counter_ns()
         n = slot.det_count
         captured_s = (int(slot.stamps[CAPTURED]) + self._unix_offset_ns) / 1e9
@@ -75,9 +109,7 @@ class SourceAnalytics:
             events.clear()
             if self.snapshots is not None and slot.pixels is not None:
                 self.snapshots.offer(self, slot, sent)
-        ns = time.perf_counter_ns() - t0
-        self.cost.record(ns)
-        self.window.record(ns)
+        self.timing.record(time.perf_counter_ns() - t0)
 
     def _publish(self, event: dict) -> dict:
         """Sends ``event`` as a message (numbered); returns the message."""
@@ -90,9 +122,14 @@ class SourceAnalytics:
             log.exception("analytics: event %d of %s not sent", msg["seq"], self.topic.decode())
         return msg
 
-    def block(self) -> dict:
+    def message_block(self) -> dict:
         """The running counts for the frame's result message."""
         return self.counter.block()
+
+    def to_view(self, frame: Any, slot: Any) -> None:
+        """Its zones and lines in the frame's pixels, and the counts."""
+        frame.shapes = self.shapes(frame.width, frame.height)
+        frame.counts = self.counter.block()
 
     def shapes(self, width: int, height: int) -> Shapes:
         """The zones and lines in the pixels of a ``width`` x ``height`` frame (the
@@ -102,9 +139,17 @@ class SourceAnalytics:
             return geo.shapes
         return shapes_of(self.config, width, height)
 
+    def adopt(self, last: LaneStep, continuous: bool, same_source: bool) -> LaneStep:
+        """This one, with ``last``'s event numbering, tracks and counts for the zones and
+        lines whose definition (and the model's labels) did not change, when ``last`` ran
+        until now (its tracks are this source's current ones)."""
+        assert isinstance(last, SourceAnalytics)
+        if not continuous:
+            return self
+        return last.carry_on(self)
+
     def carry_on(self, new: SourceAnalytics) -> SourceAnalytics:
-        """``new`` (a reload's) with this one's event numbering, tracks and counts for the
-        zones and lines whose definition (and the model's labels) did not change."""
+        """``new`` with this one's event numbering, tracks and counts (``adopt``)."""
         new.seq = self.seq
         old_c, new_c = self.counter, new.counter
         if self.labels != new.labels:
@@ -127,12 +172,8 @@ class SourceAnalytics:
         new_c.events = old_c.events
         return new
 
-    def snapshot(self, take: bool = False) -> AnalyticsSnapshot:
-        """``take``: with the cost since the last take (the heartbeat's)."""
+    def figures(self, cost: LatencyHistogram, window: LatencyHistogram | None) -> AnalyticsSnapshot:
         c = self.counter
-        window = None
-        if take:
-            window, self.window = self.window, LatencyHistogram()
         labels = self.labels or ("0",)
 
         def by_label(row: np.ndarray) -> dict[str, int]:
@@ -157,7 +198,7 @@ class SourceAnalytics:
             name: {"in": by_label(c.crossed[k, IN]), "out": by_label(c.crossed[k, OUT])}
             for k, name in enumerate(c.line_names)
         }
-        return AnalyticsSnapshot(zones, lines, c.events, c.overflow, frozen_copy(self.cost), window)
+        return AnalyticsSnapshot(zones, lines, c.events, c.overflow, cost, window)
 
 
 def _kept(old: tuple, new: tuple) -> list[tuple[int, int]]:
@@ -168,10 +209,46 @@ def _kept(old: tuple, new: tuple) -> list[tuple[int, int]]:
     ]
 
 
-class AnalyticsStep:
-    """The post step: the frame's source's analytics, if it has any (after ``TrackStep``)."""
+class Analytics:
+    """The plug-in: zones and lines for each source that has any (on its tracker's tracks)."""
 
-    def run(self, slot: FrameSlot, lane) -> None:
-        analytics = lane.analytics
-        if analytics is not None:
-            analytics.run(slot)
+    name = "analytics"
+    order = 20
+
+    def build(self, ctx: StepContext) -> SourceAnalytics | None:
+        src = ctx.source
+        if not src.analytics.enabled:
+            return None
+        check_labels(src.analytics, ctx.labels, f"{ctx.key}.analytics")
+        step = SourceAnalytics(
+            src.analytics,
+            ctx.labels,
+            src.tracker.lost_frames,
+            2 * src.tracker.max_tracks,
+            src.name,
+            ctx.device_id,
+            ctx.run_id,
+            ctx.send,
+            ctx.encode,
+        )
+        if src.analytics.snapshots.enabled:
+            step.snapshots = ctx.snapshots
+        return step
+
+
+def check_labels(config: AnalyticsConfig, labels: tuple[str, ...], key: str) -> None:
+    """A zone or line that counts a label the source's model does not have: a config error
+    (raised at start, and by a reload, which then keeps the running config)."""
+    problems = []
+    for kind, items in (("zones", config.zones), ("lines", config.lines)):
+        for i, item in enumerate(items):
+            unknown = [name for name in item.labels if name not in labels]
+            if unknown:
+                known = ", ".join(map(repr, labels))  # repr: a model's label may hold control characters
+                message = f"label {', '.join(map(repr, unknown))} is not one of the model's ({known})"
+                problems.append(Problem("config", 0, 0, f"{key}.{kind}[{i}].labels", message))
+    if problems:
+        raise ConfigError(problems)
+
+
+STEP = Analytics()

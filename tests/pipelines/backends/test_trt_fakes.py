@@ -238,3 +238,124 @@ def test_an_error_on_the_calibration_thread_reaches_the_build(const_model, tmp_p
     with pytest.raises(AssertionError, match=r"did not call IInt8EntropyCalibrator2\.__init__"):
         int8_build(trt, const_model, tmp_path, Uninitialised())
     assert trt.builds == 0
+
+
+# -- TensorRT's output allocator (data-dependent output shapes) ---------------------------------------
+
+
+def rows_engine(trt, cuda):
+    """An engine whose output ``y`` is [-1, 3] (NonMaxSuppression's [num_selected, 3]), and a
+    context with its input set: what the data-dependent rules need."""
+    from fakes.fake_trt_runtime import FakeEngine
+
+    io = [
+        {"name": "x", "mode": "INPUT", "shape": [1, 4], "dtype": "FLOAT", "dims": ["", ""]},
+        {"name": "y", "mode": "OUTPUT", "shape": [-1, 3], "dtype": "INT32", "dims": ["num_selected", ""]},
+    ]
+    plan = {"version": trt.__version__, "label": "nms", "io": io, "profile": {}, "exec_ms": 1.0}
+    ctx = FakeEngine(trt, plan).create_execution_context()
+    ctx.set_tensor_address("x", int(cuda.mem_alloc(16)))
+    return ctx
+
+
+class Recording:
+    """An IOutputAllocator that allocates exactly what is asked and keeps the calls."""
+
+    def __init__(self, trt, cuda, give=None):
+        base = trt.IOutputAllocator
+
+        class Allocator(base):
+            def __init__(self):
+                base.__init__(self)
+                self.calls = []
+
+            def reallocate_output_async(self, name, memory, size, alignment, stream):
+                self.calls.append(("reallocate", name, memory, size, alignment, stream))
+                return give(size) if give else int(cuda.mem_alloc(size))
+
+            def notify_shape(self, name, shape):
+                self.calls.append(("notify", name, tuple(shape)))
+
+        self.allocator = Allocator()
+
+
+def test_a_data_dependent_output_needs_an_allocator(cuda):
+    trt = FakeTensorRT(cuda=cuda)
+    ctx = rows_engine(trt, cuda)
+    assert ctx.get_tensor_shape("y") == (-1, 3)
+    ctx.set_tensor_address("y", int(cuda.mem_alloc(1 << 12)))  # an address alone is not enough
+    with pytest.raises(AssertionError, match=r"\['y'\] have a data-dependent shape and no output allocator"):
+        ctx.execute_async_v3(cuda.Stream().handle)
+
+
+def test_reallocate_comes_before_notify_shape_and_the_kernel_writes_there(cuda):
+    trt = FakeTensorRT(cuda=cuda)
+    trt.output_rows = {"y": 5}
+    ctx = rows_engine(trt, cuda)
+    alloc = Recording(trt, cuda).allocator
+    assert ctx.set_output_allocator("y", alloc) is True and ctx.get_output_allocator("y") is alloc
+    assert ctx.set_output_allocator("x", alloc) is False, "not an output"
+    stream = cuda.Stream()
+    assert ctx.execute_async_v3(stream.handle)
+    (realloc, notify) = alloc.calls
+    assert realloc == ("reallocate", "y", 0, 5 * 3 * 4, 256, stream.handle)
+    assert notify == ("notify", "y", (5, 3))
+    address, shape = ctx.placed["y"]
+    assert shape == (5, 3) and cuda.device_bytes_at(address) >= 60
+    trt.output_rows = {"y": 0}
+    alloc.calls.clear()
+    assert ctx.execute_async_v3(stream.handle)
+    assert alloc.calls[0][3] == 1, "the size is positive even for an empty tensor"
+    assert alloc.calls[1] == ("notify", "y", (0, 3))
+
+
+@pytest.mark.parametrize(
+    "give",
+    [lambda size: None, lambda size: 0, lambda size: 1 / 0, lambda size: "0x7f00"],
+    ids=["None", "nullptr", "raises", "not-an-int"],
+)
+def test_no_memory_fails_the_enqueue_before_notify_shape(cuda, give):
+    trt = FakeTensorRT(cuda=cuda)
+    trt.output_rows = {"y": 2}
+    ctx = rows_engine(trt, cuda)
+    alloc = Recording(trt, cuda, give).allocator
+    ctx.set_output_allocator("y", alloc)
+    stream = cuda.Stream()
+    assert ctx.execute_async_v3(stream.handle) is False
+    assert [c[0] for c in alloc.calls] == ["reallocate"] and not stream.pending, "nothing ran"
+
+
+def test_memory_smaller_than_asked_or_misaligned_is_refused(cuda):
+    trt = FakeTensorRT(cuda=cuda)
+    trt.output_rows = {"y": 4}
+    ctx = rows_engine(trt, cuda)
+    ctx.set_output_allocator("y", Recording(trt, cuda, lambda size: int(cuda.mem_alloc(size - 4))).allocator)
+    with pytest.raises(AssertionError, match="TensorRT would write past it"):
+        ctx.execute_async_v3(cuda.Stream().handle)
+    ctx.set_output_allocator("y", Recording(trt, cuda, lambda size: int(cuda.mem_alloc(size)) + 4).allocator)
+    with pytest.raises(AssertionError, match="not 256-byte aligned"):
+        ctx.execute_async_v3(cuda.Stream().handle)
+
+
+def test_an_allocator_must_init_its_base_and_the_legacy_name_still_serves(cuda):
+    trt = FakeTensorRT(cuda=cuda)
+    trt.output_rows = {"y": 1}
+    ctx = rows_engine(trt, cuda)
+
+    class NoInit(trt.IOutputAllocator):
+        def __init__(self):
+            pass
+
+    with pytest.raises(TypeError, match=r"IOutputAllocator\.__init__"):
+        ctx.set_output_allocator("y", NoInit())
+
+    class Legacy(trt.IOutputAllocator):  # TensorRT 9's name: the binding falls back to it
+        def reallocate_output(self, name, memory, size, alignment):
+            return int(cuda.mem_alloc(size))
+
+        def notify_shape(self, name, shape):
+            self.shape = tuple(shape)
+
+    legacy = Legacy()
+    ctx.set_output_allocator("y", legacy)
+    assert ctx.execute_async_v3(cuda.Stream().handle) and legacy.shape == (1, 3)

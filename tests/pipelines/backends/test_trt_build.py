@@ -14,7 +14,7 @@ from fakes.fake_pycuda import FakeCudaDriver
 from fakes.fake_tensorrt import MAGIC, FakeTensorRT
 from fakes.trt_kit import SHAPE
 
-from edge_agent.core.config import TensorRTConfig
+from edge_agent.core.model_config import TensorRTConfig
 from edge_agent.models.manifest import InputFormat
 from edge_agent.pipelines.backends import trt_build
 from edge_agent.pipelines.backends.base import BackendError

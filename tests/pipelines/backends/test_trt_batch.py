@@ -1,5 +1,5 @@
-"""TensorRT backend: engines for batches of several sources (moved out of
-test_tensorrt_backend.py, which had reached 500 lines)."""
+"""TensorRT backend: engines for batches of several sources (a GPU engine's batch profile,
+a DLA engine's fixed batch, padding, the engine key of a batch range)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import onnx
 from fakes import trt_kit
 from fakes.trt_kit import FLOAT_FMT_IMAGENET, Fakes, loaded
 
-from edge_agent.core.config import AutoBackendConfig, TensorRTConfig
+from edge_agent.core.model_config import AutoBackendConfig, TensorRTConfig
 from edge_agent.models.testmodels import constant_detector, yolov8_output
 
 cache = trt_kit.cache
@@ -64,7 +64,8 @@ def test_batch_stays_one_where_batching_is_not_supported(const_model, float_mode
 
 
 def test_agent_resolves_each_engine_batch_to_the_sources_that_run_it():
-    from edge_agent.core.config import AgentConfig, BatchingConfig, DeadlineConfig, LadderStep
+    from edge_agent.core.config import AgentConfig
+    from edge_agent.core.deadline_config import BatchingConfig, DeadlineConfig, LadderStep
     from edge_agent.core.plan import model_batches, with_batch
     from edge_agent.core.source_config import SyntheticSourceConfig
 

@@ -197,6 +197,15 @@ def test_an_engine_with_a_data_dependent_output_fails_its_capture(gpu):
     drv, rt, s, _, _, _ = gpu
     trt = FakeTensorRT(cuda=drv)
     ctx, _, _ = bound(drv, trt, engine(trt, (-1, 3), dims=("num_selected", "")))
+
+    class Allocator(trt.IOutputAllocator):
+        def reallocate_output_async(self, name, memory, size, alignment, stream):
+            raise AssertionError("asked for memory during a capture")
+
+        def notify_shape(self, name, shape):
+            pass
+
+    assert ctx.set_output_allocator("y", Allocator())
     assert rt.cudaStreamBeginCapture(s.handle, THREAD_LOCAL) == (OK,)
     assert ctx.execute_async_v3(s.handle) is False
     assert drv.captures[s.handle].invalidated.startswith("output 'y' is data-dependent")

@@ -1,5 +1,8 @@
-"""TensorRTBackend on FakeTensorRT + FakeCudaDriver with real ONNX models: caching, buffers,
-the per-frame protocol, device preprocessing, and backend selection."""
+"""TensorRTBackend on FakeTensorRT + FakeCudaDriver with real ONNX models: loading (the
+engine cache, the device key, one logger), buffers and the per-frame protocol, close.
+
+Device preprocessing, INT8 calibration, batches, CUDA graphs and row outputs have files of
+their own (test_trt_*.py); the backend registry, test_backend_registry.py."""
 
 from __future__ import annotations
 
@@ -7,25 +10,17 @@ import logging
 import threading
 from pathlib import Path
 
-import cv2
 import numpy as np
-import onnx
 import pytest
 from fakes import trt_kit
 from fakes.fake_pycuda import FakePagelockedHostAllocation
-from fakes.trt_kit import FLOAT_FMT_IMAGENET, UINT8_FMT, Fakes, loaded
+from fakes.trt_kit import UINT8_FMT, Fakes, loaded
 
-from edge_agent.core.config import AutoBackendConfig, TensorRTConfig
-from edge_agent.models.manifest import InputFormat
-from edge_agent.models.testmodels import constant_detector, yolov8_output
-from edge_agent.pipelines.backends import engine_cache, registry
-from edge_agent.pipelines.backends import tensorrt as trt_backend
-from edge_agent.pipelines.backends.base import TensorSpec
-from edge_agent.pipelines.backends.onnxruntime import OnnxRuntimeBackend
-from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
+from edge_agent.pipelines.backends import engine_cache
+from edge_agent.pipelines.backends.base import BackendError, TensorSpec
+from edge_agent.pipelines.backends.trt_support import import_tensorrt
 
 cache = trt_kit.cache
-float_model = trt_kit.float_model  # a float NCHW detector (an Ultralytics-like export)
 
 
 # -- loading and the engine cache -------------------------------------------------------------
@@ -93,6 +88,39 @@ def test_io_specs_match_the_onnx(const_model, cache):
         ("model.onnx", "images", (1, 320, 320, 3))
     ], "the dynamic batch is set before output shapes are read"
     assert be.host_format(UINT8_FMT) == UINT8_FMT
+
+
+def test_the_device_key_has_the_board_and_the_sm_count(const_model, cache, tmp_path, monkeypatch):
+    model = tmp_path / "dt-model"
+    model.write_bytes(b"NVIDIA Jetson Orin Nano Developer Kit\x00")
+    monkeypatch.setattr("edge_agent.pipelines.backends.trt_support.DEVICE_TREE_MODEL", str(model))
+    nano = Fakes(sm_count=8).backend(cache)
+    nano.load(str(const_model), UINT8_FMT)
+    agx = Fakes(sm_count=16).backend(cache)
+    agx.load(str(const_model), UINT8_FMT)
+    assert "8 SMs NVIDIA Jetson Orin Nano Developer Kit" in nano._key.device
+    assert nano._key.digest() != agx._key.digest()
+
+
+def test_one_logger_for_every_load(const_model, cache):
+    f = Fakes()
+    made: list[object] = []
+    real = f.trt.Logger
+
+    class Counting(real):
+        def __init__(self, *a):
+            made.append(self)
+            super().__init__(*a)
+
+    f.trt.Logger = Counting
+    f.backend(cache).load(str(const_model), UINT8_FMT)
+    f.backend(cache).load(str(const_model), UINT8_FMT)
+    assert len(made) == 1
+
+
+def test_import_tensorrt_says_where_to_get_it():
+    with pytest.raises(BackendError, match="JetPack"):
+        import_tensorrt()
 
 
 # -- buffers and the per-frame protocol ------------------------------------------------------
@@ -187,6 +215,40 @@ def test_the_fakes_catch_a_missing_address(const_model, cache):
         be.infer(io)
 
 
+def test_infer_waits_on_a_blocking_sync_event(const_model, cache):
+    f = Fakes()
+    be = f.backend(cache)
+    be.load(str(const_model), UINT8_FMT)
+    io = be.allocate()
+    mark = len(f.calls)
+    be.infer(io)
+    names = [n for n, _ in f.calls[mark:]]
+    assert "Stream.synchronize" not in names
+    (sync,) = [a for n, a in f.calls[mark:] if n == "Event.synchronize"]
+    assert sync[0] == io.handle.stream.handle and sync[1] & f.cuda.event_flags.BLOCKING_SYNC
+    assert f.cuda.pending_streams() == [] and be.timings(io)["device_compute_ms"] == 1.5
+
+
+def test_a_refused_tensor_address_fails_the_frame(const_model, cache):
+    f = Fakes()
+    be = f.backend(cache)
+    be.load(str(const_model), UINT8_FMT)
+    io = be.allocate()
+    be.context.set_tensor_address = lambda name, address: False
+    with pytest.raises(BackendError, match="refused the address"):
+        be.infer(io)
+
+
+def test_a_refused_batch_shape_fails_the_frame(const_model, cache):
+    f = Fakes()
+    be = f.backend(cache, max_batch=4)
+    be.load(str(const_model), UINT8_FMT)
+    io = be.allocate(3)
+    io.handle.batch = 5  # outside the profile: the binding returns False
+    with pytest.raises(BackendError, match="refused input shape"):
+        be.infer(io)
+
+
 def test_timings_are_the_two_event_figures(const_model, cache):
     be, _ = loaded(const_model, cache)
     io = be.allocate()
@@ -205,6 +267,9 @@ def test_describe_and_notes_report_the_gpu_fallback(const_model, cache):
     assert d["device"].startswith("Orin (fake) sm_87")
 
 
+# -- close ---------------------------------------------------------------------------------
+
+
 @pytest.mark.parametrize("zero_copy", [True, False])
 def test_close_frees_buffers_and_detaches_the_context(const_model, cache, zero_copy):
     be, f = loaded(const_model, cache, zero_copy=zero_copy)
@@ -220,146 +285,14 @@ def test_close_frees_buffers_and_detaches_the_context(const_model, cache, zero_c
     assert f.names().count("Context.detach") == 1
 
 
-# -- device preprocessing ----------------------------------------------------------------------
-
-
-def test_device_preprocessing_on_the_dla(float_model, cache):
-    f = Fakes(num_dla=2)
-    be = f.backend(cache, preprocess="dla")
-    be.load(str(float_model), FLOAT_FMT_IMAGENET)
-    assert f.trt.builds == 2, "the model and the preprocessing engine"
-    assert len(list(cache.glob("preprocess-preprocess-*.engine"))) == 1
-    assert f.trt.args_of("IBuilderConfig.DLA_core=") == [(0,)]
-    runtime_cores = [a[1] for a in f.trt.args_of("Runtime.deserialize_cuda_engine")]
-    assert runtime_cores == [-1, 0], "the runtime selects DLA core 0 for the preprocessing engine"
-    host = be.host_format(FLOAT_FMT_IMAGENET)
-    assert (host.layout, host.dtype, host.color, host.height, host.width) == (
-        "NHWC",
-        "uint8",
-        "bgr",
-        320,
-        320,
-    )
-    assert be.inputs == [TensorSpec("frame", (1, 320, 320, 3), np.dtype(np.uint8))]
-    assert be.describe()["preprocess"] == "device"
-    assert any("DLA0" in n for n in be.notes), be.notes
-
-    io = be.allocate()
-    assert list(io.inputs) == ["frame"] and io.inputs["frame"].dtype == np.uint8
-    mark = len(f.calls)
-    be.infer(io)
-    calls = f.since(mark)
-    execs = [a for n, a in calls if n == "IExecutionContext.execute_async_v3"]
-    assert [label for label, _ in execs] == ["network", "model.onnx"], "preprocessing first"
-    assert execs[0][1] == execs[1][1] == io.handle.stream.handle, "on the slot's stream"
-    addr = {(a[0], a[1]): a[2] for n, a in calls if n == "IExecutionContext.set_tensor_address"}
-    assert addr[("network", "input")] == addr[("model.onnx", "images")] == io.handle.device["images"]
-    assert addr[("network", "frame")] == io.inputs["frame"].base.address
-    assert be.timings(io) == {"device_preprocess_ms": 0.25, "device_compute_ms": 1.5}
-    assert f.cuda.pending_streams() == []
-
-
-def test_device_preprocessing_falls_back_to_the_gpu_without_a_dla(float_model, cache):
-    f = Fakes(num_dla=0)
-    be = f.backend(cache, preprocess="dla")
-    be.load(str(float_model), FLOAT_FMT_IMAGENET)
-    assert be.pre_engine is not None
-    assert any("preprocessing: DLA core 0" in n for n in be.notes), be.notes
-    assert any("on GPU" in n for n in be.notes), be.notes
-
-
-def test_cpu_preprocessing_builds_no_second_engine(float_model, cache):
-    f = Fakes(num_dla=2)
-    be = f.backend(cache, preprocess="cpu")
-    be.load(str(float_model), FLOAT_FMT_IMAGENET)
-    assert f.trt.builds == 1
-    assert be.pre_engine is None and be.host_format(FLOAT_FMT_IMAGENET) == FLOAT_FMT_IMAGENET
-    assert be.inputs == [TensorSpec("images", (1, 3, 320, 320), np.dtype(np.float32))]
-
-
-def test_failed_preprocessing_build_falls_back_to_the_cpu(float_model, cache):
-    f = Fakes(num_dla=2)
-    be = f.backend(cache, preprocess="dla", gpu_fallback=False)  # the uint8 cast needs the GPU
-    be.load(str(float_model), FLOAT_FMT_IMAGENET)
-    assert be.pre_engine is None and be.host_format(FLOAT_FMT_IMAGENET) == FLOAT_FMT_IMAGENET
-    assert any("preprocessing on the CPU" in n for n in be.notes), be.notes
-
-
-def test_nhwc_float_model_gets_its_own_layout_from_device_preprocessing(tmp_path, cache):
-    out = yolov8_output([(160, 160, 40, 40)], [0], [0.9], 4, 2100)
-    model = constant_detector(str(tmp_path / "nhwc.onnx"), out, layout="NHWC", dtype=onnx.TensorProto.FLOAT)
-    fmt = InputFormat(height=320, width=320, layout="NHWC", dtype="float32", color="rgb")
-    f = Fakes(num_dla=2)
-    be = f.backend(cache, preprocess="dla")
-    be.load(model, fmt)
-    # The device network writes NCHW, so an NHWC float model keeps the CPU path (and says so).
-    assert be.pre_engine is None, "a device engine would feed NCHW data into an NHWC input"
-    assert be.host_format(fmt) == fmt
-    assert any("NHWC" in n for n in be.notes), be.notes
-
-
-# -- int8 calibration ---------------------------------------------------------------------------
-
-
-@pytest.fixture
-def calibration_images(tmp_path) -> Path:
-    d = tmp_path / "calib"
-    d.mkdir()
-    rng = np.random.default_rng(0)
-    for i in range(3):
-        cv2.imwrite(str(d / f"{i}.png"), rng.integers(0, 256, (240, 320, 3), dtype=np.uint8))
-    return d
-
-
-def test_int8_load_calibrates_with_the_images(const_model, cache, calibration_images):
-    _be, f = loaded(const_model, cache, precision="int8", calibration_images=str(calibration_images))
-    assert f.trt.builds == 1
-    assert f.names().count("memcpy_htod") == 3, "one calibration batch per image"
-    assert len(list(cache.glob("*-calib-*.cache"))) == 1
-
-
-def test_int8_engine_is_reused_on_the_next_start(const_model, cache, calibration_images):
-    cfg = dict(precision="int8", calibration_images=str(calibration_images))
-    loaded(const_model, cache, **cfg)
-    _, f = loaded(const_model, cache, **cfg)
-    assert f.trt.builds == 0, "the int8 engine was rebuilt on the second start"
-
-
-# -- backend selection --------------------------------------------------------------------------
-
-
-def test_select_auto_picks_tensorrt_when_the_probe_says_so(caplog):
-    with caplog.at_level(logging.INFO, logger=registry.__name__):
-        be = registry.select_auto(AutoBackendConfig(), probe=lambda: "")
-    assert isinstance(be, TensorRTBackend)
-    assert "TensorRT" in caplog.text
-
-
-def test_select_auto_falls_back_to_onnxruntime_with_the_reason(caplog):
-    with caplog.at_level(logging.INFO, logger=registry.__name__):
-        be = registry.select_auto(AutoBackendConfig(), probe=lambda: "CUDA reports no GPU")
-    assert isinstance(be, OnnxRuntimeBackend)
-    assert "ONNX Runtime, because CUDA reports no GPU" in caplog.text
-
-
-def test_select_auto_tensorrt_backend_runs_on_injected_fakes(const_model, cache, monkeypatch):
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_close_drops_the_slots_stream_and_events(const_model, cache, zero_copy):
     f = Fakes()
-    monkeypatch.setitem(
-        registry._REGISTRY, "tensorrt", lambda cfg: TensorRTBackend(cfg, modules=(f.trt, f.cuda))
-    )
-    cfg = AutoBackendConfig(tensorrt=TensorRTConfig(cache_dir=str(cache)))
-    be = registry.select_auto(cfg, probe=lambda: "")
+    be = f.backend(cache, zero_copy=zero_copy)
     be.load(str(const_model), UINT8_FMT)
     io = be.allocate()
     be.infer(io)
-    assert f.trt.builds == 1 and be.timings(io)["device_compute_ms"] == 1.5
-
-
-def test_tensorrt_unavailable_here():
-    reason = registry.tensorrt_unavailable()
-    assert "tensorrt module is not installed" in reason
-
-
-def test_import_tensorrt_says_where_to_get_it():
-    with pytest.raises(trt_backend.BackendError, match="JetPack"):
-        trt_backend.import_tensorrt()
+    be.close()
+    slot = io.handle
+    assert slot.stream is None and slot.events == []
+    assert slot.host == {} and slot.allocations == {} and slot.device == {}
