@@ -61,7 +61,7 @@ class LadderChange:
 
 
 @dataclass(frozen=True)
-class DeadlineSnapshot:
+class DeadlineFigures:
     """One source's deadline settings, miss rate and ladder, at one moment."""
 
     budget_ms: float
@@ -261,11 +261,11 @@ class DeadlineMonitor:
         """The ladder's current step's settings (what to run, which model, the stride)."""
         return self.rung[1]
 
-    def snapshot(self, now_ns: int) -> DeadlineSnapshot:
+    def figures(self, now_ns: int) -> DeadlineFigures:
         """The settings, the miss rate of the window ending at ``now_ns`` and the ladder."""
         c = self.config
         rate, ended = self.miss_rate(now_ns)
-        return DeadlineSnapshot(
+        return DeadlineFigures(
             budget_ms=c.budget_ms,
             stage_budgets_ms=MappingProxyType(dict(c.stage_budgets_ms)),
             stage_overruns=MappingProxyType(dict(self.stage_overruns)),

@@ -4,7 +4,7 @@ The heartbeat comes from its own thread, not from the frame path, so a stalled p
 still reports (with fps 0 and growing drop counts) instead of going silent. With several
 sources, each has its own message (its ``source`` field says which) with its own counts,
 latencies, deadline and ladder; all carry the shared batch scheduler's figures. Each beat
-reads one snapshot of the pipeline (``Pipeline.snapshot``), taking what is handed out once:
+reads the pipeline's figures once (``Pipeline.figures``), taking what is handed out once:
 the latencies since the last beat and the ladder's changes.
 """
 
@@ -20,9 +20,9 @@ from edge_agent import __version__
 from edge_agent.core import resources
 from edge_agent.core.schema import SCHEMA_VERSION
 from edge_agent.core.stamps import STAGES
+from edge_agent.pipelines.figures import BatchingFigures, LaneFigures
 from edge_agent.pipelines.pipeline import Pipeline
 from edge_agent.pipelines.publish import ZmqPublisher
-from edge_agent.pipelines.snapshot import BatchingSnapshot, LaneSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class HealthReporter:
         now = time.monotonic_ns()
         first: dict[str, Any] = {}
         self.publisher.poll_subscriptions()
-        snap = self.pipeline.take_snapshot(now)  # the monitors step their ladders themselves
+        snap = self.pipeline.take_figures(now)  # the monitors step their ladders themselves
         for lane in snap.lanes:
             msg = self.message(now, lane, snap.batching)
             if final:
@@ -104,8 +104,8 @@ class HealthReporter:
         self.beats += 1
         return first
 
-    def message(self, now: int, lane: LaneSnapshot, batching: BatchingSnapshot) -> dict[str, Any]:
-        """One source's heartbeat from its snapshot (taken at ``now``, with its window)."""
+    def message(self, now: int, lane: LaneFigures, batching: BatchingFigures) -> dict[str, Any]:
+        """One source's heartbeat from its figures (taken at ``now``, with its window)."""
         published = lane.published
         last_ns, last_published = self._last.get(lane.name, (self._t0, 0))
         dt = (now - last_ns) / 1e9

@@ -23,10 +23,10 @@ from edge_agent.core.deadline_config import LadderStep
 from edge_agent.core.latency import LatencyHistogram
 from edge_agent.core.stamps import CAPTURED, INFER_END, INFER_START, PRE_START, PUBLISH, STAGES
 from edge_agent.pipelines.deadline import DROP_REASONS, DeadlineMonitor
+from edge_agent.pipelines.figures import Counts, LaneFigures, frozen_copy, read_only
 from edge_agent.pipelines.messages import MessageBuilder
 from edge_agent.pipelines.profile import Profile
 from edge_agent.pipelines.slots import FrameSlot
-from edge_agent.pipelines.snapshot import Counts, LaneSnapshot, frozen_copy, read_only
 from edge_agent.pipelines.sources.base import BufferPolicy, Source, SourceFrame
 from edge_agent.pipelines.steps.base import LaneStep
 from edge_agent.pipelines.view_tap import ViewTap
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 class LaneStats:
     """Frame counts and latency histograms.
 
-    Counts change under one lock so that a snapshot (``counts``) is consistent while
+    Counts change under one lock so that their figures (``counts``) is consistent while
     frames move: captured == on time + late + dropped + in flight, with in flight
     bounded by the number of frame slots. A histogram's records and takes are its own
     (``LatencyHistogram`` locks them); the frame's histograms have one writer at a time
@@ -321,7 +321,7 @@ class Lane:
         )
         self.stats = old.stats
 
-    def snapshot(self, now_ns: int) -> LaneSnapshot:
+    def figures(self, now_ns: int) -> LaneFigures:
         """The lane at ``now_ns``.
 
         Not one instant: the counts are consistent among themselves (taken under the
@@ -329,17 +329,17 @@ class Lane:
         and the steps' figures are copied after them, without stopping the frames (a lock
         on every record would cost each frame), so a histogram may hold a frame or two that
         the counts do not yet. A figure beside an account."""
-        return self._snapshot(now_ns, False)
+        return self._figures(now_ns, False)
 
-    def take_snapshot(self, now_ns: int) -> LaneSnapshot:
-        """``snapshot`` with what is handed out once (the heartbeat's): the latencies since
+    def take_figures(self, now_ns: int) -> LaneFigures:
+        """``figures`` with what is handed out once (the heartbeat's): the latencies since
         the last take (the lane's and its steps') and the oldest ladder change not yet
         reported."""
-        return self._snapshot(now_ns, True)
+        return self._figures(now_ns, True)
 
-    def _snapshot(self, now_ns: int, take: bool) -> LaneSnapshot:
+    def _figures(self, now_ns: int, take: bool) -> LaneFigures:
         stats, source = self.stats, self.source
-        return LaneSnapshot(
+        return LaneFigures(
             name=self.name,
             priority=self.priority,
             counts=stats.counts(),
@@ -356,8 +356,8 @@ class Lane:
             damage=source.damage,
             seq=self.seq,
             frame_period_ms=self.frame_period_ms(),
-            deadline=self.monitor.snapshot(now_ns),
-            steps=read_only({s.name: s.take_snapshot() if take else s.snapshot() for s in self.steps}),
+            deadline=self.monitor.figures(now_ns),
+            steps=read_only({s.name: s.take_figures() if take else s.figures() for s in self.steps}),
             window=stats.take_window() if take else None,
             change=self.monitor.take_change() if take else None,
         )

@@ -5,8 +5,8 @@ and published; OpenCV and ONNX Runtime release the GIL, so the stages overlap on
 cores. Each stage is a class handed its collaborators: ``CaptureStage`` (a lane and the
 scheduler), ``InferStage`` (the scheduler and the post stage), ``PostStage`` (the
 publisher; the frame's lane runs its steps and accounts it). The pipeline builds
-them, runs each on its own thread, stops them, and hands out a snapshot of itself
-(``snapshot``): it owns the threads and the stop, the stages do the work.
+them, runs each on its own thread, stops them, and hands out its figures
+(``figures``): it owns the threads and the stop, the stages do the work.
 
 Several sources share one accelerator: each source is a *lane* (``lane.py``) with its own
 capture thread, deadline monitor, counts, topic and sequence numbers, so a slow or dead
@@ -37,12 +37,12 @@ import time
 from edge_agent.core.budget_fit import BudgetFit
 from edge_agent.core.deadline_config import BatchingConfig
 from edge_agent.core.resilience_config import ResilienceConfig
+from edge_agent.pipelines.figures import PipelineFigures
 from edge_agent.pipelines.lane import Lane
 from edge_agent.pipelines.profile import prepare_profiles
 from edge_agent.pipelines.publish import ZmqPublisher
 from edge_agent.pipelines.scheduler import BatchScheduler
 from edge_agent.pipelines.slots import FrameSlot
-from edge_agent.pipelines.snapshot import PipelineSnapshot
 from edge_agent.pipelines.stages import (
     POLL_S,
     CaptureStage,
@@ -127,17 +127,17 @@ class Pipeline:
         """Frames published so far, every source's (a cheap count to poll)."""
         return sum(lane.stats.published for lane in self._lanes)
 
-    def snapshot(self, now_ns: int | None = None) -> PipelineSnapshot:
-        """Every lane and the batching, frozen (``snapshot.py``), as of ``now_ns`` (None: now)."""
+    def figures(self, now_ns: int | None = None) -> PipelineFigures:
+        """Every lane and the batching, frozen (``figures.py``), as of ``now_ns`` (None: now)."""
         now = time.monotonic_ns() if now_ns is None else now_ns
-        return PipelineSnapshot(tuple(lane.snapshot(now) for lane in self._lanes), self._scheduler.snapshot())
+        return PipelineFigures(tuple(lane.figures(now) for lane in self._lanes), self._scheduler.figures())
 
-    def take_snapshot(self, now_ns: int) -> PipelineSnapshot:
-        """``snapshot`` with what is handed out once, for the heartbeat: each lane's
+    def take_figures(self, now_ns: int) -> PipelineFigures:
+        """``figures`` with what is handed out once, for the heartbeat: each lane's
         latencies since the last take and its oldest ladder change not yet reported
-        (``Lane.take_snapshot``)."""
-        lanes = tuple(lane.take_snapshot(now_ns) for lane in self._lanes)
-        return PipelineSnapshot(lanes, self._scheduler.snapshot())
+        (``Lane.take_figures``)."""
+        lanes = tuple(lane.take_figures(now_ns) for lane in self._lanes)
+        return PipelineFigures(lanes, self._scheduler.figures())
 
     def failure(self) -> str | None:
         """Why the run failed, if it did: the pipeline's error, or the sources that died

@@ -59,9 +59,9 @@ import numpy as np
 
 from edge_agent.core.deadline_config import BatchingConfig
 from edge_agent.core.stamps import CAPTURED
+from edge_agent.pipelines.figures import BatchingFigures, read_only
 from edge_agent.pipelines.profile import Profile
 from edge_agent.pipelines.slots import Closed, FrameSlot
-from edge_agent.pipelines.snapshot import BatchingSnapshot, read_only
 
 _EWMA_ALPHA = 0.2
 _INF = 1 << 62
@@ -364,11 +364,11 @@ class BatchScheduler:
                 return float(est[k]) * size / k
         return 0.0
 
-    def snapshot(self) -> BatchingSnapshot:
+    def figures(self) -> BatchingFigures:
         """The batches run so far, by size."""
         sizes = self.sizes.copy()
         batches = int(sizes.sum())
-        return BatchingSnapshot(
+        return BatchingFigures(
             max_batch=self.max_batch,
             batches=batches,
             mean_size=round(self.frames / batches, 3) if batches else 0.0,

@@ -6,7 +6,7 @@ and the device's power (``models``, ``power``), the frame path (``pipelines``), 
 (runner, service, metrics, ...), the tools (bench, tune, selftest, ...), the command line.
 Every import counts, also one inside a function: a lazy import still ties the layers.
 
-Above the frame path, the pipeline is read through its snapshot (``Pipeline.snapshot``):
+Above the frame path, the pipeline is read through its figures (``Pipeline.figures``):
 its lanes, scheduler and stages, and a lane's source, are its own.
 """
 
@@ -128,21 +128,21 @@ PIPELINE_INSIDES = {"lanes", "_lanes", "scheduler", "_scheduler", "_captures", "
 def insides_read(path: Path) -> list[str]:
     """Where ``path`` reads the pipeline's insides, or a lane's source: 'path:line: code'.
 
-    ``.lanes`` is the snapshot's own field, so it is allowed on a snapshot (a ``snapshot()``
-    call, or a name with ``snap`` in it); a lane's ``.source`` is refused on anything
-    named lane (the snapshot's is ``source_state``)."""
+    ``.lanes`` is the figures' own field, so it is allowed on them (a ``figures()`` or
+    ``take_figures()`` call, or a name with ``snap`` or ``fig`` in it); a lane's ``.source``
+    is refused on anything named lane (its figures' is ``source_state``)."""
     bad = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if not isinstance(node, ast.Attribute):
             continue
         owner = ast.unparse(node.value)
-        on_snapshot = "snap" in owner or (
+        on_figures = "snap" in owner or "fig" in owner or (
             isinstance(node.value, ast.Call)
             and isinstance(node.value.func, ast.Attribute)
-            and node.value.func.attr == "snapshot"
+            and node.value.func.attr in ("figures", "take_figures")
         )
         lane_source = node.attr == "source" and "lane" in owner.rsplit(".", 1)[-1].lower()
-        if (node.attr in PIPELINE_INSIDES and not on_snapshot) or lane_source:
+        if (node.attr in PIPELINE_INSIDES and not on_figures) or lane_source:
             where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
             bad.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
     return bad
@@ -156,7 +156,7 @@ def outside_the_frame_path() -> list[Path]:
 
 def test_nothing_outside_the_frame_path_reads_the_pipelines_insides():
     bad = [line for path in outside_the_frame_path() for line in insides_read(path)]
-    assert not bad, "read Pipeline.snapshot() instead:\n" + "\n".join(bad)
+    assert not bad, "read Pipeline.figures() instead:\n" + "\n".join(bad)
 
 
 def test_the_insides_check_catches_a_lane_read(tmp_path):
@@ -165,7 +165,7 @@ def test_the_insides_check_catches_a_lane_read(tmp_path):
         "a = agent.pipeline.lanes[0].stats\n"
         "b = pipeline.scheduler.summary()\n"
         "c = lane.source.damage\n"
-        "d = agent.pipeline.snapshot().lanes[0].counts\n"
+        "d = agent.pipeline.figures().lanes[0].counts\n"
         "e = [x.source_state for x in snap.lanes]\n"
     )
     found = [line.split(": ", 1)[1] for line in insides_read(f)]

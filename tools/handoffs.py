@@ -46,7 +46,7 @@ def run_once(fps: float, seconds: float, model: str | None) -> dict[str, tuple[f
         time.sleep(seconds)
     finally:
         agent.stop()
-    stats = agent.pipeline.snapshot().lanes[0]
+    stats = agent.pipeline.figures().lanes[0]
     rows = {name: stats.stages[name] for name in STAGES}
     rows["end_to_end"] = stats.total
     out = {k: (h.percentile_ms(50), h.percentile_ms(90), h.percentile_ms(99)) for k, h in rows.items()}

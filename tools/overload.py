@@ -51,7 +51,7 @@ def run_mode(mode: str, fps: float, delay_ms: float, seconds: float, budget_ms: 
     finally:
         agent.stop()
     elapsed = time.monotonic() - t0
-    snap = agent.pipeline.snapshot()
+    snap = agent.pipeline.figures()
     stats = snap.lanes[0]
     st = stats.stages
     parts = {k: st[k].percentile_ms(50) for k in ("preprocess", "infer", "postprocess")}

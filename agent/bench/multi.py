@@ -92,7 +92,7 @@ def _run_multi_bench(
             "source_fps": source_fps,
             "seconds": round(live_elapsed, 2),
             "throughput_fps": round(published_fps(live, live_elapsed), 2),
-            "batches": live.pipeline.snapshot().batching.summary(),
+            "batches": live.pipeline.figures().batching.summary(),
             "per_source": per_source,
         },
     }
@@ -136,7 +136,7 @@ def _saturated_section(sat: _Saturated) -> dict[str, Any]:
         "batched_fps": round(batched_fps, 2),
         "gain_from_batching": round(batched_fps / unbatched_fps, 3) if unbatched_fps else None,
         "gain_over_single_source": round(batched_fps / single_fps, 3) if single_fps else None,
-        "batches": sat.batched.pipeline.snapshot().batching.summary(),
+        "batches": sat.batched.pipeline.figures().batching.summary(),
     }
 
 
@@ -148,7 +148,7 @@ def _per_source(
     counts."""
     assert live.pipeline is not None
     per_source = {}
-    for lane in live.pipeline.snapshot().lanes:
+    for lane in live.pipeline.figures().lanes:
         budget_ms = lane.deadline.budget_ms
         per_source[lane.name] = {
             "source_fps": fps.get(lane.name),

@@ -25,9 +25,9 @@ from edge_agent.core.config import AgentConfig
 from edge_agent.core.model_config import OnnxRuntimeConfig
 from edge_agent.core.stamps import STAGES
 from edge_agent.models.manifest import InputSpec
+from edge_agent.pipelines.figures import LaneFigures
 from edge_agent.pipelines.model import LoadedModel
 from edge_agent.pipelines.preprocess import Letterbox
-from edge_agent.pipelines.snapshot import LaneSnapshot
 from edge_agent.pipelines.sources.files import FileSourceConfig
 from edge_agent.service.runner import Agent
 
@@ -89,7 +89,7 @@ def detections_summary(counts: list[int]) -> dict[str, Any]:
     }
 
 
-def stage_table(stats: LaneSnapshot) -> dict[str, Any]:
+def stage_table(stats: LaneFigures) -> dict[str, Any]:
     means = {name: stats.stages[name].mean_ms() for name in STAGES}
     total = sum(means.values()) or 1.0
     return {
@@ -103,19 +103,19 @@ def stage_table(stats: LaneSnapshot) -> dict[str, Any]:
     }
 
 
-def tracker_ms(stats: LaneSnapshot) -> dict[str, float] | None:
+def tracker_ms(stats: LaneFigures) -> dict[str, float] | None:
     """The source's tracker's time per frame (part of the postprocess stage); None when it
     has none (then it costs nothing: no step runs)."""
     return hist_ms(stats.tracking.cost) if stats.tracking is not None else None
 
 
-def analytics_ms(stats: LaneSnapshot) -> dict[str, float] | None:
+def analytics_ms(stats: LaneFigures) -> dict[str, float] | None:
     """The source's zones' and lines' time per frame (part of the postprocess stage); None
     when it has none (no step runs)."""
     return hist_ms(stats.analytics.cost) if stats.analytics is not None else None
 
 
-def slowest_thread_ms(stats: LaneSnapshot) -> float:
+def slowest_thread_ms(stats: LaneFigures) -> float:
     """Mean busy time per frame of the busiest stage thread: the pipeline's throughput bound."""
     st = stats.stages
     threads = (
@@ -235,7 +235,7 @@ def prepared(agent: Agent) -> Iterator[tuple[Any, Any]]:
     The frame is read from the source by the bench, never taken through the pipeline
     (``Pipeline.take_one``): a frame the lane took is counted captured and must end
     published or dropped, and this one is neither (inference alone runs on it), so the
-    sequential phase's snapshot would show it in flight. Raises BenchError when the source
+    sequential phase's figures would show it in flight. Raises BenchError when the source
     gives no frame, or every slot of its pool is taken, within 1 s."""
     assert agent.pipeline is not None
     source = next(iter(agent.sources.values()))
@@ -383,7 +383,7 @@ class SequentialRun:
 
     per_frame: Samples
     seconds: float
-    stats: LaneSnapshot
+    stats: LaneFigures
     detections: list[int]
 
 
@@ -438,4 +438,4 @@ def alone_and_sequential(agent: BenchAgent, frames: int, runs: int) -> tuple[Sam
                     p.run_one(one)
                 per_frame.record(time.perf_counter_ns() - t)
             seconds += time.monotonic() - t0
-    return alone, SequentialRun(per_frame, seconds, p.snapshot().lanes[0], agent.detections)
+    return alone, SequentialRun(per_frame, seconds, p.figures().lanes[0], agent.detections)

@@ -43,8 +43,8 @@ from edge_agent.core.config import AgentConfig
 from edge_agent.core.latency import LatencyHistogram
 from edge_agent.core.model_config import ModelConfig, OnnxRuntimeConfig, TensorRTConfig
 from edge_agent.core.plan import model_at, onnxruntime_of
+from edge_agent.pipelines.figures import LaneFigures
 from edge_agent.pipelines.model import LoadedModel, load_model, model_notes_once
-from edge_agent.pipelines.snapshot import LaneSnapshot
 from edge_agent.pipelines.sources.files import FileSourceConfig, preload
 from edge_agent.pipelines.sources.registry import source_rate
 
@@ -165,16 +165,16 @@ class _Runs:
     host_load: dict[str, float | None]  # other processes' cores, by phase (``phases.host_load``)
 
     @property
-    def sat_stats(self) -> LaneSnapshot:
-        """The saturated run's accounting (its source's snapshot)."""
+    def sat_stats(self) -> LaneFigures:
+        """The saturated run's accounting (its source's figures)."""
         assert self.sat.pipeline is not None
-        return self.sat.pipeline.snapshot().lanes[0]
+        return self.sat.pipeline.figures().lanes[0]
 
     @property
-    def live_stats(self) -> LaneSnapshot:
-        """The live run's accounting (its source's snapshot)."""
+    def live_stats(self) -> LaneFigures:
+        """The live run's accounting (its source's figures)."""
         assert self.live.pipeline is not None
-        return self.live.pipeline.snapshot().lanes[0]
+        return self.live.pipeline.figures().lanes[0]
 
 
 def _run_bench(

@@ -22,7 +22,7 @@ from edge_agent.commands.common import (
 )
 
 if TYPE_CHECKING:
-    from edge_agent.pipelines.snapshot import LaneSnapshot
+    from edge_agent.pipelines.figures import LaneFigures
 
 log = logging.getLogger("edge_agent")
 
@@ -40,7 +40,7 @@ def _status_line(beat: dict[str, Any]) -> str:
     )
 
 
-def _summary(lane: LaneSnapshot, elapsed_s: float) -> str:
+def _summary(lane: LaneFigures, elapsed_s: float) -> str:
     c = lane.counts
     reasons = ", ".join(f"{k} {v}" for k, v in c.dropped_by_reason.items() if v) or "none"
     lines = [
@@ -164,7 +164,7 @@ def _heartbeat_handler(args: argparse.Namespace, agent: Any, footprints: dict[st
 
 def _print_summaries(agent: Any, elapsed: float, footprints: dict[str, Any]) -> None:
     """The exit summary on stderr: per-source stages, batches and process footprints."""
-    snap = agent.pipeline.snapshot()
+    snap = agent.pipeline.figures()
     for lane in snap.lanes:
         title = f"source {lane.name}:\n" if len(snap.lanes) > 1 else ""
         print(title + _summary(lane, elapsed), file=sys.stderr, flush=True)
@@ -182,7 +182,7 @@ def _print_summaries(agent: Any, elapsed: float, footprints: dict[str, Any]) -> 
 
 def _exit_code(agent: Any) -> int:
     """Prints the damaged sources and returns the run's exit code (a failure or lost frames)."""
-    lanes = agent.pipeline.snapshot().lanes
+    lanes = agent.pipeline.figures().lanes
     damaged = [f"source {lane.name}: {lane.damage}" for lane in lanes if lane.lost]
     for line in damaged:
         print(line, file=sys.stderr, flush=True)

@@ -24,7 +24,7 @@ class LatencyHistogram:
 
     A record, a ``take`` and a ``merge`` of this histogram each run under its own small
     lock, so a duration recorded while another thread takes the histogram (a heartbeat's
-    window) or copies it (a snapshot) lands in exactly one take and is seen whole by a
+    window) or copies it (the pipeline's figures) lands in exactly one take and is seen whole by a
     copy. Swapping the histogram object itself (``window, self.window = self.window,
     LatencyHistogram()``) is not safe: a writer that read the attribute before the swap
     records into the old one after its taker read it, and the duration is counted in

@@ -41,7 +41,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from edge_agent.core.exposure import on_loopback
 from edge_agent.core.latency import _UPPER, LatencyHistogram
-from edge_agent.pipelines.snapshot import LaneSnapshot
+from edge_agent.pipelines.figures import LaneFigures
 from edge_agent.service.http_endpoint import CLOSE_WAIT_S, HttpEndpoint
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class AgentCollector:
         pipeline = agent.pipeline
         if pipeline is None:
             return
-        snap = pipeline.snapshot()
+        snap = pipeline.figures()
         yield from self._per_lane(snap.lanes)
         yield from self._analytics(snap.lanes)
         batches = CounterMetricFamily(
@@ -140,10 +140,15 @@ class AgentCollector:
             "step": GaugeMetricFamily(
                 "edge_agent_ladder_step", "Degradation ladder step (0: normal)", labels=["source", "step"]
             ),
+            "backend": CounterMetricFamily(
+                "edge_agent_backend_counts",
+                "What the backend counted (rows_dropped: rows past the most a frame keeps)",
+                labels=["source", "name"],
+            ),
         }
 
     @classmethod
-    def _per_lane(cls, lanes: tuple[LaneSnapshot, ...]):
+    def _per_lane(cls, lanes: tuple[LaneFigures, ...]):
         """The per-source families filled from every lane (the live-source ones only if any)."""
         f = cls._lane_families()
         live = False
@@ -168,13 +173,17 @@ class AgentCollector:
             f["budget"].add_metric([src], deadline.budget_ms / 1e3)
             f["miss"].add_metric([src], deadline.miss_rate)
             f["step"].add_metric([src, deadline.step_name], deadline.step)
+            for name, n in lane.backend_counts.items():
+                f["backend"].add_metric([src, name], n)
         yield from (f["captured"], f["published"], f["dropped"])
         if live:
             yield from (f["up"], f["fails"])
         yield from (f[k] for k in ("in_flight", "stage", "e2e", "budget", "miss", "step"))
+        if any(lane.backend_counts for lane in lanes):
+            yield f["backend"]
 
     @staticmethod
-    def _analytics(lanes: tuple[LaneSnapshot, ...]):
+    def _analytics(lanes: tuple[LaneFigures, ...]):
         """Zones and lines, by source and label (only when a source has any)."""
         if not any(lane.analytics is not None for lane in lanes):
             return

@@ -151,7 +151,7 @@ class Supervisor:
         if stuck:
             return f"stage thread(s) {', '.join(stuck)} made no progress for {svc.stage_timeout_s:g} s"
         now = time.monotonic()
-        captured = pipeline.snapshot().captured
+        captured = pipeline.figures().captured
         if captured != self._captured:
             self._captured, self._captured_at = captured, now
         if svc.stall_watchdog_s and now - self._captured_at > svc.stall_watchdog_s:

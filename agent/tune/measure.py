@@ -48,9 +48,9 @@ def measure(c: Candidate, s: TuneSettings, work: Workload, best_p99: float | Non
         assert pipeline is not None
 
         def totals() -> LatencyHistogram:
-            return _combined([x.total for x in pipeline.snapshot().lanes])
+            return _combined([x.total for x in pipeline.figures().lanes])
 
-        c.sources = [dict(lane.source_state) for lane in pipeline.snapshot().lanes]
+        c.sources = [dict(lane.source_state) for lane in pipeline.figures().lanes]
         t0, start_published = time.monotonic(), pipeline.published()
         window = LatencyHistogram()
         stats_total_before = totals().counts
@@ -81,7 +81,7 @@ def measure(c: Candidate, s: TuneSettings, work: Workload, best_p99: float | Non
         if c.status == "pending":  # the last round ends with the window (not at an early stop)
             total = totals()
             c.rounds.append(_round(total, mark, time.monotonic(), pipeline.published()))
-        lanes = pipeline.snapshot().lanes
+        lanes = pipeline.figures().lanes
         window.max_ns = max(x.total.max_ns for x in lanes)
         c.e2e = {
             "p50": round(window.percentile_ms(50), 3),

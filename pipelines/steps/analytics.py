@@ -26,7 +26,7 @@ EVENT_TOPIC = "event"
 
 
 @dataclass(frozen=True)
-class AnalyticsSnapshot:
+class AnalyticsFigures:
     """A source's counts by zone or line and label, as the heartbeat and metrics show them."""
 
     zones: dict[str, dict[str, Any]]
@@ -172,7 +172,7 @@ class SourceAnalytics(Step):
         new_c.events = old_c.events
         return new
 
-    def figures(self, cost: LatencyHistogram, window: LatencyHistogram | None) -> AnalyticsSnapshot:
+    def figures_of(self, cost: LatencyHistogram, window: LatencyHistogram | None) -> AnalyticsFigures:
         c = self.counter
         labels = self.labels or ("0",)
 
@@ -198,7 +198,7 @@ class SourceAnalytics(Step):
             name: {"in": by_label(c.crossed[k, IN]), "out": by_label(c.crossed[k, OUT])}
             for k, name in enumerate(c.line_names)
         }
-        return AnalyticsSnapshot(zones, lines, c.events, c.overflow, cost, window)
+        return AnalyticsFigures(zones, lines, c.events, c.overflow, cost, window)
 
 
 def _kept(old: tuple, new: tuple) -> list[tuple[int, int]]:

@@ -9,7 +9,7 @@ and the live view only iterate that list: a new step is one new module here, not
 changes.
 
 A ``LaneStep`` runs on the thread that publishes its source's frames (the post stage's,
-or the inference thread's, never both at once); ``snapshot`` and ``take_snapshot`` are
+or the inference thread's, never both at once); ``figures`` and ``take_figures`` are
 called by others (the heartbeat, metrics) and read what ``run`` writes without a lock: a
 figure, not an account.
 """
@@ -39,7 +39,7 @@ class StepContext:
     snapshots: Any = None  # the agent's event snapshot writer (``offer``), if any
 
 
-class StepSnapshot(Protocol):
+class StepFigures(Protocol):
     """A step's figures, frozen: the heartbeat carries ``as_dict()`` under the step's name."""
 
     cost: LatencyHistogram
@@ -70,10 +70,10 @@ class LaneStep(Protocol):
     def to_view(self, frame: Any, slot: Any) -> None:
         """Give the live view's frame (``view_tap.ViewFrame``) what it draws of this step."""
 
-    def snapshot(self) -> StepSnapshot: ...
+    def figures(self) -> StepFigures: ...
 
-    def take_snapshot(self) -> StepSnapshot:
-        """``snapshot`` with the cost since the last take (the heartbeat's)."""
+    def take_figures(self) -> StepFigures:
+        """``figures`` with the cost since the last take (the heartbeat's)."""
 
 
 class StepPlugin(Protocol):
@@ -119,7 +119,7 @@ class StepCost:
 class Step:
     """What most ``LaneStep``s share: its time per frame (``timing``, recorded by its
     ``run``), and the defaults: no pixels kept, nothing added to the message or drawn on
-    the view, a reload keeps this new state (``adopt``), its figures its cost (``figures``)."""
+    the view, a reload keeps this new state (``adopt``), its figures its cost (``figures_of``)."""
 
     name: str
     keeps_pixels = False
@@ -137,13 +137,13 @@ class Step:
     def to_view(self, frame: Any, slot: Any) -> None:
         pass
 
-    def snapshot(self) -> StepSnapshot:
-        return self.figures(*self.timing.frozen(False))
+    def figures(self) -> StepFigures:
+        return self.figures_of(*self.timing.frozen(False))
 
-    def take_snapshot(self) -> StepSnapshot:
-        return self.figures(*self.timing.frozen(True))
+    def take_figures(self) -> StepFigures:
+        return self.figures_of(*self.timing.frozen(True))
 
-    def figures(self, cost: LatencyHistogram, window: LatencyHistogram | None) -> StepSnapshot:
+    def figures_of(self, cost: LatencyHistogram, window: LatencyHistogram | None) -> StepFigures:
         """Its figures, given its cost since it started and (taken) since the last take."""
         return StepCost(cost, window)
 

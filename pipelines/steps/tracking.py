@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class TrackingSnapshot:
+class TrackingFigures:
     """A source's tracker as the heartbeat shows it."""
 
     type: str
@@ -110,10 +110,10 @@ class SourceTracker(Step):
         n = frame.det_count
         frame.det_track[:n] = slot.det_track[:n]
 
-    def figures(self, cost: LatencyHistogram, window: LatencyHistogram | None) -> TrackingSnapshot:
+    def figures_of(self, cost: LatencyHistogram, window: LatencyHistogram | None) -> TrackingFigures:
         t = self.tracker
         tentative, tracked, lost = t.counts()
-        return TrackingSnapshot(
+        return TrackingFigures(
             self.config.type,
             tentative + tracked + lost,
             tentative,

@@ -678,7 +678,7 @@ def test_bench_without_source_plays_the_configs_own_image_folder(endpoint, tmp_p
 
 def test_the_sequential_phase_accounts_every_frame_it_took(const_model):
     """Phases 1 and 2 on one agent: the frame inference alone runs on is the bench's own
-    (never one of the lane's), so the sequential snapshot counts exactly the frames played,
+    (never one of the lane's), so the sequential figures count exactly the frames played,
     each ended (captured == on time + late + dropped), none left in flight."""
     from edge_agent.bench.configs import BenchAgent, raw_config
     from edge_agent.bench.phases import alone_and_sequential

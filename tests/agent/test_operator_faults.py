@@ -348,7 +348,7 @@ def test_frames_that_reach_an_abandoned_inference_thread_are_counted_once(const_
         # nothing in flight yet).
         pipeline._infer.abandon()
         assert not pipeline.run_one(slots[0]), "a batch taken after the abandon never runs"
-        c = pipeline.snapshot().lanes[0].counts
+        c = pipeline.figures().lanes[0].counts
         assert c.dropped_by_reason["shutdown"] == 1 and c.in_flight == 1, c
     finally:
         agent.sources["cam0"].close()

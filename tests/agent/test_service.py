@@ -146,7 +146,7 @@ def test_watchdog_pings_through_a_camera_outage_and_stops_for_a_stuck_stage(tmp_
         read = source.read
         source.read = lambda timeout_s: (time.sleep(timeout_s), None)[1]  # the camera is gone
         wait_until(
-            lambda: agent.pipeline.snapshot().lanes[0].counts.in_flight == 0, 10, message="frames drain"
+            lambda: agent.pipeline.figures().lanes[0].counts.in_flight == 0, 10, message="frames drain"
         )
         outage_at = sock.names().count("WATCHDOG")
         # Nothing is published, yet the agent does its job (the camera is the one at fault).
@@ -166,7 +166,7 @@ def test_watchdog_pings_through_a_camera_outage_and_stops_for_a_stuck_stage(tmp_
         t.join(5)
         wait_until(lambda: "STOPPING" in sock.names(), 10, message="STOPPING=1")
         assert not agent.stop(), "a stuck inference is abandoned, not joined"
-        c = agent.pipeline.snapshot().lanes[0].counts.as_dict()
+        c = agent.pipeline.figures().lanes[0].counts.as_dict()
     finally:
         unblock.set()
         signals.stop.set()

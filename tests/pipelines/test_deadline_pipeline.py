@@ -58,12 +58,12 @@ def build(model: Path, endpoint: str, deadline: DeadlineConfig, fps: float, dela
 
 
 def counts(agent: Agent) -> dict:
-    return agent.pipeline.snapshot().lanes[0].counts.as_dict()
+    return agent.pipeline.figures().lanes[0].counts.as_dict()
 
 
 def ladder(agent: Agent):
     """The source's deadline and ladder, now."""
-    return agent.pipeline.snapshot().lanes[0].deadline
+    return agent.pipeline.figures().lanes[0].deadline
 
 
 def light_model(tmp_path: Path) -> Path:
@@ -194,7 +194,7 @@ def test_health_heartbeats_arrive_with_consistent_counts(const_model, endpoint):
     assert set(health.topics) == {"health"}
     for b in beats:
         c = b["counts"]
-        # A consistent snapshot: what is neither published nor dropped is in a frame slot.
+        # Consistent figures: what is neither published nor dropped is in a frame slot.
         assert 0 <= c["in_flight"] <= 5, c
         assert b["ladder"]["name"] == "full" and b["deadline"]["budget_ms"] == 50
         assert set(b["latency_ms"]["window"]) >= {"p50", "p90", "p99", "p99.9", "max"}

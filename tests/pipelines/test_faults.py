@@ -45,7 +45,7 @@ def agent_with(const_model, endpoint, fps: float, faults: FaultsConfig, frames: 
 
 
 def counts(agent: Agent) -> dict:
-    return agent.pipeline.snapshot().lanes[0].counts.as_dict()
+    return agent.pipeline.figures().lanes[0].counts.as_dict()
 
 
 def test_fault_injection_is_refused_outside_tests(monkeypatch):
@@ -198,7 +198,7 @@ def test_a_slow_subscriber_never_slows_the_agent(const_model, endpoint):
     # A send never waits for a subscriber: it takes the time of encoding and a queue push
     # (the median: a loaded machine may preempt a few sends; waiting would make them all
     # as slow as the reader, 100 ms).
-    send = agent.pipeline.snapshot().lanes[0].send
+    send = agent.pipeline.figures().lanes[0].send
     assert send.percentile_ms(50) < 20, send.percentile_ms(50)
     # Drops, if any, come from the CPU (stale/overrun/source gap under load), never from
     # the subscriber: there is no drop reason for a subscriber, and sending fails nothing.

@@ -75,7 +75,7 @@ def camera(name: str = "cam0", fps: float = FPS, seed: int = 3) -> SyntheticSour
 def counts(agent: Agent) -> dict[str, dict]:
     """Per source, after the drain; asserts that each source's frames all ended once."""
     out = {}
-    for lane in agent.pipeline.snapshot().lanes:
+    for lane in agent.pipeline.figures().lanes:
         c = lane.counts.as_dict()
         assert c["in_flight"] == 0, (lane.name, c)
         assert c["captured"] == c["on_time"] + c["late"] + sum(c["dropped_by_reason"].values()), c
@@ -131,7 +131,7 @@ def test_latency_mode_runs_only_fresh_frames_under_overload_and_throughput_mode_
         # 300 frames of camera time (5 s), and enough inferences either way.
         run_side_by_side(
             [latency, throughput],
-            lambda a: a.pipeline.snapshot().captured >= 300 and a.pipeline.published() >= 20,
+            lambda a: a.pipeline.figures().captured >= 300 and a.pipeline.published() >= 20,
         )
     finally:
         results.close()
@@ -158,7 +158,7 @@ def test_latency_mode_runs_only_fresh_frames_under_overload_and_throughput_mode_
     assert len(results.messages) >= 10, len(results.messages)
     # The rule's bound as it stood at the end (a busy machine makes the processing longer
     # than the sleep alone, and a quarter of it may then be the larger bound).
-    snap = latency.pipeline.snapshot()
+    snap = latency.pipeline.figures()
     est = snap.lanes[0].deadline.estimate_ms
     work_ms = sum(v for k, v in next(iter(est.values())).items() if not k.startswith("wait"))
     bound_ms = max(INTERVAL_MS / 2, FRESH_SHARE * work_ms)
@@ -208,9 +208,9 @@ def test_latency_mode_keeps_batching_cameras_in_step(const_model, endpoint):
     # Two cameras at 60 fps that start together, overloaded: their fresh frames still
     # meet in batches of two, and each camera's frames are accounted on its own.
     agent = build(const_model, endpoint, "latency", [camera("a", seed=1), camera("b", seed=2)])
-    run_side_by_side([agent], lambda a: a.pipeline.snapshot().batching.batches >= 30)
+    run_side_by_side([agent], lambda a: a.pipeline.figures().batching.batches >= 30)
     c = counts(agent)
-    summary = agent.pipeline.snapshot().batching.summary()
+    summary = agent.pipeline.figures().batching.summary()
     assert summary["sizes"].get("2", 0) > 0, summary
     assert all(x["on_time"] + x["late"] > 0 for x in c.values()), c
     assert sum(x["dropped_by_reason"]["not_fresh"] for x in c.values()) > 0, c
@@ -221,7 +221,7 @@ def test_latency_mode_keeps_batching_cameras_in_step(const_model, endpoint):
 def test_latency_mode_stops_cleanly_while_waiting_for_a_fresh_frame(const_model, endpoint):
     agent = build(const_model, endpoint, "latency", [camera()])
     run_side_by_side(
-        [agent], lambda a: a.pipeline.snapshot().lanes[0].counts.dropped_by_reason["not_fresh"] >= 3
+        [agent], lambda a: a.pipeline.figures().lanes[0].counts.dropped_by_reason["not_fresh"] >= 3
     )
     counts(agent)
     assert not [t for t in threading.enumerate() if t.name in ("infer", "post", "capture-cam0")]

@@ -103,7 +103,7 @@ def published(agent: Agent, name: str) -> int:
 def counts(agent: Agent) -> dict[str, dict]:
     """Per source, after the drain; asserts that each source's frames all ended once."""
     out = {}
-    for lane in agent.pipeline.snapshot().lanes:
+    for lane in agent.pipeline.figures().lanes:
         c = lane.counts.as_dict()
         assert c["in_flight"] == 0, (lane.name, c)
         assert c["captured"] == c["on_time"] + c["late"] + c["dropped"], (lane.name, c)
@@ -112,8 +112,8 @@ def counts(agent: Agent) -> dict[str, dict]:
 
 
 def lane(agent: Agent, name: str):
-    """The source ``name``'s snapshot, now."""
-    return agent.pipeline.snapshot().lane(name)
+    """The source ``name``'s figures, now."""
+    return agent.pipeline.figures().lane(name)
 
 
 def test_high_priority_source_keeps_its_budget_while_the_others_overload(const_model, endpoint):
@@ -145,7 +145,7 @@ def test_high_priority_source_keeps_its_budget_while_the_others_overload(const_m
     # alone would hold them back until the sides' tighter deadlines had passed theirs).
     # The 90th percentile, where that shows: a side's frame that waited long is replaced
     # by its newer one, so the low waits of all sources are alike.
-    waits = {x.name: x.stages["wait_infer"].percentile_ms(90) for x in agent.pipeline.snapshot().lanes}
+    waits = {x.name: x.stages["wait_infer"].percentile_ms(90) for x in agent.pipeline.figures().lanes}
     assert waits["front"] < min(waits[f"side{i}"] for i in range(3)), waits
 
 
@@ -155,7 +155,7 @@ def test_batches_grow_with_load_and_shrink_when_slack_is_tight(const_model):
         agent = with_cost(make_agent(const_model, free_endpoint(), sources, **kw), 1.0, 5.0)
 
         def batching() -> dict:
-            return agent.pipeline.snapshot().batching.summary()
+            return agent.pipeline.figures().batching.summary()
 
         with running(agent, lambda: batching()["batches"] >= 40, message="40 batches"):
             pass
@@ -306,7 +306,7 @@ def test_a_fixed_batch_model_is_padded(tmp_path, endpoint):
     sources = [SyntheticSourceConfig(name=f"c{i}", fps=30, seed=i) for i in range(2)]
     sub = Subscriber(endpoint, "det")
     agent = make_agent(Path(model), endpoint, sources)
-    assert agent.pipeline.snapshot().batching.max_batch == 2
+    assert agent.pipeline.figures().batching.max_batch == 2
     assert agent.primary_profile().batches[2].inputs["images"].shape[0] == 4  # padded to 4
     with running(agent, lambda: all(published(agent, f"c{i}") >= 15 for i in range(2)), sub):
         pass
@@ -483,7 +483,7 @@ def test_batched_inference_and_scheduling_allocate_nothing_frame_sized(const_mod
     current, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     model.backend.close()
-    assert scheduler.snapshot().sizes == {"3": 2200}
+    assert scheduler.figures().sizes == {"3": 2200}
     assert current - base < 16 * 1024, f"grew by {current - base} B over 2000 batches"
     assert peak - base < 48 * 1024, f"peak {peak - base} B: a frame-sized buffer per batch?"
 
@@ -537,7 +537,7 @@ def test_a_reload_from_a_file_to_a_live_source_lets_its_ladder_step(tmp_path, co
         metrics=MetricsConfig(enabled=False),
     )
     with started(cfg) as agent:
-        # White-box: the lane's own monitor (the snapshot shows its figures, not its identity).
+        # White-box: the lane's own monitor (its figures show its numbers, not its identity).
         monitor = agent.pipeline._lanes[0].monitor
         assert monitor.fixed
         agent.reload(replace(cfg, source=replace(src, realtime=True)))

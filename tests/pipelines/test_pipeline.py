@@ -46,7 +46,7 @@ def test_frames_flow_to_subscribers_with_accounting(const_model, endpoint):
     agent = make_agent(const_model, endpoint, source=SyntheticSourceConfig(fps=100, seed=1, name="front"))
     with started(agent, sub, clean=True):
         sub.wait_for(20)
-    c = agent.pipeline.snapshot().lanes[0].counts
+    c = agent.pipeline.figures().lanes[0].counts
     assert len(sub.messages) >= 20
     assert c.captured == c.published + c.dropped, "every frame ends exactly once"
     seqs = [m["seq"] for m in sub.messages]
@@ -72,7 +72,7 @@ def test_file_source_publishes_every_frame_in_order(const_model, endpoint, tmp_p
     agent.start()
     assert agent.pipeline.finished.wait(20), "a finite source must finish"
     assert agent.stop()
-    c = agent.pipeline.snapshot().lanes[0].counts
+    c = agent.pipeline.figures().lanes[0].counts
     assert c.captured == 40 and c.published == 40 and c.dropped == 0
 
 
@@ -81,7 +81,7 @@ def test_max_frames_stops_after_that_many(const_model, endpoint):
     agent.start()
     assert agent.pipeline.finished.wait(20)
     assert agent.stop()
-    c = agent.pipeline.snapshot().lanes[0].counts
+    c = agent.pipeline.figures().lanes[0].counts
     assert c.captured == 25 and c.published == 25
 
 
@@ -182,7 +182,7 @@ def test_an_unexpected_source_error_stops_the_pipeline_with_the_error(const_mode
     assert agent.pipeline.finished.wait(10), "the pipeline must drain and finish"
     assert agent.stop()
     assert "ValueError: driver returned garbage" in agent.pipeline.error
-    c = agent.pipeline.snapshot().lanes[0].counts
+    c = agent.pipeline.figures().lanes[0].counts
     assert c.captured == 10 and c.published == 10 and c.in_flight == 0, c
     assert pipeline_threads() == []
 
@@ -228,13 +228,13 @@ def test_at_light_load_the_inference_thread_publishes_itself(const_model, endpoi
     publisher.send = send
     with started(agent, clean=True):
         wait_until(lambda: len(senders) >= 20, 30, message="20 results")
-    c = agent.pipeline.snapshot().lanes[0].counts
+    c = agent.pipeline.figures().lanes[0].counts
     assert c.in_flight == 0 and c.captured == c.published + c.dropped, c
     # A loaded machine may stretch an inference past the next frame now and then.
     assert senders.count("infer") >= 0.8 * len(senders), senders
 
 
-def test_the_snapshot_is_frozen_and_outlives_the_frames(const_model, endpoint):
+def test_the_figures_are_frozen_and_outlive_the_frames(const_model, endpoint):
     """What readers get: every count, histogram and mapping as of the call, read-only, and
     unchanged while the frames go on."""
     import dataclasses
@@ -242,7 +242,7 @@ def test_the_snapshot_is_frozen_and_outlives_the_frames(const_model, endpoint):
     agent = make_agent(const_model, endpoint, source=SyntheticSourceConfig(fps=100, seed=1))
     with started(agent, clean=True):
         wait_until(lambda: agent.pipeline.published() >= 10, 30, message="10 results")
-        snap = agent.pipeline.snapshot()
+        snap = agent.pipeline.figures()
         lane = snap.lanes[0]
         total, infer = lane.total.count, lane.stages["infer"].count
         wait_until(lambda: agent.pipeline.published() >= lane.published + 10, 30, message="10 more")
@@ -256,7 +256,7 @@ def test_the_snapshot_is_frozen_and_outlives_the_frames(const_model, endpoint):
         lane.stages["infer"] = lane.total  # type: ignore[index]
     with pytest.raises(TypeError):
         lane.counts.dropped_by_reason["stale"] = 1  # type: ignore[index]
-    after = agent.pipeline.snapshot().lanes[0]
+    after = agent.pipeline.figures().lanes[0]
     assert after.published > lane.published and after.counts.in_flight == 0
 
 
@@ -283,10 +283,10 @@ class Keep:
     def to_view(self, frame, slot) -> None:
         pass
 
-    def snapshot(self):
+    def figures(self):
         return Seen(len(self.seen), LatencyHistogram())
 
-    take_snapshot = snapshot
+    take_figures = figures
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,6 +345,23 @@ def test_a_failing_step_drops_its_frame_as_an_error(const_model, endpoint):
     agent.start()
     assert agent.pipeline.finished.wait(20)
     assert agent.stop()
-    c = agent.pipeline.snapshot().lanes[0].counts
+    c = agent.pipeline.figures().lanes[0].counts
     assert c.captured == 5 and c.published == 0 and c.dropped_by_reason["error"] == 5, c
     assert agent.pipeline.failure() is None, "a frame's failure is not the pipeline's"
+
+
+def test_what_the_backend_counts_is_summed_per_source():
+    """``InferenceBackend.counts`` per frame (rows past MAX_ROWS dropped) add up in the
+    lane's figures, which the heartbeat and metrics carry; a zero adds no key."""
+    import numpy as np
+
+    from edge_agent.core.stamps import N_STAMPS
+    from edge_agent.pipelines.lane import LaneStats
+
+    stats = LaneStats()
+    stats.by_profile["m"] = LatencyHistogram()
+    stamps = np.arange(N_STAMPS, dtype=np.int64) * 1000
+    for counted in ({}, {"rows_dropped": 0}, {"rows_dropped": 476}, {"rows_dropped": 1}):
+        stats.record(stamps, int(stamps[-1]) + 10, "m", {}, counted)
+    assert stats.backend_counts == {"rows_dropped": 477}
+    assert stats.total.count == 4

@@ -292,7 +292,7 @@ def test_estimates_follow_the_measured_batches_and_extrapolate():
     assert fresh.estimate_ns(PROFILE, 3, measured_only=True) == 0.0, "a warm-up does not judge"
     fresh.record(PROFILE, 3, 9 * MS)
     assert fresh.estimate_ns(PROFILE, 3, measured_only=True) == 9 * MS
-    assert fresh.snapshot().summary() == {"max_batch": 4, "batches": 1, "mean_size": 3.0, "sizes": {"3": 1}}
+    assert fresh.figures().summary() == {"max_batch": 4, "batches": 1, "mean_size": 3.0, "sizes": {"3": 1}}
 
 
 def test_each_frame_of_a_batch_carries_what_the_batch_is_expected_to_take(frozen):
@@ -325,7 +325,7 @@ def test_batch_counts_carry_over_a_reload():
     old.record(PROFILE, 1, 3 * MS)
     new = make_scheduler([(0, 100.0)] * 2)  # a source fewer and one more removed
     new.adopt(old)
-    assert new.snapshot().batches == 2 and new.frames == 5
+    assert new.figures().batches == 2 and new.frames == 5
 
 
 def test_equal_sources_under_overload_take_turns(frozen):

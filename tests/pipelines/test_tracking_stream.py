@@ -184,7 +184,7 @@ def test_a_reload_keeps_the_tracks_unless_the_tracker_changed(model, caplog):
             wait_until(lambda: len(sub.messages) >= n + 5, 30, message="results after the reload")
             assert _ids(agent) == {1, 2}
             assert {d["track_id"] for d in sub.messages[-1]["detections"]} == {1, 2}
-            snap = agent.pipeline.snapshot().lanes[0].tracking
+            snap = agent.pipeline.figures().lanes[0].tracking
             assert snap.restarts == 0
             # the tracker's settings change: it restarts, says so, and ids go on
             caplog.set_level(logging.INFO, logger="edge_agent.pipelines.steps.tracking")
@@ -193,7 +193,7 @@ def test_a_reload_keeps_the_tracks_unless_the_tracker_changed(model, caplog):
             assert any("tracker restarted: its settings changed" in r.getMessage() for r in caplog.records)
             wait_until(lambda: len(_ids(agent)) == 2, 30, message="two new tracks")
             assert _ids(agent) == {3, 4}, "new tracks, new ids: none reused within the run"
-            assert agent.pipeline.snapshot().lanes[0].tracking.restarts == 1
+            assert agent.pipeline.figures().lanes[0].tracking.restarts == 1
             # off, then on again: the ids still go on
             off = replace(other, source=replace(other.source, tracker=TrackerConfig(type="none")))
             assert agent.reload(off) == ["source"]
@@ -201,14 +201,14 @@ def test_a_reload_keeps_the_tracks_unless_the_tracker_changed(model, caplog):
             assert agent.reload(other) == ["source"]
             wait_until(lambda: len(_ids(agent)) == 2, 30, message="two tracks again")
             assert _ids(agent) == {5, 6}
-            restarts = agent.pipeline.snapshot().lanes[0].tracking.restarts
+            restarts = agent.pipeline.figures().lanes[0].tracking.restarts
             # the same tracker on another input (the camera reopened): its tracks end too
             reopened = replace(other, source=replace(other.source, seed=2))
             assert agent.reload(reopened) == ["source"]
             assert any("tracker restarted: its input changed" in r.getMessage() for r in caplog.records)
             wait_until(lambda: len(_ids(agent)) == 2, 30, message="two tracks on the new input")
             assert _ids(agent) == {7, 8}
-            assert agent.pipeline.snapshot().lanes[0].tracking.restarts == restarts + 1
+            assert agent.pipeline.figures().lanes[0].tracking.restarts == restarts + 1
     finally:
         sub.close()
 

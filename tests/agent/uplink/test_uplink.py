@@ -80,7 +80,7 @@ def spool_empty(port: int) -> bool:
 
 def seq(agent) -> int:
     """The next sequence number of the agent's (one) source."""
-    return agent.pipeline.snapshot().lanes[0].seq
+    return agent.pipeline.figures().lanes[0].seq
 
 
 def det(recorder: Recorder) -> list[dict]:

@@ -1,9 +1,9 @@
-"""What the pipeline shows of itself: a frozen snapshot of every lane and of the batching,
-taken at once (``Pipeline.snapshot``).
+"""What the pipeline shows of itself: the figures of every lane and of the batching, frozen
+and taken at once (``Pipeline.figures``).
 
 Metrics, the heartbeat, the CLI's summary, the bench, tune and the tools read only this;
 the pipeline's lanes, scheduler and sources stay its own. Every histogram is a copy and
-every mapping read-only, so a reader can keep a snapshot as long as it likes while the
+every mapping read-only, so a reader can keep them as long as it likes while the
 frames go on.
 """
 
@@ -15,8 +15,8 @@ from types import MappingProxyType
 from typing import Any
 
 from edge_agent.core.latency import LatencyHistogram
-from edge_agent.pipelines.deadline import DeadlineSnapshot, LadderChange
-from edge_agent.pipelines.steps.base import StepSnapshot
+from edge_agent.pipelines.deadline import DeadlineFigures, LadderChange
+from edge_agent.pipelines.steps.base import StepFigures
 
 
 def frozen_copy(hist: LatencyHistogram) -> LatencyHistogram:
@@ -60,7 +60,7 @@ class Counts:
 
 
 @dataclass(frozen=True)
-class LaneSnapshot:
+class LaneFigures:
     """One source's lane: its counts, latency histograms (ns), source, deadline and ladder."""
 
     name: str
@@ -79,10 +79,10 @@ class LaneSnapshot:
     damage: str  # what happened to them
     seq: int  # the next result's sequence number
     frame_period_ms: float | None  # a live source's frame interval; None for a file
-    deadline: DeadlineSnapshot
+    deadline: DeadlineFigures
     # By step name, in the steps' order: each per-frame step's figures (``steps.base``).
-    steps: Mapping[str, StepSnapshot] = MappingProxyType({})
-    # Handed out once, to the heartbeat (``Pipeline.take_snapshot``), else None: the
+    steps: Mapping[str, StepFigures] = MappingProxyType({})
+    # Handed out once, to the heartbeat (``Pipeline.take_figures``), else None: the
     # latencies since the last take, and the oldest ladder change not reported yet.
     window: LatencyHistogram | None = None
     change: LadderChange | None = None
@@ -93,17 +93,17 @@ class LaneSnapshot:
 
     @property
     def tracking(self) -> Any:
-        """Its tracker's figures (``steps.tracking.TrackingSnapshot``), if it tracks."""
+        """Its tracker's figures (``steps.tracking.TrackingFigures``), if it tracks."""
         return self.steps.get("tracking")
 
     @property
     def analytics(self) -> Any:
-        """Its zones' and lines' (``steps.analytics.AnalyticsSnapshot``), if it has any."""
+        """Its zones' and lines' (``steps.analytics.AnalyticsFigures``), if it has any."""
         return self.steps.get("analytics")
 
 
 @dataclass(frozen=True)
-class BatchingSnapshot:
+class BatchingFigures:
     """The scheduler's batches so far (across reloads)."""
 
     max_batch: int
@@ -124,11 +124,11 @@ class BatchingSnapshot:
 
 
 @dataclass(frozen=True)
-class PipelineSnapshot:
-    lanes: tuple[LaneSnapshot, ...]
-    batching: BatchingSnapshot
+class PipelineFigures:
+    lanes: tuple[LaneFigures, ...]
+    batching: BatchingFigures
 
-    def lane(self, name: str) -> LaneSnapshot:
+    def lane(self, name: str) -> LaneFigures:
         """The lane of the source ``name``; KeyError if none."""
         for lane in self.lanes:
             if lane.name == name:
