@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """A real RTSP camera for tests: a live, moving test picture served by gst-rtsp-server.
 
-Tests of RTSP sources (tests/pipelines/test_rtsp_live.py) start it as a subprocess, kill it to take
+Tests of RTSP sources (tests/pipelines/sources/test_rtsp_live.py) start it as a subprocess, kill it to take
 the "camera" away and start it again on the same port to bring it back. It prints
 ``READY rtsp://127.0.0.1:PORT/PATH`` on stdout once it serves, and exits cleanly on
 SIGTERM or SIGINT.

@@ -7,6 +7,8 @@
 #   tools/test.sh                       # python3, venv .venv
 #   PYTHON=python3.12 tools/test.sh     # another interpreter, venv .venv-3.12
 #   CHROMIUM=/opt/google/chrome/chrome tools/test.sh   # a browser of your own (see docs/testing.md)
+#   tools/test.sh -m 'not slow and not integration'    # less the integration tier (CI's 3.12 run;
+#                                                      # -m replaces pyproject's 'not slow': name both)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

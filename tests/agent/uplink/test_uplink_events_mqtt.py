@@ -21,7 +21,7 @@ from conftest import agent_command, run_process, started, wait_until
 from helpers import Subscriber
 from test_uplink import DEVICE, metric, uplink, write_config
 from test_uplink_events import block, event, result
-from test_uplink_hostile import frame, impostor
+from test_uplink_foreign_input import frame, impostor
 
 from edge_agent.core.config import load_config
 from edge_agent.service.uplink.link import WINDOW

@@ -14,7 +14,7 @@ from broker import Mosquitto, Recorder
 from conftest import wait_until
 from test_uplink import DEVICE, metric, uplink, write_config
 from test_uplink_events import event
-from test_uplink_hostile import frame, impostor, result
+from test_uplink_foreign_input import frame, impostor, result
 
 from edge_agent.service.uplink.forward import Summarize
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from broker import Mosquitto, Recorder
 from test_uplink import DEVICE, metric, uplink, write_config
-from test_uplink_hostile import frame, impostor, result
+from test_uplink_foreign_input import frame, impostor, result
 
 from edge_agent.service.uplink.forward import FORGOTTEN, ForwardAll, Summarize
 from edge_agent.service.uplink.process import _MAX_SOURCES

@@ -250,7 +250,7 @@ def test_a_full_disk_leaves_no_temporary_and_counts_the_failures(tmp_path):
     from conftest import REPO, run_process
 
     folder = tmp_path / "snaps"
-    paths = [str(REPO / "tests"), str(REPO / "tests" / "agent")]
+    paths = [str(REPO / "tests"), str(REPO / "tests" / "agent" / "service")]
     env = os.environ | {"PYTHONDONTWRITEBYTECODE": "1"}  # no .pyc is written under the limit
     done = run_process([sys.executable, "-c", FULL_DISK, str(folder), *paths], 120, env=env)
     assert done.returncode == 0, done.stderr[-3000:]

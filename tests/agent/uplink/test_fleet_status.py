@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from broker import Mosquitto
 from conftest import agent_command, read_line, run_process, spawn
-from test_uplink_hostile import _retain, good_health
+from test_uplink_foreign_input import _retain, good_health
 
 from edge_agent.service.uplink.status import health_problem, safe_row, table
 

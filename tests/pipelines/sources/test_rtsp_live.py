@@ -7,7 +7,7 @@ consumer would have seen: watchdog pings all along (the outage included: a camer
 is no reason for systemd to restart the agent), results again soon after the camera
 returns, every frame accounted for, sequence numbers without gaps, a clean exit.
 
-``pytest -s -m slow tests/pipelines/test_rtsp_live.py`` prints a timeline of the run; with
+``pytest -s -m slow tests/pipelines/sources/test_rtsp_live.py`` prints a timeline of the run; with
 EDGE_AGENT_TIMELINE=FILE it is also written to FILE.
 """
 

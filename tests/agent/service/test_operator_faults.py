@@ -3,7 +3,7 @@ watchdog, a hung backend at shutdown, a file read under an impossible budget, si
 at every phase of the start, the process's real thread count.
 
 Each test runs ``edge-agent run`` as a subprocess under a real notify socket (the one
-tests/agent/test_service.py binds where systemd's would be) with the faults injected through
+tests/agent/service/test_service.py binds where systemd's would be) with the faults injected through
 the config (``faults:``, allowed by EDGE_AGENT_FAULTS=1).
 """
 
