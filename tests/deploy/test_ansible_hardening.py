@@ -1,158 +1,125 @@
 """The Ansible role against what went wrong in issue 30: a fleet file deleted on the controller
 stays on the device; the view token leaks into logs and world-readable files; a failed package
-upgrade is not rolled back; an interrupted run is never rolled back. Each scenario: the test's
-own agent (reloaded by SIGHUP), one or two playbook runs (see test_ansible.py)."""
+upgrade is not rolled back; an interrupted run is never rolled back.
+
+One device (the test's own agent, reloaded by SIGHUP; see ansible_rollout.py), each scenario's
+rollout once, in order: a first rollout, verbose and with diffs, onto a device whose fleet copy
+holds a file since deleted on the controller (the deleted file and the token read this one
+run); a rollout killed during its health check, and the run after it; then a package upgrade
+whose health check fails. The integration tier, as test_ansible.py."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
 import signal
 import subprocess
 import sys
 import zipfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import agent_command, free_endpoint, run_process, spawn, wait_until
-from helpers import Subscriber
-from test_ansible import DEVICE, Rollout, beats_hash, build_wheel
+from ansible_rollout import (
+    CONFIG_DIR,
+    VENV,
+    Checks,
+    Device,
+    beats_hash,
+    fleet,
+    private,
+    running_device,
+    shared_wheel,
+)
+from conftest import run_process, spawn, wait_until
 
 from edge_agent import __version__
 from edge_agent.core.config import config_hash, load_config
+
+pytestmark = pytest.mark.integration
 
 TOKEN = "s3cret-view-token_for_issue30"
 CANARY = "groups:\n  - {name: canary, match: {labels: {site: berlin}}, config: {deadline: {budget_ms: 5}}}\n"
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_wheel(tmp_path_factory.mktemp("wheel"))
+@pytest.fixture
+def device(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Device]:
+    with running_device(tmp_path, shared_wheel(tmp_path_factory)) as dev:
+        yield dev
 
 
-def fleet(folder: Path, endpoint: str, budget_ms: float = 1000) -> Path:  # generous: see test_ansible
-    """A one-device fleet whose view token is a secret (the view itself stays off)."""
-    folder.mkdir(exist_ok=True)
-    (folder / "fleet.yaml").write_text(
-        "defaults:\n"
-        f"  publish: {{endpoint: '{endpoint}', health_interval_s: 0.5}}\n"
-        "  metrics: {enabled: false}\n"
-        f"  view: {{enabled: false, token: {TOKEN}}}\n"
-        "  source: {type: synthetic, fps: 20}\n"
-        f"  deadline: {{budget_ms: {budget_ms}}}\n"
-        f"devices:\n  {DEVICE}: {{labels: {{site: berlin}}}}\n"
-    )
-    return folder
+def test_issue30_deleted_fleet_files_the_token_an_interrupted_rollout_and_a_failed_upgrade(device: Device):
+    checks = Checks()
+    # A one-device fleet whose view token is a secret (generous budget: see ansible_rollout).
+    controller = fleet(device.tmp / "fleet", device.endpoint, token=TOKEN)
+    # What an earlier rollout left: the same fleet plus a canary override since deleted.
+    copy = device.etc / "fleet"
+    copy.mkdir()
+    (copy / "fleet.yaml").write_text((controller / "fleet.yaml").read_text())
+    (copy / "zz-canary.yaml").write_text(CANARY)
+    (copy / "old").mkdir()
+    (copy / "old" / "notes.yaml").write_text("{}\n")
+
+    first = device.run(controller, "-vvv", "--diff")  # all the output Ansible gives
+    with checks.behaviour("a fleet file deleted on the controller is deleted on the device"):
+        assert first.rc == 0, first.tail
+        assert first.fleet_copy() == ["fleet.yaml"], "the device's copy is the fleet"
+        assert first.loaded is not None, first.tail
+        assert first.loaded.deadline.budget_ms == 1000, "the controller's config, not the deleted canary's"
+    with checks.behaviour("the view token stays out of the log and of world-readable files"):
+        assert first.rc == 0, first.tail
+        assert TOKEN in first.config, "the token is deployed"
+        assert TOKEN not in first.out, [line for line in first.out.splitlines() if TOKEN in line][:5]
+        names = [f"{CONFIG_DIR}/{n}" for n in ("agent.yaml", "agent.yaml.new", "agent.yaml.prev", "fleet")]
+        names += [f"{CONFIG_DIR}/fleet/{p}" for p in first.fleet_copy()]
+        assert [n for n in names if n not in first.files] == [], sorted(first.files)
+        assert [n for n in names if not private(first.files[n])] == []
+
+    with checks.behaviour("an interrupted rollout is checked and rolled back by the next run"):
+        interrupted_rollout_is_rolled_back(device)
+
+    with checks.behaviour("a package upgrade that fails its health check is rolled back"):
+        # The device runs the fleet's config (the first rollout's) with the current release:
+        # the config stays as it is, the package changes.
+        upgrade = device.run(
+            controller,
+            edge_agent_package=str(broken_wheel(device.tmp / "next")),
+            edge_agent_version="99.0",
+            edge_agent_health_timeout_s=6,
+        )
+        assert upgrade.rc != 0 and "unhealthy: this build is broken" in upgrade.out, upgrade.tail
+        version = run_process([str(device.venv / "bin" / "edge-agent"), "--version"], 60)
+        assert version.stdout.strip() == f"edge-agent {__version__}", upgrade.tail
+        assert "the previous package is back" in upgrade.out, upgrade.tail
+        assert f"{CONFIG_DIR}/rollout.pending" not in upgrade.files and f"{VENV}.prev" not in upgrade.files
+    checks.verdict()
 
 
-@dataclass
-class Device:
-    rollout: Rollout
-    endpoint: str
-    health: Subscriber
-    config: Path  # the running config
+def interrupted_rollout_is_rolled_back(device: Device) -> None:
+    good = device.config.read_text()
+    good_hash = config_hash(load_config(str(device.config)))
+    # Valid, but no frame can meet a 1 ms budget: unhealthy at a miss rate of 0.
+    tight = fleet(device.tmp / "tight", device.endpoint, budget_ms=1, token=TOKEN)
+    strict = {"edge_agent_health_max_miss_rate": 0.0}
+    args, env = device.rollout.command(tight, edge_agent_health_timeout_s=60, **strict)
+    log = device.tmp / "interrupted.log"
+    with log.open("w") as sink, spawn(args, env=env, stdout=sink, stderr=subprocess.STDOUT) as run:
+        # The connection drops while the health check waits: the rescue never runs.
+        wait_until(
+            lambda: "TASK [edge_agent : Wait until" in log.read_text() or run.poll() is not None,
+            180,
+            message="the playbook reaches the health check",
+        )
+        wait_until(lambda: beats_hash(device.health) != good_hash, 30, message="the new config is live")
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait(30)
+    assert device.config.read_text() != good, log.read_text()[-4000:]
 
-    @property
-    def etc(self) -> Path:
-        return self.config.parent
-
-    @property
-    def venv(self) -> Path:
-        return self.rollout.prefix / "opt" / "edge-agent" / ".venv"
-
-
-@contextmanager
-def device(tmp: Path, wheel: Path, initial: Callable[[str], str] | None = None) -> Iterator[Device]:
-    """An agent running ``initial(endpoint)`` (default: the same stream at another frame
-    rate), the playbook set up to roll out to it, as in test_ansible.py."""
-    endpoint = free_endpoint()
-    config = tmp / "root" / "etc" / "edge-agent" / "agent.yaml"
-    config.parent.mkdir(parents=True)
-    before = {
-        "device_id": DEVICE,
-        "publish": {"endpoint": endpoint, "health_interval_s": 0.5},
-        "metrics": {"enabled": False},
-        "source": {"type": "synthetic", "fps": 10},
-    }
-    config.write_text(initial(endpoint) if initial else json.dumps(before))
-    health = Subscriber(endpoint, "health")
-    try:
-        with spawn(
-            agent_command("run", "--config", str(config), "--quiet"),
-            stdout=subprocess.DEVNULL,
-            stderr=(tmp / "agent.log").open("w"),
-        ) as agent:
-            wait_until(lambda: health.messages, 60, message="the agent runs")
-            yield Device(Rollout(tmp, wheel, agent.pid), endpoint, health, config)
-    finally:
-        health.close()
-
-
-def private(path: Path) -> bool:
-    """Nothing for others; the group the agent's (here: the test's own)."""
-    st = path.stat()
-    return st.st_mode & 0o007 == 0 and st.st_gid == os.getgid()
-
-
-def test_a_fleet_file_deleted_on_the_controller_is_deleted_on_the_device(tmp_path, wheel):
-    with device(tmp_path, wheel) as dev:
-        controller = fleet(tmp_path / "fleet", dev.endpoint)
-        # What an earlier rollout left: the same fleet plus a canary override since deleted.
-        copy = dev.etc / "fleet"
-        copy.mkdir()
-        (copy / "fleet.yaml").write_text((controller / "fleet.yaml").read_text())
-        (copy / "zz-canary.yaml").write_text(CANARY)
-        (copy / "old").mkdir()
-        (copy / "old" / "notes.yaml").write_text("{}\n")
-
-        rc, _, out = dev.rollout.run(controller)
-        assert rc == 0, out[-4000:]
-        assert sorted(p.name for p in copy.iterdir()) == ["fleet.yaml"], "the device's copy is the fleet"
-        budget = load_config(str(dev.config)).deadline.budget_ms
-        assert budget == 1000, "the controller's config, not the deleted canary's"
-
-
-def test_the_view_token_stays_out_of_the_log_and_of_world_readable_files(tmp_path, wheel):
-    with device(tmp_path, wheel) as dev:
-        rc, _, out = dev.rollout.run(fleet(tmp_path / "fleet", dev.endpoint), "-vvv", "--diff")
-        assert rc == 0, out[-4000:]
-        assert TOKEN in dev.config.read_text(), "the token is deployed"
-        assert TOKEN not in out, [line for line in out.splitlines() if TOKEN in line][:5]
-        files = [dev.etc / n for n in ("agent.yaml", "agent.yaml.new", "agent.yaml.prev")]
-        files += [dev.etc / "fleet", *(dev.etc / "fleet").rglob("*")]
-        assert [str(p) for p in files if not private(p)] == []
-
-
-def test_an_interrupted_rollout_is_checked_and_rolled_back_by_the_next_run(tmp_path, wheel):
-    with device(tmp_path, wheel) as dev:
-        good = dev.config.read_text()
-        good_hash = config_hash(load_config(str(dev.config)))
-        # Valid, but no frame can meet a 1 ms budget: unhealthy at a miss rate of 0.
-        tight = fleet(tmp_path / "tight", dev.endpoint, budget_ms=1)
-        strict = {"edge_agent_health_max_miss_rate": 0.0}
-        args, env = dev.rollout.command(tight, edge_agent_health_timeout_s=60, **strict)
-        log = tmp_path / "interrupted.log"
-        with log.open("w") as sink, spawn(args, env=env, stdout=sink, stderr=subprocess.STDOUT) as run:
-            # The connection drops while the health check waits: the rescue never runs.
-            wait_until(
-                lambda: "TASK [edge_agent : Wait until" in log.read_text() or run.poll() is not None,
-                180,
-                message="the playbook reaches the health check",
-            )
-            wait_until(lambda: beats_hash(dev.health) != good_hash, 30, message="the new config is live")
-            os.killpg(run.pid, signal.SIGKILL)
-            run.wait(30)
-        assert dev.config.read_text() != good, log.read_text()[-4000:]
-
-        rc, _, out = dev.rollout.run(tight, edge_agent_health_timeout_s=6, **strict)
-        assert rc != 0 and "the previous config is back" in out, out[-4000:]
-        assert dev.config.read_text() == good and not (dev.etc / "rollout.pending").exists()
-        wait_until(lambda: beats_hash(dev.health) == good_hash, 30, message="the agent back on its config")
+    after = device.run(tight, edge_agent_health_timeout_s=6, **strict)
+    assert after.rc != 0 and "the previous config is back" in after.out, after.tail
+    assert after.config == good and f"{CONFIG_DIR}/rollout.pending" not in after.files
+    wait_until(lambda: beats_hash(device.health) == good_hash, 30, message="the agent back on its config")
 
 
 def broken_wheel(folder: Path, version: str = "99.0") -> Path:
@@ -184,30 +151,3 @@ def broken_wheel(folder: Path, version: str = "99.0") -> Path:
         for name, text in files.items():
             whl.writestr(name, text)
     return path
-
-
-def test_a_package_upgrade_that_fails_its_health_check_is_rolled_back(tmp_path, wheel):
-    controller = tmp_path / "fleet"
-
-    def rendered(endpoint: str) -> str:  # what the role renders: the config stays as it is
-        render = agent_command("config", "render", str(fleet(controller, endpoint)), "--device", DEVICE)
-        out = run_process(render, 60)
-        assert out.returncode == 0, out.stderr
-        return out.stdout
-
-    with device(tmp_path, wheel, rendered) as dev:
-        # The device runs the fleet's config with the current release.
-        pip = [str(dev.venv / "bin" / "python"), "-m", "pip", "install", "--no-deps", "--no-index"]
-        assert run_process([*pip, str(wheel)], 180).returncode == 0
-
-        rc, _, out = dev.rollout.run(
-            controller,
-            edge_agent_package=str(broken_wheel(tmp_path / "next")),
-            edge_agent_version="99.0",
-            edge_agent_health_timeout_s=6,
-        )
-        assert rc != 0 and "unhealthy: this build is broken" in out, out[-4000:]
-        version = run_process([str(dev.venv / "bin" / "edge-agent"), "--version"], 60)
-        assert version.stdout.strip() == f"edge-agent {__version__}", out[-4000:]
-        assert "the previous package is back" in out, out[-4000:]
-        assert not (dev.etc / "rollout.pending").exists() and not Path(f"{dev.venv}.prev").exists()

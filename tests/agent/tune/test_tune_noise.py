@@ -8,7 +8,9 @@ from dataclasses import replace
 
 import pytest
 
-from edge_agent.core.config import AgentConfig, FaultsConfig, ModelConfig
+from edge_agent.core.config import AgentConfig
+from edge_agent.core.model_config import ModelConfig
+from edge_agent.core.resilience_config import FaultsConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
 from edge_agent.tune.candidates import Candidate, TuneSettings
 from edge_agent.tune.measure import measure
