@@ -35,7 +35,9 @@ class PackageRegistry(Generic[T]):
         self._imported = False
 
     def register(self, name: str, item: T) -> T:
-        """Make ``item`` known as ``name``; ValueError for a name already registered."""
+        """Make ``item`` known as ``name``; ValueError for a name already registered (the
+        package's modules are collected first, so a name one of them declares counts)."""
+        self._import_modules()
         if name in self._items:
             raise ValueError(f"{self.what} {name!r} is already registered")
         self._items[name] = item

@@ -60,7 +60,6 @@ _REGISTRY = _Backends("backend", __package__, str(Path(__file__).parent), _decla
 def register(name: str, factory: Factory) -> None:
     """Make ``factory`` build the backends of ``name``; a name twice is refused (ValueError),
     a declared one too (the modules are collected first)."""
-    _REGISTRY.names()
     _REGISTRY.register(name, factory)
 
 
