@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 class LaneStats:
     """Frame counts and latency histograms.
 
-    Counts change under one lock so that their figures (``counts``) is consistent while
+    Counts change under one lock so that their figures (``counts``) are consistent while
     frames move: captured == on time + late + dropped + in flight, with in flight
     bounded by the number of frame slots. A histogram's records and takes are its own
     (``LatencyHistogram`` locks them); the frame's histograms have one writer at a time
@@ -326,9 +326,9 @@ class Lane:
 
         Not one instant: the counts are consistent among themselves (taken under the
         stats' lock: captured == on time + late + dropped + in flight), but the histograms
-        and the steps' figures are copied after them, without stopping the frames (a lock
-        on every record would cost each frame), so a histogram may hold a frame or two that
-        the counts do not yet. A figure beside an account."""
+        and the steps' figures are copied after them, each whole (its own lock) but not all
+        at one instant: stopping the frames for that would cost each frame, so a histogram
+        may hold a frame or two that the counts do not yet. A figure beside an account."""
         return self._figures(now_ns, False)
 
     def take_figures(self, now_ns: int) -> LaneFigures:

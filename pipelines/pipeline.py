@@ -80,10 +80,10 @@ class Pipeline:
         )
         self._captures = [CaptureStage(lane, self._scheduler, self._control) for lane in lanes]
         self._threads: list[threading.Thread] = []
-        # By (source, step name), the state each step of a source had last in the run, kept
+        # By source, then step name, the state each step of a source had last in the run, kept
         # across reloads that turn it off or remove the source: a tracker turned on again
         # goes on with its ids, which never repeat in a run.
-        self._last_steps: dict[tuple[str, str], LaneStep] = {}
+        self._last_steps: dict[str, dict[str, LaneStep]] = {}
 
     @property
     def error(self) -> str | None:
@@ -152,13 +152,11 @@ class Pipeline:
         counts and steps' states (``Lane.adopt``); a source new in this config starts afresh
         (its steps after any state they had earlier in the run)."""
         previous = {lane.name: lane for lane in old._lanes}
-        self._last_steps = dict(old._last_steps)
+        self._last_steps = {name: dict(steps) for name, steps in old._last_steps.items()}
         for lane in old._lanes:
-            for step in lane.steps:
-                self._last_steps[lane.name, step.name] = step
+            self._last_steps.setdefault(lane.name, {}).update((step.name, step) for step in lane.steps)
         for lane in self._lanes:
-            last = {step: state for (name, step), state in self._last_steps.items() if name == lane.name}
-            lane.adopt(previous.get(lane.name), last)
+            lane.adopt(previous.get(lane.name), self._last_steps.get(lane.name, {}))
         self._scheduler.adopt(old._scheduler)
 
     # -- one frame on the caller's thread (the bench; the stage threads not running) ----

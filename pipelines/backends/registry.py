@@ -27,34 +27,15 @@ from edge_agent.pipelines.backends.base import BackendError, InferenceBackend
 log = logging.getLogger(__name__)
 
 Factory = Callable[[Any], InferenceBackend]
-_NO_DEFAULT: Any = object()
-
-
-class _Backends(PackageRegistry[Factory]):
-    """The package's registry, read as a mapping too (``get(name, default)``, ``[name] =``,
-    ``del``): what a test uses to put a backend built on fake modules in a name's place
-    (``monkeypatch.setitem(registry._REGISTRY, "tensorrt", ...)``). The agent only looks up."""
-
-    def get(self, name: str, default: Any = _NO_DEFAULT) -> Any:
-        if default is _NO_DEFAULT:
-            return super().get(name)
-        self.names()  # collect first
-        return self._items.get(name, default)
-
-    def __setitem__(self, name: str, factory: Factory) -> None:
-        self.names()
-        self._items[name] = factory
-
-    def __delitem__(self, name: str) -> None:
-        self.names()
-        del self._items[name]
 
 
 def _declared(module: ModuleType) -> tuple[tuple[str, Factory], ...]:
     return tuple(getattr(module, "BACKENDS", ()))
 
 
-_REGISTRY = _Backends("backend", __package__, str(Path(__file__).parent), _declared)
+_REGISTRY: PackageRegistry[Factory] = PackageRegistry(
+    "backend", __package__, str(Path(__file__).parent), _declared
+)
 
 
 def register(name: str, factory: Factory) -> None:

@@ -164,3 +164,12 @@ def infer_value(be: TensorRTBackend, io: Any, value: int) -> float:
 
 def count(fakes: Fakes, name: str, since: int = 0) -> int:
     return sum(1 for n, _ in fakes.since(since) if n == name)
+
+
+def swap_backend(monkeypatch: Any, name: str, factory: Any) -> None:
+    """For one test, ``factory`` builds the backends of ``name`` (the registry's modules are
+    collected first, so the test's factory is not overwritten by them)."""
+    from edge_agent.pipelines.backends import registry
+
+    registry.names()
+    monkeypatch.setitem(registry._REGISTRY._items, name, factory)

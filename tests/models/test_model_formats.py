@@ -17,6 +17,7 @@ import yaml
 from conftest import agent_command, run_process, started, wait_until
 from fakes.fake_pycuda import FakeCudaDriver
 from fakes.fake_tensorrt import FakeTensorRT
+from fakes.trt_kit import swap_backend
 from helpers import Subscriber
 from onnx import TensorProto, helper
 
@@ -27,7 +28,6 @@ from edge_agent.core.publish_config import PublishConfig
 from edge_agent.core.source_config import ImageFolderSourceConfig
 from edge_agent.models.manifest import ModelError, resolve_model
 from edge_agent.models.testmodels import brightness_detector, efficient_nms_plugin_graph
-from edge_agent.pipelines.backends import registry
 from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
 from edge_agent.pipelines.model import load_model
 from edge_agent.pipelines.preprocess import Letterbox, boxes_to_source
@@ -429,7 +429,7 @@ def test_tensorrt_loads_an_efficient_nms_plugin_graph_and_decodes_its_int32_tens
     calls: list = []
     cuda = FakeCudaDriver(calls)
     trt = FakeTensorRT(calls=calls, cuda=cuda)
-    monkeypatch.setitem(registry._REGISTRY, "tensorrt", lambda cfg: TensorRTBackend(cfg, modules=(trt, cuda)))
+    swap_backend(monkeypatch, "tensorrt", lambda cfg: TensorRTBackend(cfg, modules=(trt, cuda)))
     loaded = load_model(ModelConfig(path=str(path)), TensorRTConfig(cache_dir=str(tmp_path / "engines")))
     names = [n for n, _ in calls]
     assert names.index("init_libnvinfer_plugins") < names.index("OnnxParser.parse_from_file"), "plugins first"

@@ -3,20 +3,19 @@ infer stage's CPU time per frame with CUDA graphs and without, on the phases' ow
 
 from __future__ import annotations
 
-from fakes.trt_kit import UINT8_FMT, Fakes
+from fakes.trt_kit import UINT8_FMT, Fakes, swap_backend
 
 from edge_agent.bench.phases import compare_graphs
 from edge_agent.bench.report import format_report
 from edge_agent.bench.single import run_bench
 from edge_agent.core.config import AgentConfig
 from edge_agent.core.configload import load
-from edge_agent.pipelines.backends import registry
 from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
 
 
 def fake_tensorrt(monkeypatch, fakes: Fakes) -> None:
     modules = (fakes.trt, fakes.cuda) if fakes.cudart is None else (fakes.trt, fakes.cuda, fakes.cudart)
-    monkeypatch.setitem(registry._REGISTRY, "tensorrt", lambda cfg: TensorRTBackend(cfg, modules=modules))
+    swap_backend(monkeypatch, "tensorrt", lambda cfg: TensorRTBackend(cfg, modules=modules))
 
 
 def config(model, endpoint, tmp_path) -> AgentConfig:

@@ -8,6 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from conftest import agent_command, run_process
+from fakes.trt_kit import swap_backend
 
 from edge_agent.checks.evaluation import FrameResult
 from edge_agent.checks.selftest import compare
@@ -167,13 +168,10 @@ def test_the_graph_targets_replay_graphs_and_compare_them_with_plain_execution(n
     from fakes.trt_kit import Fakes
 
     from edge_agent.checks import selftest
-    from edge_agent.pipelines.backends import registry
     from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
 
     fakes = Fakes(graphs=True)
-    monkeypatch.setitem(
-        registry._REGISTRY,
-        "tensorrt",
+    swap_backend(monkeypatch, "tensorrt",
         lambda cfg: TensorRTBackend(cfg, modules=(fakes.trt, fakes.cuda, fakes.cudart)),
     )
     (target,) = [t for t in selftest.tensorrt_targets(0) if t.name == name]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import pytest
 from fakes import trt_kit
-from fakes.trt_kit import UINT8_FMT, Fakes
+from fakes.trt_kit import UINT8_FMT, Fakes, swap_backend
 
 from edge_agent.core.model_config import AutoBackendConfig, OnnxRuntimeConfig, TensorRTConfig
 from edge_agent.pipelines.backends import registry
@@ -61,11 +61,11 @@ def test_a_name_is_registered_once():
 
 def test_a_test_can_put_a_backend_in_a_names_place(monkeypatch):
     made: list[object] = []
-    monkeypatch.setitem(registry._REGISTRY, "onnxruntime", lambda cfg: made.append(cfg) or "fake")
+    swap_backend(monkeypatch, "onnxruntime", lambda cfg: made.append(cfg) or "fake")
     assert registry.create_backend(OnnxRuntimeConfig()) == "fake" and len(made) == 1
     monkeypatch.undo()
     assert isinstance(registry.create_backend(OnnxRuntimeConfig()), OnnxRuntimeBackend)
-    assert registry._REGISTRY.get("nothing", None) is None
+    assert "nothing" not in registry.names()
 
 
 # -- auto -------------------------------------------------------------------------------------
@@ -87,8 +87,7 @@ def test_select_auto_falls_back_to_onnxruntime_with_the_reason(caplog):
 
 def test_select_auto_tensorrt_backend_runs_on_injected_fakes(const_model, cache, monkeypatch):
     f = Fakes()
-    monkeypatch.setitem(
-        registry._REGISTRY, "tensorrt", lambda cfg: TensorRTBackend(cfg, modules=(f.trt, f.cuda))
+    swap_backend(monkeypatch, "tensorrt", lambda cfg: TensorRTBackend(cfg, modules=(f.trt, f.cuda))
     )
     cfg = AutoBackendConfig(tensorrt=TensorRTConfig(cache_dir=str(cache)))
     be = registry.select_auto(cfg, probe=lambda: "")

@@ -20,6 +20,7 @@ from fakes.trt_kit import (
     graph_backend,
     graph_fakes,
     infer_value,
+    swap_backend,
 )
 
 cache = trt_kit.cache
@@ -167,14 +168,13 @@ def test_every_slot_of_every_source_is_captured_before_frames(const_model, cache
     every source: no live frame pays for a capture; a reload's slots likewise after its
     drain (the same call, with warm on)."""
     from edge_agent.core.model_config import ModelConfig
-    from edge_agent.pipelines.backends import registry
     from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
     from edge_agent.pipelines.model import load_model
     from edge_agent.pipelines.profile import SLOTS, Profile, prepare_profiles
 
     f = graph_fakes()
     modules = (f.trt, f.cuda, f.cudart)
-    monkeypatch.setitem(registry._REGISTRY, "tensorrt", lambda cfg: TensorRTBackend(cfg, modules=modules))
+    swap_backend(monkeypatch, "tensorrt", lambda cfg: TensorRTBackend(cfg, modules=modules))
     model = load_model(ModelConfig(path=str(const_model)), f.backend(cache, max_batch=2).config)
     try:
         buffers = Profile("m", model)

@@ -16,12 +16,12 @@ import numpy as np
 import onnx
 import pytest
 from fakes import trt_kit
-from fakes.trt_kit import FLOAT_FMT_SCALED, Fakes, float_detector
+from fakes.trt_kit import FLOAT_FMT_SCALED, Fakes, float_detector, swap_backend
 from onnx import TensorProto, helper
 
 from edge_agent.core.model_config import ModelConfig, TensorRTConfig
 from edge_agent.models.manifest import InputFormat, ModelError
-from edge_agent.pipelines.backends import registry, trt_outputs
+from edge_agent.pipelines.backends import trt_outputs
 from edge_agent.pipelines.backends.base import MAX_ROWS, BackendError, TensorSpec
 from edge_agent.pipelines.backends.tensorrt import TensorRTBackend
 from edge_agent.pipelines.model import load_model
@@ -220,8 +220,7 @@ def test_graphs_are_off_for_a_row_output_and_on_is_an_error(tmp_path, cache):
 
 def test_the_decoder_sees_the_rows_through_load_model(tmp_path, cache, monkeypatch):
     f = fakes(3)
-    monkeypatch.setitem(
-        registry._REGISTRY, "tensorrt", lambda cfg: TensorRTBackend(cfg, modules=(f.trt, f.cuda))
+    swap_backend(monkeypatch, "tensorrt", lambda cfg: TensorRTBackend(cfg, modules=(f.trt, f.cuda))
     )
     cfg = TensorRTConfig(cache_dir=str(cache), preprocess="cpu")
     model = load_model(ModelConfig(path=str(e2e_model(tmp_path)), input_adapter="off"), cfg)
