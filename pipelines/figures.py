@@ -19,13 +19,6 @@ from edge_agent.pipelines.deadline import DeadlineFigures, LadderChange
 from edge_agent.pipelines.steps.base import StepFigures
 
 
-def frozen_copy(hist: LatencyHistogram) -> LatencyHistogram:
-    """A copy of ``hist`` that the frames no longer write to."""
-    copy = LatencyHistogram()
-    copy.merge(hist)
-    return copy
-
-
 def read_only(mapping: Mapping[str, Any]) -> Mapping[str, Any]:
     """A read-only view of a copy of ``mapping``."""
     return MappingProxyType(dict(mapping))

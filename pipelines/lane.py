@@ -23,7 +23,7 @@ from edge_agent.core.deadline_config import LadderStep
 from edge_agent.core.latency import LatencyHistogram
 from edge_agent.core.stamps import CAPTURED, INFER_END, INFER_START, PRE_START, PUBLISH, STAGES
 from edge_agent.pipelines.deadline import DROP_REASONS, DeadlineMonitor
-from edge_agent.pipelines.figures import Counts, LaneFigures, frozen_copy, read_only
+from edge_agent.pipelines.figures import Counts, LaneFigures, read_only
 from edge_agent.pipelines.messages import MessageBuilder
 from edge_agent.pipelines.profile import Profile
 from edge_agent.pipelines.slots import FrameSlot
@@ -343,12 +343,12 @@ class Lane:
             name=self.name,
             priority=self.priority,
             counts=stats.counts(),
-            stages=read_only({k: frozen_copy(h) for k, h in stats.stages.items()}),
-            total=frozen_copy(stats.total),
-            send=frozen_copy(stats.send),
-            overhead=frozen_copy(stats.overhead),
-            by_profile=read_only({k: frozen_copy(h) for k, h in list(stats.by_profile.items())}),
-            backend_parts=read_only({k: frozen_copy(h) for k, h in list(stats.backend_parts.items())}),
+            stages=read_only({k: h.copy() for k, h in stats.stages.items()}),
+            total=stats.total.copy(),
+            send=stats.send.copy(),
+            overhead=stats.overhead.copy(),
+            by_profile=read_only({k: h.copy() for k, h in list(stats.by_profile.items())}),
+            backend_parts=read_only({k: h.copy() for k, h in list(stats.backend_parts.items())}),
             backend_counts=read_only(stats.backend_counts),
             source_state=read_only(source.describe()),
             error=self.error,

@@ -58,6 +58,12 @@ class LatencyHistogram:
         finally:
             lock.release()
 
+    def copy(self) -> LatencyHistogram:
+        """A copy, whole (read under this one's lock), that later records do not change."""
+        copy = LatencyHistogram()
+        copy.merge(self)
+        return copy
+
     def take(self) -> LatencyHistogram:
         """What was recorded since the last take (or since it was made), as a histogram of
         its own; this one goes on empty. Each record lands in exactly one take, whichever

@@ -98,8 +98,7 @@ class StepTiming:
 
     def frozen(self, take: bool) -> tuple[LatencyHistogram, LatencyHistogram | None]:
         """A copy of the cost, and (``take``) the window since the last take."""
-        cost = LatencyHistogram()
-        cost.merge(self.cost)
+        cost = self.cost.copy()
         if not take:
             return cost, None
         return cost, self.window.take()

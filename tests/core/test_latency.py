@@ -231,8 +231,8 @@ def test_take_hands_out_each_record_exactly_once_while_another_thread_records(sw
 
 def test_two_writers_and_a_copier_count_every_record_whole(switching):
     """Two threads recording into one histogram (the post thread and the inference thread
-    publishing, should both ever do it at once) while a third copies it (the figures'
-    ``frozen_copy``): nothing lost, and every copy is one instant of the histogram."""
+    publishing, should both ever do it at once) while a third copies it (``copy``, as the
+    pipeline's figures do): nothing lost, and every copy is one instant of the histogram."""
     n, ns = 30_000, 3_000
     h, copies, done = LatencyHistogram(), [], threading.Event()
 
@@ -242,9 +242,7 @@ def test_two_writers_and_a_copier_count_every_record_whole(switching):
 
     def copier() -> None:
         while not done.is_set():
-            copy = LatencyHistogram()
-            copy.merge(h)
-            copies.append(copy)
+            copies.append(h.copy())
 
     def writers() -> None:
         run_threads(writer, writer)
