@@ -117,8 +117,10 @@ class InferenceBackend(ABC):
     def counts(self, io: IOSet) -> dict[str, int]:
         """What the backend counted in the last ``infer`` on ``io``, by name: ``rows_dropped``,
         the rows of a frame past ``MAX_ROWS`` in an output whose row count depends on the
-        frame (only for models that have one)."""
-        return _NO_COUNTS
+        frame (only for models that have one: their ``infer`` leaves it in ``io.extra``).
+        Nothing is made per frame for a model without one."""
+        dropped = io.extra.get("rows_dropped")
+        return _NO_COUNTS if dropped is None else {"rows_dropped": dropped}
 
     def prepare(self, io: IOSet) -> None:  # noqa: B027 - most backends need nothing
         """Before frames, for every buffer set, at a time inference may run (``prepare_profiles``

@@ -168,7 +168,7 @@ class OnnxRuntimeBackend(InferenceBackend):
             arr = np.zeros(shape, spec.dtype)
             binding.bind_output(spec.name, "cpu", 0, arr.dtype, arr.shape, arr.ctypes.data)
             outputs.append(arr)
-        return IOSet(inputs, outputs, binding, extra={"rows": rows} if rows else {})
+        return IOSet(inputs, outputs, binding, extra={"rows": rows, "rows_dropped": 0} if rows else {})
 
     def _output_shapes(self, inputs: dict[str, np.ndarray], batch: int) -> list[tuple[int, ...]]:
         """The outputs' shapes for ``batch`` frames (a row output's: one row); ModelError for
@@ -220,9 +220,6 @@ class OnnxRuntimeBackend(InferenceBackend):
                 MAX_ROWS,
             )
         self.rows_dropped += n
-
-    def counts(self, io: IOSet) -> dict[str, int]:
-        return {"rows_dropped": io.extra.get("rows_dropped", 0)} if self._rows else {}
 
     def describe(self) -> dict[str, Any]:
         providers = self.session.get_providers() if self.session else list(self.config.providers)

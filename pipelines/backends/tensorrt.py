@@ -439,9 +439,6 @@ class TensorRTBackend(InferenceBackend):
     def timings(self, io: IOSet) -> dict[str, float]:
         return {k: io.extra[k] for k in ("device_preprocess_ms", "device_compute_ms") if k in io.extra}
 
-    def counts(self, io: IOSet) -> dict[str, int]:
-        return {"rows_dropped": io.extra.get("rows_dropped", 0)} if self._rows else {}
-
     def describe(self) -> dict[str, Any]:
         d = {
             "backend": self.name,
