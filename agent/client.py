@@ -47,6 +47,9 @@ class Detection:
     keypoints: tuple[tuple[float, ...], ...] | None = None
     obb: dict[str, Any] | None = None
     mask: dict[str, Any] | None = None
+    # The journey its track continues: the id of the journey's first track (the tracker
+    # linked a track that broke while its object was hidden); track_id when none.
+    journey_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class Event:
     at_unix_s: float
     gap: int
     raw: dict[str, Any] = field(repr=False)
+    journey_id: int = 0  # the track's journey (what counting follows); track_id when none
 
 
 def parse(topic: str, body: Any, gap: int = 0) -> Result | Health | Event:
@@ -114,6 +118,14 @@ def parse(topic: str, body: Any, gap: int = 0) -> Result | Health | Event:
         ) from None
 
 
+def _journey(journeys: dict[str, Any], track_id: Any) -> int | None:
+    """A detection's journey: its track's entry in the result's ``tracking.journeys``, or
+    its track id."""
+    if track_id is None:
+        return None
+    return int(journeys.get(str(track_id), track_id))
+
+
 def _parse(topic: str, body: dict[str, Any], gap: int) -> Result | Health | Event:
     if body.get("type") == "health":
         return Health(
@@ -134,7 +146,11 @@ def _parse(topic: str, body: dict[str, Any], gap: int) -> Result | Health | Even
             float(body["at_unix_s"]),
             gap,
             body,
+            int(body.get("journey_id", body["track_id"])),
         )
+    journeys = (body.get("tracking") or {}).get("journeys") or {}
+    if not isinstance(journeys, dict):
+        raise TypeError("tracking.journeys is not an object")
     dets = tuple(
         Detection(
             d["label"],
@@ -146,6 +162,7 @@ def _parse(topic: str, body: dict[str, Any], gap: int) -> Result | Health | Even
             tuple(tuple(k) for k in d["keypoints"]) if d.get("keypoints") is not None else None,
             d.get("obb"),
             d.get("mask"),
+            _journey(journeys, d.get("track_id")),
         )
         for d in body.get("detections", ())
     )

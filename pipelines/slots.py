@@ -42,6 +42,7 @@ class FrameSlot:
         "det_class",
         "det_count",
         "det_extra",
+        "det_journey",
         "det_masks",
         "det_score",
         "det_track",
@@ -102,9 +103,10 @@ class FrameSlot:
         self.det_extra = np.zeros((max_det, self.task.width), np.float32)
         self.det_masks: list[Mask | None] = [None] * max_det if self.task.masks else []
         # Written by the source's tracker, when it has one: each detection's track id (0:
-        # none) and the track's age in frames.
+        # none), the track's age in frames and the journey it continues (0: none).
         self.det_track = np.zeros(max_det, np.int64)
         self.det_track_age = np.zeros(max_det, np.int32)
+        self.det_journey = np.zeros(max_det, np.int64)
 
     def fill(self, found: Decoded) -> None:
         """Take a frame's decoded detections (model-input pixels) into the slot, in source

@@ -310,7 +310,9 @@ class PostStage:
                 builder = lane.builder
                 message = builder.build(slot, lane.seq, slot.profile.name)
                 for step in lane.blocks:
-                    message[step.name] = step.message_block()
+                    block = step.message_block()
+                    if block is not None:  # (none in this frame)
+                        message[step.name] = block
                 st[PUBLISH] = time.monotonic_ns()
                 message["latency_ms"] = builder.latencies(slot)
                 message["deadline_missed"] = missed = lane.monitor.late(int(st[PUBLISH] - st[CAPTURED]))

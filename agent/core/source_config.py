@@ -27,9 +27,13 @@ class TrackerConfig:
     low_match_iou: float = 0.5  # second stage: IoU must exceed this
     unconfirmed_iou: float = 0.3  # third stage (new tracks): IoU x score must exceed this
     confirm_frames: int = 2  # a new track gets its id after this many hits in a row
-    lost_frames: float = 30.0  # a track not seen for more than this many frames ends
+    lost_frames: float = 90.0  # a track not seen for more than this many frames ends
     per_class: bool = False  # a track takes only detections of its own class
     max_tracks: int = 256  # live tracks; beyond it new tracks are refused (counted)
+    # a new track continues the journey of a lost one (counting keys on journeys) within
+    # journey_radius x its size of where the lost one would be (plus its speed x the gap)
+    journeys: bool = True
+    journey_radius: float = 0.5
 
     def __post_init__(self) -> None:
         check(0 < self.high_score <= 1, "high_score", "must be within (0, 1]")
@@ -41,6 +45,7 @@ class TrackerConfig:
         check(1 <= self.confirm_frames <= 100, "confirm_frames", "must be within 1..100")
         check(0 <= self.lost_frames <= 10_000, "lost_frames", "must be within 0..10000")
         check(1 <= self.max_tracks <= 4096, "max_tracks", "must be within 1..4096")
+        check(0 < self.journey_radius <= 10, "journey_radius", "must be within (0, 10]")
 
     @property
     def enabled(self) -> bool:

@@ -10,15 +10,19 @@ The rules, each a guard against a count that is wrong:
 - A crossing needs a known side before it: a line's side is known only while the anchor
   projects onto the segment (not beyond its ends), so walking round a line's end is no
   crossing. It counts once per track and direction.
-- State is per track id and kept while the track is lost: a track recovered after an
-  occlusion does not enter or cross again. A track not seen for longer than its tracker
-  keeps lost tracks has ended: if it was inside a zone it exits (``reason: lost``).
+- State is per journey (the tracker's chain of tracks of one object, ``journeys``; a
+  track alone is a journey of one) and kept while it is lost: a track recovered after an
+  occlusion does not enter or cross again, and one that continues the journey of a track
+  that broke is counted on the journey's path, from the last position before the break to
+  the first after it: once. A journey not seen for longer than its tracker keeps lost
+  tracks has ended: if it was inside a zone it exits (``reason: lost``).
 - Times come from the frames' capture times: an entry is dated by the first frame inside,
   an exit by the first frame outside, so dwell is exact to a frame period at any frame rate
   or stride.
 
-State lives in arrays of ``capacity`` rows (one per track, sorted by id: ids only grow in
-a run, so a new track is appended), with the same cost per frame whatever happened before.
+State lives in arrays of ``capacity`` rows (one per journey, sorted by id: a new journey
+has the newest track's id, so it is appended), with the same cost per frame whatever
+happened before.
 """
 
 from __future__ import annotations
@@ -42,9 +46,10 @@ _DIRECTION = {1: "in", -1: "out"}
 class _Seen(NamedTuple):
     """One frame's tracked detections, as the zone and line passes take them."""
 
-    rows: np.ndarray  # each one's track row
+    rows: np.ndarray  # each one's journey row
     cls: np.ndarray  # its class (clipped into the model's)
     ids: np.ndarray  # its track id
+    journeys: np.ndarray  # its journey
     frame_id: int
     t: float  # capture time, s
     out: list[dict]  # the events raised
@@ -66,10 +71,11 @@ class Counter:
         n_cls = max(len(labels), 1)
         nz, nl = len(config.zones), len(config.lines)
         self.capacity = cap = capacity
-        # per track row (sorted by track id)
+        # per journey row (sorted by journey id)
         self.n = 0
-        self.ids = np.zeros(cap, np.int64)
+        self.ids = np.zeros(cap, np.int64)  # journey ids
         self.last_seen = np.zeros(cap, np.int64)  # frame id
+        self.track = np.zeros(cap, np.int64)  # its track then
         self.seen_t = np.zeros(cap)  # its capture time
         self.z_in = np.zeros((cap, nz), bool)  # settled: inside
         self.z_run = np.zeros((cap, nz), np.int64)  # frames in a row observed otherwise
@@ -90,8 +96,8 @@ class Counter:
         self.dwell_hist = np.zeros((nz, len(DWELL_BUCKETS_S) + 1), np.int64)
         self.dwell_sum = np.zeros(nz)
         self.events = 0  # raised since it started
-        self.overflow = 0  # tracks not followed: more at once than ``capacity``
-        self._refused_to = 0  # the highest id refused so far (each refused track counted once)
+        self.overflow = 0  # journeys not followed: more at once than ``capacity``
+        self._refused: set[int] = set()  # the journeys refused (each counted once), while seen
         self.version = 0  # moves on with every change of a count (the message block's cache)
         self._block: dict | None = None
         self._block_version = -1
@@ -103,14 +109,15 @@ class Counter:
         xyxy: np.ndarray,
         classes: np.ndarray,
         track_ids: np.ndarray,
+        journeys: np.ndarray,
         frame_id: int,
         t: float,
         width: int,
         height: int,
         out: list[dict],
     ) -> None:
-        """One frame's detections (source pixels) and their track ids (0: none), captured
-        at ``t`` (s). Appends the events raised to ``out``."""
+        """One frame's detections (source pixels), their track ids (0: none) and journeys,
+        captured at ``t`` (s). Appends the events raised to ``out``."""
         geo = self.geometry
         if geo is None or geo.width != width or geo.height != height:
             geo = self.geometry = Geometry(self.config, width, height, self.labels)
@@ -122,30 +129,32 @@ class Counter:
         if not len(sel):
             return
         ids = track_ids[sel]
-        rows = self._rows(ids, frame_id)
+        jids = journeys[sel]
+        rows = self._rows(jids, frame_id)
         keep = rows >= 0
         if not keep.all():  # beyond capacity: not followed
-            sel, ids, rows = sel[keep], ids[keep], rows[keep]
+            sel, ids, jids, rows = sel[keep], ids[keep], jids[keep], rows[keep]
         boxes = xyxy[sel]
         cls = classes[sel].astype(np.int64)
         np.clip(cls, 0, self.objects.shape[1] - 1, out=cls)
         known = (classes[sel] >= 0) & (classes[sel] < len(self.labels))
         self.last_seen[rows] = frame_id
         self.seen_t[rows] = t
+        self.track[rows] = ids
         if len(self.zone_names):
             inside = geo.inside(boxes)
             inside &= geo.z_labels[cls]
             inside &= known[:, None]
-            self._zones(_Seen(rows, cls, ids, frame_id, t, out), inside)
+            self._zones(_Seen(rows, cls, ids, jids, frame_id, t, out), inside)
         if len(self.line_names):
             side = geo.sides(boxes)
             side *= geo.l_labels[cls] & known[:, None]
-            self._lines(_Seen(rows, cls, ids, frame_id, t, out), side)
+            self._lines(_Seen(rows, cls, ids, jids, frame_id, t, out), side)
 
     def _zones(self, f: _Seen, inside: np.ndarray) -> None:
         """Each tracked detection's observation (``inside``: (k, zones)) against its track's
         settled state: runs, entries, exits, dwell steps."""
-        rows, cls, ids, frame_id, t, out = f
+        rows, cls, ids, jids, frame_id, t, out = f
         cur = self.z_in[rows]
         run = self.z_run[rows]
         other = inside != cur
@@ -172,7 +181,9 @@ class Counter:
             if fire.any():
                 for i, z in zip(*fire.nonzero()):
                     out.append(
-                        self._event("dwell", "zone", int(z), int(ids[i]), int(cls[i]), frame_id, t)
+                        self._event(
+                            "dwell", "zone", int(z), int(ids[i]), int(jids[i]), int(cls[i]), frame_id, t
+                        )
                         | {
                             "entered_unix_s": float(self.z_enter_t[rows[i], z]),
                             "threshold_s": float(due[i, z]),
@@ -183,7 +194,7 @@ class Counter:
                 self.z_step[rows] = step
 
     def _zone_flips(self, f: _Seen, flip: np.ndarray, inside: np.ndarray) -> None:
-        rows, cls, ids, frame_id, _t, out = f
+        rows, cls, ids, jids, frame_id, _t, out = f
         for i, z in zip(*flip.nonzero()):
             r, c, tid = rows[i], cls[i], int(ids[i])
             at = float(self.z_run_t[r, z])
@@ -194,15 +205,15 @@ class Counter:
                 self.z_cls[r, z] = c
                 self.objects[z, c] += 1
                 self.entered[z, c] += 1
-                out.append(self._event("enter", "zone", int(z), tid, int(c), frame_id, at))
+                out.append(self._event("enter", "zone", int(z), tid, int(jids[i]), int(c), frame_id, at))
             else:
                 out.append(self._exit(r, int(z), tid, frame_id, at, "left"))
             self.events += 1
         self.version += 1
 
     def _exit(self, r: int, z: int, tid: int, frame_id: int, at: float, reason: str) -> dict:
-        """Track row ``r`` leaves zone ``z``: counted under the label it entered with (a
-        detector may name a half-hidden object otherwise)."""
+        """Journey row ``r`` (its track ``tid`` now) leaves zone ``z``: counted under the
+        label it entered with (a detector may name a half-hidden object otherwise)."""
         self.z_in[r, z] = False
         c = int(self.z_cls[r, z])
         dwell = max(0.0, at - float(self.z_enter_t[r, z]))
@@ -211,7 +222,7 @@ class Counter:
         self.dwell_hist[z, np.searchsorted(DWELL_BUCKETS_S, dwell)] += 1
         self.dwell_sum[z] += dwell
         self.version += 1
-        return self._event("exit", "zone", z, tid, c, frame_id, at) | {
+        return self._event("exit", "zone", z, tid, int(self.ids[r]), c, frame_id, at) | {
             "entered_unix_s": float(self.z_enter_t[r, z]),
             "dwell_s": round(dwell, 4),
             "reason": reason,
@@ -220,7 +231,7 @@ class Counter:
     def _lines(self, f: _Seen, side: np.ndarray) -> None:
         """Each tracked detection's side of each line (``side``: (k, lines), see
         ``Geometry.sides``) against its track's: runs, crossings."""
-        rows, cls, ids, frame_id, t, out = f
+        rows, cls, ids, jids, frame_id, t, out = f
         cur = self.l_side[rows]
         pend = self.l_pend[rows]
         run = self.l_run[rows]
@@ -252,18 +263,23 @@ class Counter:
                 self.version += 1
                 self.events += 1
                 at = float(self.l_run_t[r, k])  # the first frame on the new side
-                event = self._event("cross", "line", int(k), int(ids[i]), int(cls[i]), frame_id, at)
+                event = self._event(
+                    "cross", "line", int(k), int(ids[i]), int(jids[i]), int(cls[i]), frame_id, at
+                )
                 out.append(event | {"direction": _DIRECTION[new]})
         self.l_side[rows] = cur
         self.l_pend[rows] = pend
         self.l_run[rows] = run
 
-    def _event(self, kind: str, what: str, k: int, tid: int, c: int, frame_id: int, t: float) -> dict:
+    def _event(
+        self, kind: str, what: str, k: int, tid: int, jid: int, c: int, frame_id: int, t: float
+    ) -> dict:
         names = self.zone_names if what == "zone" else self.line_names
         return {
             "kind": kind,
             what: names[k],
             "track_id": tid,
+            "journey_id": jid,
             "label": self.labels[c] if c < len(self.labels) else str(c),
             "class_id": c,
             "frame_id": frame_id,
@@ -272,8 +288,10 @@ class Counter:
 
     # -- track rows ----------------------------------------------------------------------
 
-    def _rows(self, ids: np.ndarray, frame_id: int) -> np.ndarray | None:
-        """Each id's row (-1: no room), new tracks appended (ids only grow in a run)."""
+    def _rows(self, ids: np.ndarray, frame_id: int) -> np.ndarray:
+        """Each journey id's row (-1: no room). A new journey is appended (its id is its
+        newest track's); one below the live ones (the counter dropped it: it was refused,
+        or unseen for longer than a track is kept) is put in its place."""
         n = self.n
         live = self.ids[:n]
         pos = np.searchsorted(live, ids)
@@ -282,26 +300,41 @@ class Counter:
         if found.all():
             return pos
         new = np.unique(ids[~found])
-        if n and new[0] < live[-1]:  # an id below a live one: not from this run's tracker
-            self._reset_rows()
-            return self._rows(ids, frame_id)
         room = self.capacity - n
         if len(new) > room:
             refused = new[room:]
-            self.overflow += int((refused > self._refused_to).sum())  # ids grow: once each
-            self._refused_to = max(self._refused_to, int(refused[-1]))
+            fresh = [int(j) for j in refused if int(j) not in self._refused]
+            self.overflow += len(fresh)  # once per journey, while it is seen
+            self._refused.update(fresh)
+            if len(self._refused) > 4 * self.capacity:  # bounded: forget the oldest
+                self._refused = set(sorted(self._refused)[-2 * self.capacity :])
             new = new[:room]
         k = len(new)
         if k:
-            self._clear(slice(n, n + k))
-            self.ids[n : n + k] = new
-            self.last_seen[n : n + k] = frame_id
-            self.n = n + k
+            if n and new[0] < live[-1]:  # not the newest: each into its place
+                for j in new:
+                    self._insert(int(j), frame_id)
+            else:
+                self._clear(slice(n, n + k))
+                self.ids[n : n + k] = new
+                self.last_seen[n : n + k] = frame_id
+                self.n = n + k
         live = self.ids[: self.n]
         pos = np.searchsorted(live, ids)
         pos[pos >= self.n] = 0
         pos[live[pos] != ids] = -1
         return pos
+
+    def _insert(self, jid: int, frame_id: int) -> None:
+        """A row for journey ``jid`` at its sorted place (rows after it move down one)."""
+        n = self.n
+        at = int(np.searchsorted(self.ids[:n], jid))
+        for a in self._track_arrays():
+            a[at + 1 : n + 1] = a[at:n].copy()
+        self._clear(slice(at, at + 1))
+        self.ids[at] = jid
+        self.last_seen[at] = frame_id
+        self.n = n + 1
 
     def _clear(self, rows: slice) -> None:
         for a in self._track_arrays():
@@ -309,18 +342,10 @@ class Counter:
 
     def _track_arrays(self) -> tuple[np.ndarray, ...]:
         return (
-            self.ids, self.last_seen, self.seen_t, self.z_in, self.z_run, self.z_run_t, self.z_enter_t,
-            self.z_step, self.z_cls, self.l_side, self.l_pend, self.l_run, self.l_run_t, self.l_done,
+            self.ids, self.last_seen, self.track, self.seen_t, self.z_in, self.z_run, self.z_run_t,
+            self.z_enter_t, self.z_step, self.z_cls, self.l_side, self.l_pend, self.l_run, self.l_run_t,
+            self.l_done,
         )  # fmt: skip
-
-    def _reset_rows(self) -> None:
-        """Forget every track (their zones' occupants are taken out, uncounted as exits):
-        the ids restarted below the live ones, which only a new run's tracker does."""
-        for r in range(self.n):
-            for z in self.z_in[r].nonzero()[0]:
-                self.objects[z, self.z_cls[r, z]] -= 1
-        self.n = 0
-        self.version += 1
 
     def _expire(self, frame_id: int, t: float, out: list[dict]) -> None:
         """Tracks unseen for longer than their tracker keeps them have ended: out of their
@@ -334,7 +359,7 @@ class Counter:
         for r in gone.nonzero()[0]:
             for z in self.z_in[r].nonzero()[0]:
                 at = float(self.seen_t[r])
-                out.append(self._exit(r, int(z), int(self.ids[r]), frame_id, at, "lost"))
+                out.append(self._exit(r, int(z), int(self.track[r]), frame_id, at, "lost"))
                 self.events += 1
         keep = ~gone
         k = int(keep.sum())

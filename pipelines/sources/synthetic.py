@@ -9,6 +9,13 @@ bundled detector is trained on scenes from other seeds than those it is scored o
 With margins (``SceneSpec.margin_x``, ``margin_y``) the objects move in a world larger
 than the camera's view, which is its middle: objects enter and leave the frame, as a
 tracker's ground truth needs (tools/tracking). Without them the view is the world.
+
+Static occluders (``SceneSpec.occluders``: rectangles in world pixels) stand in front of
+every object: their pixels hide whatever passes behind them, and an object's visible
+fraction (the truth's ``visibility``) drops while it is behind one (0 wholly behind; its
+box stays in the truth). They are drawn once, at construction, as panels of the
+background's own tones, desaturated and blurred, with soft slats and grain, so that they
+read as part of the scene (a post, a fence) and the detector does not take them for a shape.
 """
 
 from __future__ import annotations
@@ -42,6 +49,8 @@ class SceneSpec:
     noise_sigma: float = 6.0
     margin_x: int = 0  # the world extends this far beyond each side of the view
     margin_y: int = 0
+    #: static occluders in front of every object: (x, y, w, h) in world pixels
+    occluders: tuple[tuple[int, int, int, int], ...] = ()
 
     @property
     def world_wh(self) -> tuple[int, int]:
@@ -86,6 +95,12 @@ class SyntheticScene:
         )
         # With margins: the world is drawn here and the view copied out of it.
         self._world = np.empty((h, w, 3), np.uint8) if (spec.margin_x or spec.margin_y) else None
+        # Occluders: drawn once; each frame copies their pixels over the objects and clears
+        # their pixels from the ids image (rectangles: slice copies, nothing allocated).
+        self._occluders = _clip_rects(spec.occluders, w, h)
+        self._occluder_layer = (
+            _occluder_layer(spec, self._occluders, self.background) if self._occluders else None
+        )
 
     @staticmethod
     def _background(rng: np.random.Generator, w: int, h: int) -> np.ndarray:
@@ -138,6 +153,10 @@ class SyntheticScene:
             _draw(ids, c, x, y, s, i + 1)
             gt[i, 0] = c
             gt[i, 1:5] = (x, y, x + s, y + s)
+        layer = self._occluder_layer
+        for x1, y1, x2, y2 in self._occluders:
+            world[y1:y2, x1:x2] = layer[y1:y2, x1:x2]
+            ids[y1:y2, x1:x2] = 0
         for i in range(self.spec.num_objects):
             x1, y1, x2, y2 = (int(v) for v in gt[i, 1:5])
             visible = np.count_nonzero(ids[y1 : y2 + 1, x1 : x2 + 1] == i + 1)
@@ -158,6 +177,45 @@ class SyntheticScene:
         gt[:, 1:5] -= (spec.margin_x, spec.margin_y, spec.margin_x, spec.margin_y)
         np.clip(gt[:, 1:5], 0, (spec.width, spec.height, spec.width, spec.height), out=gt[:, 1:5])
         gt[:, 5] *= (gt[:, 3] - gt[:, 1]) * (gt[:, 4] - gt[:, 2]) / area
+
+
+def _clip_rects(rects, w: int, h: int) -> tuple[tuple[int, int, int, int], ...]:
+    """(x, y, w, h) rectangles to (x1, y1, x2, y2) slices inside a w x h image; empty ones dropped."""
+    out = []
+    for x, y, rw, rh in rects:
+        x1, y1 = max(int(x), 0), max(int(y), 0)
+        x2, y2 = min(int(x) + int(rw), w), min(int(y) + int(rh), h)
+        if x2 > x1 and y2 > y1:
+            out.append((x1, y1, x2, y2))
+    return tuple(out)
+
+
+def _occluder_layer(spec: SceneSpec, rects, background: np.ndarray) -> np.ndarray:
+    """The occluders' pixels (elsewhere zero): each a panel of the background's own tones
+    where it stands, half desaturated and blurred, with soft slats along its long side (a
+    fence, a post) and grain. No flat saturated colour and no hard rim: the detector, which
+    learnt flat saturated shapes, does not take an occluder for one. Its own random stream:
+    a scene without occluders draws exactly what it drew before."""
+    h, w = background.shape[:2]
+    rng = np.random.default_rng([spec.seed, 0x0CC1])
+    layer = np.zeros((h, w, 3), np.uint8)
+    for x1, y1, x2, y2 in rects:
+        rw, rh = x2 - x1, y2 - y1
+        vertical = rw <= rh
+        across = np.arange(rw if vertical else rh, dtype=np.float32)
+        slats = 12.0 * np.sin(2 * np.pi * across / rng.uniform(9, 16) + rng.uniform(0, 2 * np.pi))
+        slats = slats[None, :] if vertical else slats[:, None]
+        grain = cv2.GaussianBlur(rng.normal(0, 14, (rh, rw)).astype(np.float32), (0, 0), 1.5)
+        shade = np.linspace(-10, 10, max(rw, rh), dtype=np.float32)  # light along the long side
+        shade = shade[:, None] if vertical else shade[None, :]
+        under = background[y1:y2, x1:x2].astype(np.float32)
+        grey = under.mean(axis=2, keepdims=True)
+        base = cv2.GaussianBlur(grey + 0.5 * (under - grey), (0, 0), 6.0)
+        if base.ndim == 2:  # (a 1-pixel-wide panel loses its channel axis in OpenCV)
+            base = base[:, :, None]
+        panel = base + (slats + grain + shade)[:, :, None]
+        layer[y1:y2, x1:x2] = np.clip(panel, 0, 255).astype(np.uint8)
+    return layer
 
 
 def _draw(img: np.ndarray, cls: int, x: int, y: int, s: int, color) -> None:

@@ -98,6 +98,7 @@ class SourceAnalytics(Step):
             slot.det_xyxy[:n],
             slot.det_class[:n],
             slot.det_track[:n],
+            slot.det_journey[:n],
             slot.frame_id,
             captured_s,
             slot.geo.src_w,

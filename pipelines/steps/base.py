@@ -63,9 +63,10 @@ class LaneStep(Protocol):
         the same step earlier in the run (``continuous``: it ran until this reload;
         ``same_source``: the source was not reopened): itself, ``last``, or a mix."""
 
-    #: What the frame's result message carries under ``name`` (called after ``run``); None
-    #: for a step that adds nothing to it (its lane then makes no call).
-    message_block: Callable[[], dict[str, Any]] | None
+    #: What the frame's result message carries under ``name`` (called after ``run``; it
+    #: returns None for a frame it adds nothing to); None for a step that never adds
+    #: anything (its lane then makes no call).
+    message_block: Callable[[], dict[str, Any] | None] | None
 
     def to_view(self, frame: Any, slot: Any) -> None:
         """Give the live view's frame (``view_tap.ViewFrame``) what it draws of this step."""
@@ -122,7 +123,7 @@ class Step:
 
     name: str
     keeps_pixels = False
-    message_block: Callable[[], dict[str, Any]] | None = None
+    message_block: Callable[[], dict[str, Any] | None] | None = None
 
     def __init__(self) -> None:
         self.timing = StepTiming()

@@ -34,6 +34,7 @@ class TrackingFigures:
     ids_issued: int  # confirmed tracks so far this run (the last id given)
     overflow: int  # new tracks refused by max_tracks
     restarts: int  # settings changed at a reload
+    journey_links: int  # new tracks that continued a lost one's journey
     cost: LatencyHistogram  # per frame
     window: LatencyHistogram | None = None  # per frame since the last take (the heartbeat's)
 
@@ -47,12 +48,14 @@ class TrackingFigures:
             "ids_issued": self.ids_issued,
             "overflow": self.overflow,
             "restarts": self.restarts,
+            "journey_links": self.journey_links,
             "cost_ms": cost_ms(self.cost, self.window),
         }
 
 
 class SourceTracker(Step):
-    """One source's tracker. Its ids travel in the detections: no message block."""
+    """One source's tracker. Its ids travel in the detections; a frame in which a track
+    continues another's journey says so in the message (``tracking.journeys``)."""
 
     name = "tracking"
 
@@ -65,12 +68,19 @@ class SourceTracker(Step):
         self.tracker = ByteTracker(config)
         self.restarts = 0
         self._last_frame = -1
+        self._journeys: dict | None = None  # the frame's block, when it has linked tracks
+        if config.journeys:
+            self.message_block = self._journey_block
 
     def run(self, slot: Any) -> None:
         t0 = time.perf_counter_ns()
         last, self._last_frame = self._last_frame, slot.frame_id
         dt = slot.frame_id - last if 0 <= last < slot.frame_id else 1
         n = slot.det_count
+        geo = slot.geo
+        view = self.tracker.view
+        if view is None or view[0] != geo.src_w or view[1] != geo.src_h:
+            self.tracker.view = (float(geo.src_w), float(geo.src_h))
         self.tracker.update(
             slot.det_xyxy[:n],
             slot.det_score[:n],
@@ -78,8 +88,18 @@ class SourceTracker(Step):
             float(dt),
             slot.det_track,
             slot.det_track_age,
+            slot.det_journey,
         )
+        self._journeys = None
+        if self.tracker.links:  # none until a first link: no work per frame
+            linked = (slot.det_journey[:n] != slot.det_track[:n]).nonzero()[0]
+            if len(linked):
+                ids, journeys = slot.det_track[linked].tolist(), slot.det_journey[linked].tolist()
+                self._journeys = {"journeys": {str(i): j for i, j in zip(ids, journeys)}}
         self.timing.record(time.perf_counter_ns() - t0)
+
+    def _journey_block(self) -> dict | None:
+        return self._journeys
 
     def adopt(self, last: LaneStep, continuous: bool, same_source: bool) -> LaneStep:
         """``last`` itself, tracks kept, when it ran until now with the same settings,
@@ -105,7 +125,6 @@ class SourceTracker(Step):
             )
         return self
 
-
     def to_view(self, frame: Any, slot: Any) -> None:
         n = frame.det_count
         frame.det_track[:n] = slot.det_track[:n]
@@ -122,6 +141,7 @@ class SourceTracker(Step):
             t.next_id - 1,
             t.overflow,
             self.restarts,
+            t.links,
             cost,
             window,
         )

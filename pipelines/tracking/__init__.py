@@ -1,3 +1,3 @@
-"""Tracks from detections, per source: a ByteTrack-class tracker (``bytetrack.py``) with
-its assignment (``assign.py``), and the post step that runs a source's tracker on each of
-its decoded frames and writes the track ids into the frame's slot (``step.py``)."""
+"""Tracks from detections, per source: a ByteTrack-class tracker with journeys
+(``bytetrack.py``), its assignment (``assign.py``) and box arithmetic (``boxes.py``). The
+step that runs a source's tracker on each decoded frame: ``pipelines/steps/tracking.py``."""

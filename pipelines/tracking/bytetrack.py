@@ -20,6 +20,11 @@
 - Bounded state, preallocated: at most ``max_tracks`` live tracks in fixed arrays; a track
   lost for more than ``lost_frames`` is removed at once (nothing is kept of it), and
   a new track beyond the cap is refused and counted (``overflow``). Ids are never reused.
+- Journeys (``journeys``): a track confirmed while a confirmed track is lost, near where
+  the lost one's motion puts it, with a label it had, continues that track's journey (the
+  lost track ends). A track keeps its own id; the
+  journey carries the first track's id, which counting keys on (``analytics/counter.py``):
+  an object whose track broke while hidden is counted once, on its journey's path.
 
 Its settings are the source's ``TrackerConfig`` (``core/source_config.py``); costs and
 accuracy measured (tools/tracking): docs/tracking.md.
@@ -31,11 +36,22 @@ import numpy as np
 
 from edge_agent.core.source_config import TrackerConfig
 from edge_agent.pipelines.tracking.assign import assign
+from edge_agent.pipelines.tracking.boxes import box_iou, xyxy_to_cxcywh
 
 TENTATIVE, TRACKED, LOST = 0, 1, 2
 #: BoT-SORT's noise: standard deviations as fractions of the box's width and height.
 STD_POS = 1.0 / 20
 STD_VEL = 1.0 / 160
+#: A detection within this many pixels (and a tenth of its size) of the view's edge touches it.
+EDGE_PX = 2.0
+#: A lost track whose last detection touched the view's edge left the view: it ends after
+#: this many frames (a truth counts an object that comes back in as another pass).
+EDGE_LOST = 10.0
+#: A track's size (for the journey gate) follows a shrinking box this slowly per detection:
+#: an object sliding behind something keeps the size it had in the open.
+SIZE_KEEP = 0.97
+#: A journey's label: classes 0..62 each a bit of a track's mask, every higher one bit 63.
+_CLASS_BITS = 63
 
 
 class ByteTracker:
@@ -62,9 +78,17 @@ class ByteTracker:
         self.state = np.zeros(cap, np.int8)
         self.since = np.zeros(cap)  # frames since the last hit
         self.age = np.zeros(cap)  # frames since the first hit
+        self.labels = np.zeros(cap, np.int64)  # the classes its detections had (a bit each)
+        self.journey = np.zeros(cap, np.int64)  # the journey it continues (0 until confirmed)
+        self.edge = np.zeros(cap, bool)  # lost on the view's edge (it left the view)
+        self.size = np.zeros(cap)  # its size, sqrt(w h), as it was seen whole lately
+        self.links = 0  # tracks that continued a journey
+        # The view's size (pixels), when the caller knows it: a track whose last detection
+        # touched its edge has left it when it is lost (neither recovered nor linked).
+        self.view: tuple[float, float] | None = None
         self._arrays = (
-            self.pos, self.vel, self.p_pp, self.p_pv, self.p_vv,
-            self.ids, self.cls, self.hits, self.state, self.since, self.age,
+            self.pos, self.vel, self.p_pp, self.p_pv, self.p_vv, self.ids, self.cls, self.hits,
+            self.state, self.since, self.age, self.labels, self.journey, self.edge, self.size,
         )  # fmt: skip
         # scratch, reused every frame
         self._scale = np.zeros((cap, 4))
@@ -74,6 +98,7 @@ class ByteTracker:
         self._dets = np.zeros((cap, 4))  # the frame's detections (cx, cy, w, h)
         self._gain = np.zeros((cap, 4))
         self._hit = np.zeros(cap, bool)
+        self._sz = np.zeros(cap)
         self._det_of = np.zeros(cap, np.intp)
 
     @property
@@ -153,14 +178,18 @@ class ByteTracker:
         dt: float,
         out_id: np.ndarray,
         out_age: np.ndarray,
+        out_journey: np.ndarray | None = None,
     ) -> None:
         """One frame's detections (``xyxy`` (m, 4), ``scores``, ``classes``), ``dt`` frames
         after the previous update. Writes each detection's track id into ``out_id`` (0: not
-        part of a confirmed track) and its track's age in frames into ``out_age``."""
+        part of a confirmed track), its track's age in frames into ``out_age`` and its
+        journey into ``out_journey`` (0 where the id is)."""
         p = self.config
         m = len(scores)
         out_id[:m] = 0
         out_age[:m] = 0
+        if out_journey is not None:
+            out_journey[:m] = 0
         if self.n:
             self._predict(dt)
             self.since[: self.n] += dt
@@ -176,7 +205,7 @@ class ByteTracker:
         lo = ((scores >= p.low_score) & (scores < p.high_score)).nonzero()[0]
         hit, det_of = self._hit[:n], self._det_of[:n]
         hit[:] = False
-        iou = _iou(box, xyxy) if n and m else None
+        iou = box_iou(box, xyxy) if n and m else None
         if iou is not None and p.per_class:
             iou *= self.cls[:n, None] == classes[None, :]
 
@@ -211,25 +240,36 @@ class ByteTracker:
                 d = det_of[rows]
                 if m > len(self._dets):  # grows once to the most detections a frame had
                     self._dets = np.zeros((m, 4))
-                _xyxy_to_cxcywh(xyxy, self._dets[:m])
-                self._z[rows] = self._dets[d]
+                xyxy_to_cxcywh(xyxy, self._dets[:m])
+                z = self._dets[d]
+                self._z[rows] = z
                 self._correct(hit)
+                self._observe(rows, z, classes[d])
                 self.cls[rows] = classes[d]
                 self.hits[rows] += 1
                 self.since[rows] = 0.0
                 confirmed = rows[(state[rows] != TENTATIVE) | (self.hits[rows] >= p.confirm_frames)]
-                for i in confirmed[self.ids[confirmed] == 0]:
-                    self.ids[i] = self.next_id
+                born = confirmed[self.ids[confirmed] == 0]
+                for i in born:
+                    self.ids[i] = self.journey[i] = self.next_id
                     self.next_id += 1
                 state[confirmed] = TRACKED
+                if p.journeys and len(born):
+                    self._link(born, hit)
                 out_id[d] = self.ids[rows]
                 out_age[d] = self.age[rows] + 0.5  # whole frames (truncated by the int array)
+                if out_journey is not None:
+                    out_journey[d] = self.journey[rows]
                 unconfirmed = d[state[rows] == TENTATIVE]
                 out_id[unconfirmed] = 0
                 out_age[unconfirmed] = 0
             # misses: tentative tracks go, tracked ones are lost, lost ones go after M frames
-            state[(state == TRACKED) & ~hit] = LOST
+            # (and a lost one whose journey a new track took, at once: its ``since`` is past)
+            newly = ((state == TRACKED) & ~hit).nonzero()[0]
+            state[newly] = LOST
+            self._left_view(newly)
             gone = ((state == TENTATIVE) & ~hit) | (self.since[:n] > p.lost_frames)
+            gone |= (state == LOST) & self.edge[:n] & (self.since[:n] > min(EDGE_LOST, p.lost_frames))
             if gone.any():
                 self._remove(~gone)
         # 4: new tentative tracks from the high detections nobody took
@@ -251,6 +291,62 @@ class ByteTracker:
         r, c = assign(1.0 - sim, limit)
         return rows[r], c
 
+    # -- observations and journeys -------------------------------------------------------
+
+    def _observe(self, rows: np.ndarray, z: np.ndarray, classes: np.ndarray) -> None:
+        """Tracks ``rows`` took detections ``z`` (cx, cy, w, h) of ``classes``: their size
+        as seen whole lately and their labels, for the journey gate."""
+        np.maximum(np.sqrt(z[:, 2] * z[:, 3]), SIZE_KEEP * self.size[rows], out=self._sz[: len(rows)])
+        self.size[rows] = self._sz[: len(rows)]
+        self.labels[rows] |= np.left_shift(1, np.minimum(classes, _CLASS_BITS).astype(np.int64))
+
+    def _left_view(self, rows: np.ndarray) -> None:
+        """Whether tracks ``rows``, just lost, touch the view's edge (within ``EDGE_PX`` and a
+        tenth of their size: a detector's box of a half-visible object wavers): they left it."""
+        if self.view is None or not len(rows):
+            return
+        pos = self.pos[rows]
+        reach = pos[:, 2:] * 0.6 + EDGE_PX  # half the box and its margin
+        near = (pos[:, :2] <= reach) | (pos[:, :2] >= np.array(self.view) - reach)
+        self.edge[rows] = near[:, 0] | near[:, 1]
+
+    def _link(self, born: np.ndarray, hit: np.ndarray) -> None:
+        """Tracks ``born`` (confirmed in this frame) continue the journey of a lost track
+        whose object they can be: it was last seen before they were first (no overlap in
+        time), not on the view's edge, within ``lost_frames``; it had a label of theirs; its
+        size (as seen whole lately) is within half to twice theirs; and they are within its
+        gate: around where the Kalman filter puts it now (its last state moved on at its
+        velocity), a radius of ``journey_radius`` of its size plus the way it would have
+        gone (a stop, a turn or a change of speed behind an occluder lands within). The
+        nearest (relative to its gate) wins, one each; the lost track ends."""
+        n = self.n
+        lost = ((self.state[:n] == LOST) & ~hit & ~self.edge[:n]).nonzero()[0]
+        if not len(lost):
+            return
+        p = self.config
+        since = self.since[lost]
+        vel = self.vel[lost, :2]
+        at = self.pos[lost, :2]  # where the Kalman filter puts it now
+        size = self.size[lost]
+        radius = p.journey_radius * size + np.hypot(vel[:, 0], vel[:, 1]) * since
+        c = self.pos[born, :2]
+        dist = np.hypot(at[:, None, 0] - c[None, :, 0], at[:, None, 1] - c[None, :, 1]) / radius[:, None]
+        ratio = size[:, None] / self.size[None, born]
+        ok = (ratio <= 2.0) & (ratio >= 0.5) & (dist <= 1.0)
+        ok &= since[:, None] > self.age[None, born]
+        ok &= (self.labels[lost, None] & self.labels[None, born]) != 0
+        taken = np.zeros(len(lost), bool)
+        for j in np.argsort(-self.hits[born]):  # the surest new track chooses first
+            can = ok[:, j] & ~taken
+            if not can.any():
+                continue
+            k = int(np.flatnonzero(can)[dist[can, j].argmin()])
+            taken[k] = True
+            old, b = lost[k], born[j]
+            self.journey[b] = self.journey[old]
+            self.since[old] = p.lost_frames + 1.0  # ends in this frame
+            self.links += 1
+
     def _remove(self, keep: np.ndarray) -> None:
         k = int(keep.sum())
         for a in self._arrays:
@@ -269,7 +365,10 @@ class ByteTracker:
                 return
         dets = dets[:k]
         new = slice(n, n + k)
-        _xyxy_to_cxcywh(xyxy[dets], self.pos[new])
+        xyxy_to_cxcywh(xyxy[dets], self.pos[new])
+        self.size[new] = np.sqrt(self.pos[new, 2] * self.pos[new, 3])
+        self.edge[new] = False
+        self.labels[new] = np.left_shift(1, np.minimum(classes[dets], _CLASS_BITS).astype(np.int64))
         self.vel[new] = 0.0
         s = self._wh(n + k)[n:]
         np.square(s, out=s)
@@ -282,11 +381,13 @@ class ByteTracker:
         self.age[new] = 0.0
         if self.config.confirm_frames <= 1:
             self.ids[new] = np.arange(self.next_id, self.next_id + k)
+            self.journey[new] = self.ids[new]
             self.next_id += k
             self.state[new] = TRACKED
             out_id[dets] = self.ids[new]
         else:
             self.ids[new] = 0
+            self.journey[new] = 0
             self.state[new] = TENTATIVE
         self.n = n + k  # last: a heartbeat counting meanwhile sees whole rows only
 
@@ -298,27 +399,3 @@ def _without(index: np.ndarray, positions: np.ndarray) -> np.ndarray:
     keep = np.ones(len(index), bool)
     keep[positions] = False
     return index[keep]
-
-
-def _xyxy_to_cxcywh(xyxy: np.ndarray, out: np.ndarray) -> None:
-    np.subtract(xyxy[:, 2:], xyxy[:, :2], out=out[:, 2:])
-    np.multiply(out[:, 2:], 0.5, out=out[:, :2])
-    out[:, :2] += xyxy[:, :2]
-
-
-def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """IoU of every box of ``a`` (n, 4 xyxy) with every box of ``b`` (m, 4 xyxy)."""
-    ix = np.minimum(a[:, None, 2], b[None, :, 2])
-    ix -= np.maximum(a[:, None, 0], b[None, :, 0])
-    np.maximum(ix, 0.0, out=ix)
-    iy = np.minimum(a[:, None, 3], b[None, :, 3])
-    iy -= np.maximum(a[:, None, 1], b[None, :, 1])
-    np.maximum(iy, 0.0, out=iy)
-    ix *= iy  # intersection
-    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
-    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
-    union = area_a[:, None] + area_b[None, :]
-    union -= ix
-    np.maximum(union, 1e-9, out=union)
-    ix /= union
-    return ix

@@ -19,6 +19,7 @@ from edge_agent.core.schema import SCHEMA_VERSION
 from edge_agent.core.stream_frames import MessageError, decode
 
 GOOD = {"source": "cam0", "seq": 7, "frame_id": 7, "latency_ms": {"total": 4.0}, "detections": []}
+TRACKED = {"label": "a", "class_id": 0, "score": 0.9, "box_xyxy": [0, 0, 1, 1], "track_id": 2, "track_age": 5}
 
 #: What a hostile publisher sends: each is refused by the decoder or the parser.
 BAD = [
@@ -34,6 +35,12 @@ BAD = [
     b"det.cam0 " + b"x" * ((1 << 20) + 1),  # over the frame bound
     b"det.cam0 " + json.dumps(GOOD | {"schema": SCHEMA_VERSION + 1}).encode(),  # a later version
     b"det.cam0 " + json.dumps(GOOD | {"schema": "2"}).encode(),
+    b"det.cam0 " + json.dumps(GOOD | {"tracking": [1]}).encode(),  # journeys: not an object
+    b"det.cam0 " + json.dumps(GOOD | {"tracking": {"journeys": [[3, 1]]}}).encode(),
+    b"det.cam0 "
+    + json.dumps(
+        GOOD | {"tracking": {"journeys": {"3": "one"}}, "detections": [TRACKED | {"track_id": 3}]}
+    ).encode(),
 ]
 
 
@@ -47,6 +54,21 @@ def test_each_bad_frame_is_a_message_error(frame):
 def test_a_good_frame_parses():
     topic, body = decode(b"det.cam0 " + json.dumps(GOOD).encode())
     assert parse(topic, body).seq == 7
+
+
+def test_a_detection_reads_its_journey_from_the_result_and_an_event_names_its_own():
+    """Track 3 continues journey 1 (the result's tracking.journeys); track 2 is a journey
+    of its own; an untracked detection has none. An event without journey_id (an agent
+    before journeys) is its track's journey."""
+    dets = [TRACKED, TRACKED | {"track_id": 3}, TRACKED | {"track_id": None}]
+    result = parse("det.cam0", GOOD | {"detections": dets, "tracking": {"journeys": {"3": 1}}})
+    assert [d.journey_id for d in result.detections] == [2, 1, None]
+    event = {
+        "type": "event", "source": "cam0", "seq": 0, "run_id": "r", "kind": "cross", "line": "door",
+        "direction": "in", "track_id": 3, "label": "a", "frame_id": 9, "at_unix_s": 1.0,
+    }  # fmt: skip
+    assert parse("event.cam0", event | {"journey_id": 1}).journey_id == 1
+    assert parse("event.cam0", event).journey_id == 3
 
 
 @pytest.mark.parametrize("version", range(1, SCHEMA_VERSION + 1))

@@ -6,32 +6,51 @@
 
 For each sequence of tools/tracking (the synthetic camera's objects entering, leaving,
 crossing and hiding each other; the bundled detector's detections, or the truth with a
-detector's faults), the detections go through what the agent runs per frame: its tracker
-(``ByteTracker``, default settings) and its analytics (``Counter``) with two lines and two
-zones. The truth is counted from the true boxes by geometry alone: a crossing where a
-true anchor's step between two frames passes through the segment (once per object pass
-and direction), an entry where it passes into a polygon. Two more scenes are made here:
-``jitter`` (objects that stop on a line and jitter across it for 3 s) and ``stop`` (the
-same in a zone's edge). Beside the agent's counts: what the naive rule most tools use
-(count every change of the box centre's side of the line, on the tracker's ids) gives.
+detector's faults), the detections go through what the agent runs per frame
+(``agent_events``): its tracker (``ByteTracker``, default settings) and its analytics
+(``Counter``) with the lines and zones of ``truth.py``: two lines (``vertical``,
+``slanted``) and two zones on every scene, and a line ``behind`` through the first static
+occluder on scenes that have one. The truth is counted from the true boxes by geometry
+alone (``truth.truth_counts``): a crossing where a true anchor's step between two frames
+passes through the segment (once per object pass and direction), an entry where it passes
+into a polygon. Two more scenes are made here: ``jitter`` (objects that stop on a line and
+jitter across it for 3 s) and ``stop`` (the same in a zone's edge). Beside the agent's
+counts: what the naive rule most tools use (count every change of the box centre's side
+of the line, on the tracker's ids) gives.
 
 Prints one table row per sequence and the totals; dwell: each agent exit matched to a
-true visit of the same zone, the largest difference in frame periods.
+true visit of the same zone, the largest difference in frame periods. Writes the agent's
+line counts on tools/tracking's sequences (not the made scenes) to
+``$TRACKING_WORK/results/counts-agent.jsonl`` (``truth.py``'s format, counter ``agent``, or
+``agent+band=...`` with settings given), for ``compare_counts.py``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tracking"))
-import itertools
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tracking"))  # common
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # truth
 from common import FPS, VIEW_H, VIEW_W, list_sequences, load_sequence
+from truth import (
+    COUNTS_AGENT,
+    HANDMADE_EXPECTED,
+    LINES,
+    ZONES,
+    count_row,
+    handmade,
+    handmade_lines,
+    lines_for,
+    read_counts,
+    true_crossings,
+    truth_counts,
+    write_counts,
+)
 
 from edge_agent.core.analytics_config import AnalyticsConfig, LineConfig, ZoneConfig
 from edge_agent.core.source_config import TrackerConfig
@@ -39,116 +58,61 @@ from edge_agent.pipelines.analytics.counter import Counter
 from edge_agent.pipelines.tracking.bytetrack import ByteTracker
 
 LABELS = ("circle", "square", "triangle", "cross")
-HIDDEN = 0.5  # a truth box's visibility below which the crossing or entry counts as unseen
-LINES = (
-    LineConfig(name="vertical", points=((0.5, 0.1), (0.5, 0.9))),
-    LineConfig(name="slanted", points=((0.1, 0.3), (0.9, 0.75)), in_side="right"),
-)
-ZONES = (
-    ZoneConfig(name="box", points=((0.15, 0.2), (0.4, 0.2), (0.4, 0.6), (0.15, 0.6))),
-    ZoneConfig(
-        name="ell", points=((0.55, 0.15), (0.85, 0.15), (0.85, 0.4), (0.7, 0.4), (0.7, 0.85), (0.55, 0.85))
-    ),
-)
-CONFIG = AnalyticsConfig(zones=ZONES, lines=LINES)
 
 
-def px(points) -> np.ndarray:
-    return np.array(points, float) * (VIEW_W, VIEW_H)
+def analytics_config(lines=LINES, zones=ZONES, min_frames: int | None = None, band: float | None = None):
+    """The agent's analytics config for truth.py's lines and zones; ``min_frames`` and
+    ``band`` (None: the config's defaults) for every zone and line."""
+    extra = {} if min_frames is None else {"min_frames": min_frames}
+    return AnalyticsConfig(
+        zones=tuple(ZoneConfig(name=z.name, points=z.points, **extra) for z in zones),
+        lines=tuple(
+            LineConfig(
+                name=ln.name,
+                points=ln.points,
+                in_side=ln.in_side,
+                **extra,
+                **({} if band is None else {"band": band}),
+            )
+            for ln in lines
+        ),
+    )
 
 
-def anchor(boxes: np.ndarray) -> np.ndarray:
-    """Bottom centre of (k, 4) xyxy boxes."""
-    return np.column_stack([(boxes[:, 0] + boxes[:, 2]) / 2, boxes[:, 3]])
+def agent_events(
+    dets: np.ndarray,
+    frames: int,
+    analytics: AnalyticsConfig,
+    stride: int = 1,
+    tracker_config: TrackerConfig | None = None,
+) -> dict:
+    """The detections (rows: frame, x1, y1, x2, y2, score, class) through what the agent
+    runs per processed frame (every ``stride``-th): its tracker and its analytics
+    (``Counter``). Also the naive centre rule on the tracker's ids.
 
-
-def side_of(a, b, p, sign: float) -> int:
-    """+1 on the line's in side, -1 on the other (on the line: out), as the agent counts."""
-    return 1 if ((b[0] - a[0]) * (p[1] - a[1]) - (b[1] - a[1]) * (p[0] - a[0])) * sign > 0 else -1
-
-
-def step_crosses(p, q, a, b, sign: float) -> int:
-    """The step p -> q changes side of the line a-b where the line is the segment: the
-    side it ends on (+1 in, -1 out), else 0."""
-    sp, sq = side_of(a, b, p, sign), side_of(a, b, q, sign)
-    if sp == sq:
-        return 0
-    # where the step meets the line, as a fraction along the segment
-    d = np.subtract(q, p)
-    e = np.subtract(b, a)
-    den = e[0] * d[1] - e[1] * d[0]
-    if den == 0:
-        return 0
-    u = ((p[0] - a[0]) * d[1] - (p[1] - a[1]) * d[0]) / den
-    return sq if 0 <= u <= 1 else 0
-
-
-def point_in(poly: np.ndarray, p) -> bool:
-    inside = False
-    for (x0, y0), (x1, y1) in zip(poly, np.roll(poly, -1, axis=0)):
-        if (y0 > p[1]) != (y1 > p[1]) and p[0] < x0 + (p[1] - y0) * (x1 - x0) / (y1 - y0):
-            inside = not inside
-    return inside
-
-
-def truth_counts(truth: np.ndarray) -> dict:
-    """Counts from the true boxes (rows: frame, id, x1, y1, x2, y2, ...): crossings once per
-    pass and direction, entries and exits, and each completed visit's (zone, start, end)."""
-    counts = {f"{ln.name}:{d}{h}": 0 for ln in LINES for d in ("in", "out") for h in ("", ":hidden")}
-    counts |= {f"{z.name}:{k}{h}": 0 for z in ZONES for k in ("enter", "exit") for h in ("", ":hidden")}
-    visits = []
-    for tid in np.unique(truth[:, 1]):
-        rows = truth[truth[:, 1] == tid]
-        pts = anchor(rows[:, 2:6])
-        hidden = rows[:, 6] < HIDDEN  # the object mostly hidden: no camera sees it there
-        done = set()
-        for ln in LINES:
-            a, b = px(ln.points)
-            sign = -1 if ln.in_side == "left" else 1
-            for i, (p, q) in enumerate(itertools.pairwise(pts)):
-                side = step_crosses(p, q, a, b, sign)
-                d = "in" if side > 0 else "out"
-                if side and (ln.name, d) not in done:
-                    done.add((ln.name, d))
-                    counts[f"{ln.name}:{d}"] += 1
-                    counts[f"{ln.name}:{d}:hidden"] += bool(hidden[i] or hidden[i + 1])
-        for z in ZONES:
-            poly = px(z.points)
-            inside = [point_in(poly, p) for p in pts]
-            for i, now in enumerate(inside):
-                before = inside[i - 1] if i else False
-                if now and not before:
-                    counts[f"{z.name}:enter"] += 1
-                    counts[f"{z.name}:enter:hidden"] += bool(hidden[i])
-                    start = rows[i, 0]
-                if before and not now:
-                    counts[f"{z.name}:exit"] += 1
-                    counts[f"{z.name}:exit:hidden"] += bool(hidden[i])
-                    visits.append((z.name, start, rows[i, 0]))
-    return counts | {"visits": visits}
-
-
-def agent_counts(dets: np.ndarray, frames: int) -> dict:
-    """The detections (rows: frame, x1, y1, x2, y2, score, class) through the agent's
-    tracker and analytics; also the naive centre rule on the tracker's ids."""
-    tracker = ByteTracker(TrackerConfig())
-    counter = Counter(CONFIG, LABELS, tracker.config.lost_frames, 512)
+    Returns ``<line>:in``, ``<line>:out``, ``<zone>:enter``, ``<zone>:exit`` (counts),
+    ``naive`` (the naive rule's side changes, all lines), ``exits`` (each ``left`` exit's
+    (zone, entry frame, exit frame)) and ``events`` (the Counter's events)."""
+    tracker = ByteTracker(tracker_config or TrackerConfig())
+    tracker.view = (float(VIEW_W), float(VIEW_H))  # as the agent's step tells it
+    counter = Counter(analytics, LABELS, tracker.config.lost_frames, 512)
     ids = np.zeros(1024, np.int64)
     age = np.zeros(1024, np.int32)
+    journeys = np.zeros(1024, np.int64)
     events: list[dict] = []
-    naive = {ln.name: 0 for ln in LINES}
+    naive = {ln.name: 0 for ln in analytics.lines}
     last_side: dict[tuple[str, int], float] = {}
+    ends = [(ln.name, *(np.array(ln.points, float) * (VIEW_W, VIEW_H))) for ln in analytics.lines]
     idx = np.searchsorted(dets[:, 0], np.arange(frames + 1))
-    for t in range(frames):
+    for t in range(0, frames, stride):
         d = dets[idx[t] : idx[t + 1]]
         xyxy = np.ascontiguousarray(d[:, 1:5])
         scores = d[:, 5].astype(np.float32)
         classes = d[:, 6].astype(np.int32)
-        tracker.update(xyxy, scores, classes, 1.0, ids, age)
+        tracker.update(xyxy, scores, classes, float(stride), ids, age, journeys)
         tid = ids[: len(d)].copy()
-        counter.update(xyxy, classes, tid, t, t / FPS, VIEW_W, VIEW_H, events)
-        for ln in LINES:  # every change of the centre's side, anywhere on the line's segment
-            a, b = px(ln.points)
+        counter.update(xyxy, classes, tid, journeys[: len(d)], t, t / FPS, VIEW_W, VIEW_H, events)
+        for name, a, b in ends:  # every change of the centre's side, anywhere on the line's segment
             for box, i in zip(xyxy, tid):
                 if not i:
                     continue
@@ -157,24 +121,24 @@ def agent_counts(dets: np.ndarray, frames: int) -> dict:
                 if not 0 <= tt <= 1:
                     continue
                 side = np.sign((b[0] - a[0]) * (c[1] - a[1]) - (b[1] - a[1]) * (c[0] - a[0]))
-                prev = last_side.get((ln.name, int(i)))
+                prev = last_side.get((name, int(i)))
                 if prev is not None and side and prev and side != prev:
-                    naive[ln.name] += 1
+                    naive[name] += 1
                 if side:
-                    last_side[(ln.name, int(i))] = side
+                    last_side[(name, int(i))] = side
     counts = {
         f"{ln.name}:{d}": int(counter.crossed[k, j].sum())
-        for k, ln in enumerate(LINES)
+        for k, ln in enumerate(analytics.lines)
         for j, d in enumerate(("in", "out"))
     }
-    counts |= {f"{z.name}:enter": int(counter.entered[k].sum()) for k, z in enumerate(ZONES)}
-    counts |= {f"{z.name}:exit": int(counter.exited[k].sum()) for k, z in enumerate(ZONES)}
+    counts |= {f"{z.name}:enter": int(counter.entered[k].sum()) for k, z in enumerate(analytics.zones)}
+    counts |= {f"{z.name}:exit": int(counter.exited[k].sum()) for k, z in enumerate(analytics.zones)}
     exits = [
         (e["zone"], e["entered_unix_s"] * FPS, e["at_unix_s"] * FPS)
         for e in events
         if e["kind"] == "exit" and e["reason"] == "left"
     ]
-    return counts | {"naive": sum(naive.values()), "exits": exits}
+    return counts | {"naive": sum(naive.values()), "exits": exits, "events": events}
 
 
 def dwell_error(truth_visits: list, exits: list) -> tuple[float | None, int]:
@@ -230,31 +194,77 @@ def made_scene(kind: str, seed: int, frames: int = 600) -> tuple[np.ndarray, np.
     return truth[truth[:, 0].argsort(kind="stable")], seen[seen[:, 0].argsort(kind="stable")]
 
 
+def selftest() -> int:
+    """The agent (``agent_events``: tracker and Counter) on ``truth.handmade``'s tracks as
+    detections (score 0.9), one line at a time, beside the truth."""
+    print("| line | case | truth (in, out) | agent |")
+    print("|---|---|---|---|")
+    bad = 0
+    for ln in handmade_lines():
+        for case, rows in handmade(ln).items():
+            frames = int(rows[:, 0].max()) + 5
+            dets = np.column_stack([rows[:, 0], rows[:, 2:6], np.full(len(rows), 0.9), np.zeros(len(rows))])
+            g = agent_events(dets, frames, analytics_config((ln,), ()))
+            t = np.column_stack([rows, np.ones(len(rows)), np.zeros(len(rows))])
+            tc = true_crossings(t, (ln,))[ln.name]
+            truth, got = (tc["in"], tc["out"]), (g[f"{ln.name}:in"], g[f"{ln.name}:out"])
+            bad += truth != HANDMADE_EXPECTED[case] or got != truth
+            print(f"| {ln.name} | {case} | {truth} | {got}{' (same)' if got == truth else ''} |")
+    return 1 if bad else 0
+
+
+def tracker_settings(pairs: list[str]) -> TrackerConfig:
+    """``["journeys=0", "type=oc-bytetrack"]``: the tracker's config with those settings."""
+    fields = {f.name: f.type for f in dataclasses.fields(TrackerConfig)}
+    kw: dict = {}
+    for pair in pairs:
+        key, value = pair.split("=", 1)
+        kind = fields[key]
+        kw[key] = (
+            value
+            if "Literal" in str(kind)
+            else value not in ("0", "false")
+            if "bool" in str(kind)
+            else (int(value) if "int" in str(kind) else float(value))
+        )
+    return TrackerConfig(**kw)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", nargs="*", help="sequence name prefixes")
     p.add_argument("--min-frames", type=int, help="every zone's and line's (default: theirs)")
     p.add_argument("--band", type=float, help="every line's (default: theirs)")
+    p.add_argument("--selftest", action="store_true", help="hand-made tracks only (truth.handmade)")
+    p.add_argument(
+        "--tracker",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="the tracker's settings (a source's tracker keys, e.g. journeys=0 type=oc-bytetrack)",
+    )
     a = p.parse_args()
-    global CONFIG
-    zones, lines = ZONES, LINES
-    if a.min_frames:
-        zones = tuple(replace(z, min_frames=a.min_frames) for z in zones)
-        lines = tuple(replace(ln, min_frames=a.min_frames) for ln in lines)
-    if a.band is not None:
-        lines = tuple(replace(ln, band=a.band) for ln in lines)
-    CONFIG = AnalyticsConfig(zones=zones, lines=lines)
-    runs = []
+    if a.selftest:
+        return selftest()
+    settings = {"min_frames": a.min_frames or None, "band": a.band}
+    tracker = tracker_settings(a.tracker)
+    counter_name = "agent" + "".join(
+        f"+{k}={v}"
+        for k, v in (settings | dict(kv.split("=", 1) for kv in a.tracker)).items()
+        if v is not None
+    )
+    runs = []  # (name, truth, dets, frames, lines, from tools/tracking)
     for path in list_sequences():
         if a.only and not any(path.stem.startswith(o) for o in a.only):
             continue
         truth, dets, meta = load_sequence(path)
-        runs.append((path.stem, truth, dets, meta["frames"]))
+        runs.append((path.stem, truth, dets, meta["frames"], lines_for(meta["scene"]), True))
     for kind in ("jitter", "stop"):
         for seed in (1, 2):
             truth, dets = made_scene(kind, seed)
-            runs.append((f"{kind}-s{seed}", truth, dets, 600))
-    keys = [f"{ln.name}:{d}" for ln in LINES for d in ("in", "out")] + [
+            runs.append((f"{kind}-s{seed}", truth, dets, 600, LINES, False))
+    all_lines = list(dict.fromkeys(ln.name for run in runs for ln in run[4]))
+    keys = [f"{ln}:{d}" for ln in all_lines for d in ("in", "out")] + [
         f"{z.name}:{k}" for z in ZONES for k in ("enter", "exit")
     ]
     print(
@@ -262,14 +272,25 @@ def main() -> int:
     )
     print("|---" * (len(keys) + 3) + "|")
     groups: dict[str, dict] = {}
-    for name, truth, dets, frames in runs:
-        t, g = truth_counts(truth), agent_counts(dets, frames)
+    rows: list[dict] = []
+    for name, truth, dets, frames, lines, saved in runs:
+        t = truth_counts(truth, lines, ZONES)
+        g = agent_events(dets, frames, analytics_config(lines, ZONES, **settings), tracker_config=tracker)
+        if saved:
+            rows += [
+                count_row("agent", counter_name, name, ln.name, g[f"{ln.name}:in"], g[f"{ln.name}:out"])
+                for ln in lines
+            ]
         worst, matched = dwell_error(t["visits"], g["exits"])
         cells = []
         for k in keys:
+            if k not in g:
+                cells.append("-")
+                continue
             hid = f", {t[k + ':hidden']} hidden" if t[k + ":hidden"] else ""
             cells.append(f"{g[k]}" if g[k] == t[k] else f"**{g[k]}** (truth {t[k]}{hid})")
-        truth_lines = sum(t[k] for k in keys if ":in" in k or ":out" in k)
+        mine = [k for k in keys if k in g]
+        truth_lines = sum(t[k] for k in mine if ":in" in k or ":out" in k)
         worst_s = "-" if worst is None else f"{worst:.2f}"
         print(
             f"| {name} | "
@@ -280,15 +301,15 @@ def main() -> int:
             name.split("-")[0], {"sequences": 0, "exact": 0, "matched": 0, "worst": 0.0}
         )
         group["sequences"] += 1
-        group["exact"] += all(g[k] == t[k] for k in keys)
+        group["exact"] += all(g[k] == t[k] for k in mine)
         group["matched"] += matched
         group["worst"] = max(group["worst"], worst or 0.0)
         group["naive"] = group.get("naive", 0) + g["naive"]
         for kind, part in (("crossings", (":in", ":out")), ("entries", (":enter",)), ("exits", (":exit",))):
-            mine = [k for k in keys if k.endswith(part)]
+            these = [k for k in mine if k.endswith(part)]
             for who, counts in (("agent", g), ("truth", t)):
-                group[f"{kind} {who}"] = group.get(f"{kind} {who}", 0) + sum(counts[k] for k in mine)
-            group[f"{kind} hidden"] = group.get(f"{kind} hidden", 0) + sum(t[k + ":hidden"] for k in mine)
+                group[f"{kind} {who}"] = group.get(f"{kind} {who}", 0) + sum(counts[k] for k in these)
+            group[f"{kind} hidden"] = group.get(f"{kind} hidden", 0) + sum(t[k + ":hidden"] for k in these)
     print(
         "\n| sequences | crossings, agent / truth (hidden) | entries | exits"
         " | naive side changes / true crossings | exact sequences | dwell: exits matched, worst (frames) |"
@@ -303,6 +324,12 @@ def main() -> int:
             f"| {g['sequences']} {name} | " + " | ".join(cells) + f" | {g['naive']} / {g['crossings truth']}"
             f" | {g['exact']} of {g['sequences']} | {g['matched']}, {g['worst']:.0f} |"
         )
+    seqs = {r["seq"] for r in rows}
+    if seqs:
+        # this run's sequences replace theirs; other counters' rows stay
+        old = [r for r in read_counts([COUNTS_AGENT]) if r["counter"] != counter_name or r["seq"] not in seqs]
+        write_counts(COUNTS_AGENT, old + rows)
+        print(f"\n{len(rows)} line counts ({counter_name}) in {COUNTS_AGENT}")
     return 0
 
 

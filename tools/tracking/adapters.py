@@ -81,6 +81,8 @@ class Agent:
         # detector's manifest: 0.25), so the tracker never sees those boxes.
         self.floor = floor
         self.t = ByteTracker(TrackerConfig(**kw))
+        if hasattr(self.t, "view"):  # (an earlier agent's tracker has none)
+            self.t.view = (640.0, 480.0)  # the step tells it the source's frame size
         self.dt = float(stride)
         self.ids = np.zeros(1024, np.int64)
         self.age = np.zeros(1024, np.int32)
@@ -111,7 +113,7 @@ def _agent_params(name: str) -> dict:
     for part in name.split("+")[1:]:
         key, value = part.split("=")
         key = _ALIASES.get(key, key)
-        kw[key] = bool(int(value)) if key == "per_class" else float(value)
+        kw[key] = bool(int(value)) if key in ("per_class", "journeys") else float(value)
     return kw
 
 
@@ -240,7 +242,8 @@ def make(name: str, stride: int):
         if base.endswith("+ul"):
             kw.update(high=0.25, new_track=0.25)
         return Ours(stride, "lap", **kw)
-    if base == "agent" or base.startswith("agent+"):
+    if base.split("+")[0] in ("agent", "agent-before"):
+        # agent-before: the same, run with an earlier tree's edge_agent on PYTHONPATH
         return Agent(stride, **_agent_params(base))
     if base.startswith("trackers-"):
         return RoboflowTrackers(stride, base.split("-", 1)[1])

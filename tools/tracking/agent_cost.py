@@ -15,6 +15,7 @@ per frame and reported by ``edge-agent bench`` (``of which tracker``) and in eac
 from __future__ import annotations
 
 import argparse
+import inspect
 import time
 from pathlib import Path
 
@@ -71,15 +72,20 @@ def main() -> int:
     evict = np.ones(a.evict_mb << 17) if a.evict_mb else None
     ids = np.zeros(1024, np.int64)
     age = np.zeros(1024, np.int32)
+    journeys = np.zeros(1024, np.int64)
+    # (an earlier tree's tracker, run with its edge_agent on PYTHONPATH, has no journeys)
+    extra = (journeys,) if "out_journey" in inspect.signature(ByteTracker.update).parameters else ()
     for r in range(a.rounds):
         for name, frames in streams.items():
             tracker = ByteTracker(TrackerConfig())
+            if hasattr(tracker, "view"):
+                tracker.view = (640.0, 480.0)  # as the agent's step tells it
             us = np.empty(len(frames))
             for i, (xyxy, scores, classes) in enumerate(frames):
                 if evict is not None:
                     evict += 1.0
                 t0 = time.perf_counter_ns()
-                tracker.update(xyxy, scores, classes, 1.0, ids, age)
+                tracker.update(xyxy, scores, classes, 1.0, ids, age, *extra)
                 us[i] = (time.perf_counter_ns() - t0) / 1e3
             us = us[WARMUP:]
             print(

@@ -2,19 +2,25 @@
 detections from it (noisy truth, or the bundled detector), and where things are kept.
 
 A scene is a SyntheticScene rendered on a world larger than the camera: the camera sees
-the middle 640x480 of it, so objects enter and leave the view, cross each other (same
-class included: four classes for 10-20 objects) and hide behind each other. Everything is
-a pure function of (scene, seed, frame index).
+the middle 640x480 of it, so objects enter and leave the view through every edge, cross
+each other (same class included: four classes) and hide behind each other. Scenes (SCENES):
+``cross``, ``crowd``, ``fast`` (straight motion, the first measurement's); ``occlude``
+(three static occluders); ``turns`` (turning, stopping, speeding up and slowing down; one
+occluder); ``crowd60`` (60 small objects, 450 frames; one occluder); ``pairs`` (same-class
+pairs whose paths cross in the view; one occluder). Everything is a pure function of
+(scene, seed, frame index).
 
 Ground truth ids: one id per pass of an object through the view; an object that leaves
 the view and comes back (it bounced off the world's edge, out of sight) comes back with a
 new id: a motion-only tracker cannot know it is the same one, and should not pretend to.
-Rows: frame, id, x1, y1, x2, y2, visibility (view pixels;
+An object behind an occluder inside the view keeps its id (it is in the view: only its
+visibility drops, to 0 when wholly hidden): a tracker should carry it through.
+Rows: frame, id, x1, y1, x2, y2, visibility, class (view pixels;
 visibility = visible fraction of the object's shape x fraction of its box inside the view).
 
 Rendering (``render_sequence``) needs the agent's venv (the scene is the agent's synthetic
 source's, ``pipelines/sources/synthetic.py``); the rest needs numpy only, so each side venv
-can read the sequences.
+can read the sequences (and ``SCENES``, ``occluders_in_view``).
 """
 
 from __future__ import annotations
@@ -48,8 +54,20 @@ class Scene:
     max_speed_px: float
     min_size_frac: float
     max_size_frac: float
+    #: static occluders in front of every object, (x, y, w, h) in VIEW pixels (the scene's
+    #: spec gets them in world pixels: ``scene_spec``); ``occluders_in_view`` gives x1, y1, x2, y2
+    occluders: tuple[tuple[int, int, int, int], ...] = ()
+    #: "linear": straight at constant speed, bouncing off the world's walls (the synthetic
+    #: camera's own motion); "turns": legs of 20-90 frames that turn, stop or change speed
+    motion: str = "linear"
+    #: objects in same-class pairs whose paths meet in the view (``MotionScene``)
+    pairs: bool = False
+    frames: int = FRAMES
 
 
+# (x, y, w, h) in view pixels: panels in the view (posts, fences), elongated (aspect 2.5-4.5)
+# and wide enough across that an object passing behind one is hidden (visibility < 0.2) for
+# 0.5-2 s at these speeds (seq_stats.py measures it)
 SCENES = {
     # crossings and occlusions at the synthetic camera's own speed
     "cross": Scene("cross", 12, 6.0, 0.06, 0.16),
@@ -57,13 +75,43 @@ SCENES = {
     "crowd": Scene("crowd", 20, 5.0, 0.06, 0.14),
     # twice the speed: with a stride of 3 an object moves up to 36 px between updates
     "fast": Scene("fast", 10, 12.0, 0.06, 0.16),
+    # static occluders: objects pass behind them and come out again (same truth id)
+    "occlude": Scene(
+        "occlude",
+        24,
+        5.0,
+        0.05,
+        0.11,
+        occluders=((140, 70, 110, 330), (380, 290, 250, 95), (450, 20, 95, 220)),
+    ),
+    # non-linear motion: turns of up to 120 degrees, stops, speed changes
+    "turns": Scene("turns", 24, 5.0, 0.05, 0.11, occluders=((300, 110, 105, 300),), motion="turns"),
+    # crowded: 60 small objects
+    "crowd60": Scene("crowd60", 60, 5.0, 0.035, 0.075, occluders=((200, 300, 260, 80),), frames=450),
+    # same-class pairs whose paths cross in the view
+    "pairs": Scene("pairs", 24, 5.0, 0.05, 0.11, occluders=((470, 60, 100, 300),), pairs=True),
 }
+# The detections' random stream for a scene is seeded with its place here (the first three
+# in the order they always had), so adding a scene changes no other scene's sequences.
+
+
+def occluders_in_view(scene: Scene) -> list[tuple[int, int, int, int]]:
+    """The scene's occluders as (x1, y1, x2, y2) in view pixels, clipped to the view."""
+    out = []
+    for x, y, w, h in scene.occluders:
+        x1, y1, x2, y2 = max(x, 0), max(y, 0), min(x + w, VIEW_W), min(y + h, VIEW_H)
+        if x2 > x1 and y2 > y1:
+            out.append((x1, y1, x2, y2))
+    return out
 
 
 def scene_spec(scene: Scene, seed: int):
     """The agent's synthetic scene with margins: the view is the middle of the world."""
     from edge_agent.pipelines.sources.synthetic import SceneSpec
 
+    extra = {}
+    if scene.occluders:  # (the field is left out otherwise: the spec the first scenes always had)
+        extra["occluders"] = tuple((x + MARGIN_X, y + MARGIN_Y, w, h) for x, y, w, h in scene.occluders)
     return SceneSpec(
         width=VIEW_W,
         height=VIEW_H,
@@ -74,11 +122,151 @@ def scene_spec(scene: Scene, seed: int):
         max_speed_px=scene.max_speed_px,
         margin_x=MARGIN_X,
         margin_y=MARGIN_Y,
+        **extra,
     )
 
 
+def make_world(scene: Scene, seed: int, frames: int | None = None):
+    """The scene's renderer: the agent's SyntheticScene for straight motion and no pairs,
+    else ``MotionScene`` (trajectories for ``frames``, default the scene's)."""
+    from edge_agent.pipelines.sources.synthetic import SyntheticScene
+
+    spec = scene_spec(scene, seed)
+    if scene.motion == "linear" and not scene.pairs:
+        return SyntheticScene(spec)
+    return _motion_scene_class()(spec, scene, seed, frames or scene.frames)
+
+
+_MOTION_SCENE = None
+
+
+def _motion_scene_class():
+    """``MotionScene`` (defined on first use: it subclasses the agent's SyntheticScene, which
+    only the agent's venv can import)."""
+    global _MOTION_SCENE
+    if _MOTION_SCENE is not None:
+        return _MOTION_SCENE
+    from edge_agent.pipelines.sources.synthetic import SyntheticScene
+
+    class MotionScene(SyntheticScene):
+        """The synthetic scene (same seed: same sizes, classes, colours, background, noise,
+        start positions and velocities) with other motion, drawn from a second stream of
+        the seed: same-class pairs that meet in the view, and/or turning, stopping and
+        speeding legs. ``boxes(index)`` is a pure function of (seed, index) for index <
+        frames (trajectories are computed at construction)."""
+
+        def __init__(self, spec, scene: Scene, seed: int, frames: int) -> None:
+            super().__init__(spec)
+            self.frames = frames
+            rng = np.random.default_rng([seed, list(SCENES).index(scene.name), 11])
+            self.meetings = np.zeros((0, 3))  # per pair: frame, x, y (view pixels, centre)
+            if scene.pairs:
+                self._pair_up(scene, rng)
+            self._track = self._turns(rng, frames) if scene.motion == "turns" else None
+
+        def _pair_up(self, scene: Scene, rng: np.random.Generator) -> None:
+            """Objects 2k and 2k+1: same class, sizes within 15 %, centres at one point of
+            the view (outside the occluders) at one frame, coming from directions 60-180
+            degrees apart (180: head on), at similar speeds."""
+            spec = self.spec
+            n = spec.num_objects - spec.num_objects % 2
+            short = min(spec.world_wh)
+            lo, hi = spec.min_size_frac * short, spec.max_size_frac * short
+            occ = [(x1 - 40, y1 - 40, x2 + 40, y2 + 40) for x1, y1, x2, y2 in occluders_in_view(scene)]
+            meetings = []
+            for a in range(0, n, 2):
+                b = a + 1
+                self.classes[b] = self.classes[a]
+                self.sizes[b] = int(np.clip(round(self.sizes[a] * rng.uniform(0.85, 1.15)), lo, hi))
+                while True:
+                    px, py = rng.uniform(60, VIEW_W - 60), rng.uniform(60, VIEW_H - 60)
+                    if not any(x1 <= px <= x2 and y1 <= py <= y2 for x1, y1, x2, y2 in occ):
+                        break
+                tm = rng.uniform(45, self.frames - 45)
+                speed = np.linalg.norm(self.velocity[a])
+                heading = np.arctan2(self.velocity[a, 1], self.velocity[a, 0])
+                heading_b = heading + rng.choice([-1, 1]) * rng.uniform(np.pi / 3, np.pi)
+                self.velocity[b] = (
+                    speed * rng.uniform(0.85, 1.15) * np.array([np.cos(heading_b), np.sin(heading_b)])
+                )
+                for i in (a, b):
+                    corner = np.array([px + spec.margin_x, py + spec.margin_y]) - self.sizes[i] / 2
+                    self.start[i] = corner - self.velocity[i] * tm  # unfolded: boxes() folds it
+                meetings.append((tm, px, py))
+            self.meetings = np.array(meetings).reshape(-1, 3)
+            # the visible fraction's denominators follow the new classes and sizes
+            self._area = np.array(
+                [self._mask_area(int(c), int(s)) for c, s in zip(self.classes, self.sizes)], np.float64
+            )
+
+        def _turns(self, rng: np.random.Generator, frames: int) -> np.ndarray:
+            """(frames, n, 2) integer corners. Each object: legs of 20-90 frames, each a
+            turn (heading changes smoothly by up to +-120 degrees), a speed change (x0.4 to
+            x1.8 of its own speed, eased over the leg), or straight on; or a stop (4 frames
+            slowing down, then still for 10-60 frames; the next leg starts it again).
+            Walls reflect it, as in the straight scenes."""
+            spec = self.spec
+            n = spec.num_objects
+            w, h = spec.world_wh
+            turn = np.zeros((frames, n))
+            mult = np.ones((frames, n))
+            for i in range(n):
+                t, m = 0, 1.0
+                while t < frames:
+                    kind = rng.choice(4, p=[0.4, 0.2, 0.3, 0.1])  # turn, stop, speed, straight
+                    if kind == 1:
+                        length = 4 + int(rng.integers(10, 61))
+                        seg = np.zeros(length)
+                        seg[:4] = m * np.linspace(0.8, 0.2, 4)
+                    else:
+                        length = int(rng.integers(20, 91))
+                        target = (
+                            rng.uniform(0.4, 1.8) if kind == 2 else (m if m > 0 else rng.uniform(0.7, 1.3))
+                        )
+                        ease = min(length, 12) if kind != 2 else length  # a restart: quick
+                        k = np.arange(length)
+                        f = np.where(k < ease, 0.5 - 0.5 * np.cos(np.pi * (k + 1) / ease), 1.0)
+                        seg = m + (target - m) * f
+                        if kind == 0:
+                            delta = rng.uniform(-2 * np.pi / 3, 2 * np.pi / 3)
+                            rate = 1.0 - np.cos(2 * np.pi * (k + 0.5) / length)  # a smooth bump
+                            turn[t : t + length, i] = (delta * rate / rate.sum())[: frames - t]
+                    mult[t : t + length, i] = seg[: frames - t]
+                    m = float(seg[-1])
+                    t += length
+            hi = np.stack([w - self.sizes, h - self.sizes], 1).astype(np.float64)
+            speed = np.linalg.norm(self.velocity, axis=1)
+            heading = np.arctan2(self.velocity[:, 1], self.velocity[:, 0])
+            pos = self.start.astype(np.float64).copy()
+            track = np.empty((frames, n, 2), np.int32)
+            for t in range(frames):
+                track[t] = np.round(pos)
+                heading = heading + turn[t]
+                pos += (speed * mult[t])[:, None] * np.column_stack([np.cos(heading), np.sin(heading)])
+                for axis in (0, 1):
+                    low, high = pos[:, axis] < 0, pos[:, axis] > hi[:, axis]
+                    pos[low, axis] = -pos[low, axis]
+                    pos[high, axis] = 2 * hi[high, axis] - pos[high, axis]
+                    flip = low | high
+                    # mirror the heading across the wall
+                    heading[flip] = (np.pi - heading[flip]) if axis == 0 else -heading[flip]
+            return track
+
+        def boxes(self, index: int) -> np.ndarray:
+            if self._track is None:
+                return super().boxes(index)
+            return self._track[index]
+
+    _MOTION_SCENE = MotionScene
+    return MotionScene
+
+
 class TruthBuilder:
-    """Turns the scene's per-frame truth (view pixels) into truth rows with pass ids."""
+    """Turns the scene's per-frame truth (view pixels) into truth rows with pass ids.
+
+    Whether an object is in the truth depends on its box only (a fifth of it or more inside
+    the view, at least 4 px each way), never on its visibility: hidden behind an occluder or
+    another object, it stays, with its id."""
 
     def __init__(self, sizes: np.ndarray) -> None:
         n = len(sizes)
@@ -102,12 +290,12 @@ class TruthBuilder:
         return np.array(out, np.float64).reshape(-1, 8)
 
 
-def render_sequence(scene: Scene, seed: int, frames: int = FRAMES, with_images: bool = False):
-    """Yield (frame index, truth rows, view image or None) for one scene and seed."""
-    from edge_agent.pipelines.sources.synthetic import SyntheticScene
-
-    spec = scene_spec(scene, seed)
-    world = SyntheticScene(spec)
+def render_sequence(scene: Scene, seed: int, frames: int | None = None, with_images: bool = False):
+    """Yield (frame index, truth rows, view image or None) for one scene and seed, for
+    ``frames`` frames (default: the scene's)."""
+    frames = frames or scene.frames
+    world = make_world(scene, seed, frames)
+    spec = world.spec
     img = np.empty((spec.height, spec.width, 3), np.uint8)
     gt = np.zeros((spec.num_objects, 6), np.float32)
     tb = TruthBuilder(world.sizes)
@@ -208,10 +396,13 @@ __all__ = [
     "SCENES",
     "SEQ_DIR",
     "STRIDES",
+    "Scene",
     "frames_of",
     "list_sequences",
     "load_sequence",
+    "make_world",
     "noisy_detections",
+    "occluders_in_view",
     "render_sequence",
     "save_sequence",
     "seq_name",

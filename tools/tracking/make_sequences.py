@@ -1,7 +1,8 @@
 """Build the measurement's sequences into $TRACKING_WORK/seqs (default /tmp/tracking/seqs).
 
-    /work/main/.venv/bin/python make_sequences.py --source noisy --seeds 1 2 3 4
-    /work/main/.venv/bin/python make_sequences.py --source detector --seeds 1 2
+    /work/main/.venv-3.12/bin/python make_sequences.py --source noisy --seeds 1 2 3 4
+    /work/main/.venv-3.12/bin/python make_sequences.py --source detector --seeds 1 2
+    /work/main/.venv-3.12/bin/python make_sequences.py --source noisy --seeds 1 --scenes occlude pairs
 
 Both in the agent's venv: the scene is its synthetic camera.
 
@@ -19,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 from common import (
-    FRAMES,
     SCENES,
     SEQ_DIR,
     load_sequence,
@@ -31,20 +31,23 @@ from common import (
 )
 
 
-def build_noisy(scene_name: str, seed: int, frames: int) -> str:
+def build_noisy(scene_name: str, seed: int, frames: int | None) -> str:
     scene = SCENES[scene_name]
+    frames = frames or scene.frames
     truth = np.concatenate([rows for _, rows, _ in render_sequence(scene, seed, frames)])
-    rng = np.random.default_rng([seed, sorted(SCENES).index(scene_name), 7])
+    # the scene's place in SCENES (cross, crowd, fast first: their streams are unchanged)
+    rng = np.random.default_rng([seed, list(SCENES).index(scene_name), 7])
     dets = noisy_detections(truth, frames, rng)
     name = seq_name("noisy", scene_name, seed)
     save_sequence(name, truth, dets, {"source": "noisy", "scene": scene_name, "seed": seed, "frames": frames})
     return f"{name}: {len(truth) / frames:.1f} truth boxes/frame, {len(dets) / frames:.1f} detections/frame"
 
 
-def build_detector(scene_name: str, seed: int, frames: int, loaded) -> str:
+def build_detector(scene_name: str, seed: int, frames: int | None, loaded) -> str:
     from edge_agent.checks.evaluation import detect
 
     scene = SCENES[scene_name]
+    frames = frames or scene.frames
     truths = []
 
     def frames_iter():
@@ -80,8 +83,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--source", choices=["noisy", "detector"], required=True)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4])
-    p.add_argument("--scenes", nargs="+", default=sorted(SCENES))
-    p.add_argument("--frames", type=int, default=FRAMES)
+    p.add_argument("--scenes", nargs="+", choices=list(SCENES), default=list(SCENES))
+    p.add_argument("--frames", type=int, help="frames per sequence (default: each scene's own)")
     p.add_argument("--mot", metavar="DIR", help="also the truth as MOTChallenge files: DIR/<name>/gt/gt.txt")
     a = p.parse_args()
     loaded = None

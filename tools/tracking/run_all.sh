@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # The whole measurement, in order, one process at a time (see README.md for the venvs).
-# Work files go to $TRACKING_WORK (default /tmp/tracking). About 20 minutes of CPU on the
-# 2-core development machine.
+# Work files go to $TRACKING_WORK (default /tmp/tracking). Seven scenes (common.SCENES: cross,
+# crowd, fast, occlude, turns, crowd60, pairs): about 50 minutes of CPU on the 2-core
+# development machine before the hour of the agent's own soak.
 set -euo pipefail
 cd "$(dirname "$0")"
 W=${TRACKING_WORK:-/tmp/tracking}
 NP2=${NP2:-/tmp/trackvenv/bin/python}
 NP1=${NP1:-/tmp/trackvenv-np1/bin/python}
 UL=${UL:-/tmp/trackvenv-ul/bin/python}
-AGENT=${AGENT:-../../.venv/bin/python}
+AGENT=${AGENT:-/work/main/.venv-3.12/bin/python}
 export YOLO_OFFLINE=1
 N="nice -n 10"
 
-# 1. sequences, tracker outputs, TrackEval scores
+# 1. sequences (every scene; --scenes for some), tracker outputs, TrackEval scores
 $N $AGENT make_sequences.py --source noisy --seeds 1 2 3 4
 $N $AGENT make_sequences.py --source detector --seeds 1 2
 $N $NP2 run_trackers.py --group np2

@@ -3,6 +3,7 @@
     /tmp/trackvenv/bin/python run_trackers.py --group np2
     /tmp/trackvenv-np1/bin/python run_trackers.py --group np1
     /tmp/trackvenv-ul/bin/python run_trackers.py --group ul
+    /tmp/trackvenv/bin/python run_trackers.py --group np2 --only trackers-bytetrack --scenes occlude turns
 
 Writes $TRACKING_WORK/outputs/<candidate>/<sequence>-k<stride>.npz: ``rows`` (frame, id,
 x1, y1, x2, y2) and ``step_ns`` (each update's time). The ``ours-lap@...`` twins exist for
@@ -37,9 +38,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--group", choices=sorted(GROUPS), required=True)
     p.add_argument("--only", nargs="*", help="candidates (default: the group's)")
+    p.add_argument("--scenes", nargs="+", help="only the sequences of these scenes (default: all)")
     a = p.parse_args()
     names = a.only or [n for n in GROUPS[a.group] if "@" not in n]
-    seqs = list_sequences()
+    # sequence names: <source>-<scene>-s<seed>
+    seqs = [s for s in list_sequences() if not a.scenes or s.stem.split("-")[1] in a.scenes]
     for name in names:
         t0 = time.perf_counter()
         (OUT_DIR / name).mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,13 @@
-"""Tables of the cost and soak runs (results/costs.jsonl, results/soak.jsonl), as markdown.
+"""Tables of the cost and soak runs (results/costs.jsonl, results/soak.jsonl) and the
+accuracy per scene (results/accuracy.jsonl, from evaluate.py), as markdown.
 
 python summarize.py
+python summarize.py --accuracy --source detector --strides 1 2   # accuracy only
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections import defaultdict
 
@@ -76,7 +79,52 @@ def soak_table() -> str:
     return "\n".join(out)
 
 
+def accuracy_table(sources: list[str] | None = None, strides: list[int] | None = None) -> str:
+    """Per source and stride: each candidate's HOTA / IDF1 / ID switches per scene (means
+    over the seeds; evaluate.py has them with their spread, and MOTA)."""
+    from evaluate import _candidates, _scenes
+
+    path = RESULT_DIR / "accuracy.jsonl"
+    if not path.exists():
+        return ""
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    by = defaultdict(list)
+    for r in rows:
+        by[(r["source"], r["stride"], r["scene"], r["candidate"])].append(r)
+    out = []
+    for source in sorted({r["source"] for r in rows}, key=lambda s: s != "noisy"):
+        if sources and source not in sources:
+            continue
+        scenes = [s for s in _scenes(rows) if any(k[0] == source and k[2] == s for k in by)]
+        seeds = sorted({r["seed"] for r in rows if r["source"] == source})
+        for k in sorted({r["stride"] for r in rows}):
+            if strides and k not in strides:
+                continue
+            out.append(
+                f"\n{source} detections, stride {k}: HOTA / IDF1 / IDSW per scene (mean over seeds {seeds})\n"
+            )
+            out.append("| candidate | " + " | ".join(scenes) + " |")
+            out.append("|---|" + "---|" * len(scenes))
+            for c in _candidates(rows):
+                cells = []
+                for s in scenes:
+                    g = by.get((source, k, s, c), [])
+                    h, i1, sw = (np.mean([x[m] for x in g]) if g else 0.0 for m in ("HOTA", "IDF1", "IDSW"))
+                    cells.append(f"{100 * h:.1f} / {100 * i1:.1f} / {sw:.1f}" if g else "")
+                if any(cells):
+                    out.append(f"| {c} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
-    print(cost_table())
-    print()
-    print(soak_table())
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--accuracy", action="store_true", help="only the accuracy per scene")
+    p.add_argument("--source", nargs="+", help="accuracy: these detection sources only")
+    p.add_argument("--strides", type=int, nargs="+", help="accuracy: these strides only")
+    a = p.parse_args()
+    if not a.accuracy:
+        print(cost_table())
+        print()
+        print(soak_table())
+        print()
+    print(accuracy_table(a.source, a.strides))

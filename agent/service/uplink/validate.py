@@ -202,6 +202,7 @@ def _event_problem(body: dict[str, Any]) -> str | None:
         ("dwell_s", lambda v: finite_number(v) and v >= 0),
         ("reason", lambda v: v in ("left", "lost")),
         ("direction", lambda v: v in ("in", "out")),
+        ("journey_id", lambda v: _count(v) and v >= 1),
     )
     for key, ok in optional:
         if not _opt(body, key, ok):

@@ -58,20 +58,22 @@ class Feed:
         self.events: list[dict] = []
 
     def frame(self, *dets) -> list[dict]:
-        """Detections (xyxy, track id[, class]); none: an empty frame."""
+        """Detections (xyxy, track id[, class[, journey]]) (the journey: the track's id
+        unless given); none: an empty frame."""
         xyxy = np.array([d[0] for d in dets], np.float32).reshape(-1, 4)
         ids = np.array([d[1] for d in dets], np.int64)
         cls = np.array([d[2] if len(d) > 2 else PERSON for d in dets], np.int32)
+        journeys = np.array([d[3] if len(d) > 3 else d[1] for d in dets], np.int64)
         out: list[dict] = []
-        self.c.update(xyxy, cls, ids, self.f, self.f / FPS, W, H, out)
+        self.c.update(xyxy, cls, ids, journeys, self.f, self.f / FPS, W, H, out)
         assert (self.c.objects >= 0).all()
         self.f += 1
         self.events += out
         return out
 
-    def path(self, points, tid: int = 1, cls: int = PERSON) -> None:
+    def path(self, points, tid: int = 1, cls: int = PERSON, journey: int | None = None) -> None:
         for x, y in points:
-            self.frame((box(x, y), tid, cls))
+            self.frame((box(x, y), tid, cls, tid if journey is None else journey))
 
     def empty(self, n: int) -> None:
         for _ in range(n):
@@ -286,6 +288,7 @@ def run_frame(sa: SourceAnalytics, frame_id: int, dets) -> None:
         det_xyxy=np.array([d[0] for d in dets], np.float32).reshape(-1, 4),
         det_class=np.zeros(len(dets), np.int32),
         det_track=np.array([d[1] for d in dets], np.int64),
+        det_journey=np.array([d[1] for d in dets], np.int64),
         frame_id=frame_id,
         stamps=stamps,
         geo=SimpleNamespace(src_w=W, src_h=H),
