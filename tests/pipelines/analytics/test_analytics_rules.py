@@ -262,6 +262,26 @@ def test_a_track_not_followed_is_counted_once():
     assert feed.c.overflow == 1
 
 
+def test_a_journey_below_the_live_ones_takes_its_place_and_keeps_its_state():
+    """Journey 3 comes back after the counter dropped it (not seen for longer than
+    lost_frames) while journey 5 is live: its new row goes in its sorted place, 5 keeps its
+    state, and 3 starts afresh (it knows no side: no crossing from its first frame)."""
+    feed = Feed(GATE, HALL, lost_frames=5)
+    feed.path(walk_y(300.0, BELOW, ABOVE), tid=3)  # journey 3 crosses in
+    feed.empty(8)  # dropped
+    for y in (BELOW, BELOW, BELOW):
+        feed.frame((box(IN_HALL[0], y), 5))
+    assert feed.c.ids[: feed.c.n].tolist() == [5]
+    for _ in range(4):  # journey 3 again, now on the track 7, above the gate
+        feed.frame((box(IN_HALL[0], BELOW), 5), (box(150.0, ABOVE), 7, PERSON, 3))
+    assert feed.c.ids[: feed.c.n].tolist() == [3, 5]
+    assert line_counts(feed) == (1, 0), "journey 3's first crossing only; nothing new"
+    for _, y in walk_y(150.0, ABOVE, BELOW):  # journey 3 (track 7) crosses out
+        feed.frame((box(IN_HALL[0], BELOW), 5), (box(150.0, y), 7, PERSON, 3))
+    assert line_counts(feed) == (1, 1)
+    assert feed.events[-1]["track_id"] == 7 and feed.events[-1]["journey_id"] == 3
+
+
 # -- a reload ------------------------------------------------------------------------------------
 
 
