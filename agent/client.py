@@ -112,7 +112,7 @@ def parse(topic: str, body: Any, gap: int = 0) -> Result | Health | Event:
         )
     try:
         return _parse(topic, body, gap)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
         raise MessageError(
             f"{topic[:64]!r}: a malformed message ({type(e).__name__}: {str(e)[:80]})"
         ) from None
@@ -123,7 +123,11 @@ def _journey(journeys: dict[str, Any], track_id: Any) -> int | None:
     its track id."""
     if track_id is None:
         return None
-    return int(journeys.get(str(track_id), track_id))
+    track = int(track_id)
+    journey = journeys.get(str(track), track)
+    if isinstance(journey, bool) or not isinstance(journey, int) or journey < 1:
+        raise ValueError(f"journey {str(journey)[:20]!r} of track {track} is no id")
+    return journey
 
 
 def _parse(topic: str, body: dict[str, Any], gap: int) -> Result | Health | Event:

@@ -158,7 +158,7 @@ class SourceAnalytics(Step):
         zones = _kept(self.config.zones, new.config.zones)
         lines = _kept(self.config.lines, new.config.lines)
         n = min(old_c.n, new_c.capacity)
-        for name in ("ids", "last_seen", "seen_t"):
+        for name in ("ids", "last_seen", "track", "seen_t"):  # (per row; the zones and lines below)
             getattr(new_c, name)[:n] = getattr(old_c, name)[:n]
         new_c.n = n
         for a, b in zones:

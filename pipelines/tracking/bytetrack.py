@@ -255,7 +255,7 @@ class ByteTracker:
                     self.next_id += 1
                 state[confirmed] = TRACKED
                 if p.journeys and len(born):
-                    self._link(born, hit)
+                    self.since[self._link(born)] = p.lost_frames + 1.0  # they end in this frame
                 out_id[d] = self.ids[rows]
                 out_age[d] = self.age[rows] + 0.5  # whole frames (truncated by the int array)
                 if out_journey is not None:
@@ -276,7 +276,7 @@ class ByteTracker:
         if len(hi_left):
             fresh = hi_left[scores[hi_left] >= p.new_track_score]
             if len(fresh):
-                self._add(xyxy, classes, fresh, out_id)
+                self._add(xyxy, classes, fresh, out_id, out_journey)
 
     def _match(
         self, iou: np.ndarray, rows: np.ndarray, cols: np.ndarray, scores: np.ndarray | None, limit: float
@@ -310,7 +310,7 @@ class ByteTracker:
         near = (pos[:, :2] <= reach) | (pos[:, :2] >= np.array(self.view) - reach)
         self.edge[rows] = near[:, 0] | near[:, 1]
 
-    def _link(self, born: np.ndarray, hit: np.ndarray) -> None:
+    def _link(self, born: np.ndarray) -> np.ndarray:
         """Tracks ``born`` (confirmed in this frame) continue the journey of a lost track
         whose object they can be: it was last seen before they were first (no overlap in
         time), not on the view's edge, within ``lost_frames``; it had a label of theirs; its
@@ -318,12 +318,14 @@ class ByteTracker:
         gate: around where the Kalman filter puts it now (its last state moved on at its
         velocity), a radius of ``journey_radius`` of its size plus the way it would have
         gone (a stop, a turn or a change of speed behind an occluder lands within). The
-        nearest (relative to its gate) wins, one each; the lost track ends."""
+        nearest (relative to its gate) wins, one each. Returns the lost tracks whose journeys
+        went on: they end (the caller removes them)."""
         n = self.n
-        lost = ((self.state[:n] == LOST) & ~hit & ~self.edge[:n]).nonzero()[0]
-        if not len(lost):
-            return
         p = self.config
+        # (a lost track hit in this frame is tracked again by now)
+        lost = ((self.state[:n] == LOST) & ~self.edge[:n] & (self.since[:n] <= p.lost_frames)).nonzero()[0]
+        if not len(lost):
+            return lost
         since = self.since[lost]
         vel = self.vel[lost, :2]
         at = self.pos[lost, :2]  # where the Kalman filter puts it now
@@ -342,10 +344,9 @@ class ByteTracker:
                 continue
             k = int(np.flatnonzero(can)[dist[can, j].argmin()])
             taken[k] = True
-            old, b = lost[k], born[j]
-            self.journey[b] = self.journey[old]
-            self.since[old] = p.lost_frames + 1.0  # ends in this frame
+            self.journey[born[j]] = self.journey[lost[k]]
             self.links += 1
+        return lost[taken]
 
     def _remove(self, keep: np.ndarray) -> None:
         k = int(keep.sum())
@@ -353,9 +354,17 @@ class ByteTracker:
             a[:k] = a[: self.n][keep]
         self.n = k
 
-    def _add(self, xyxy: np.ndarray, classes: np.ndarray, dets: np.ndarray, out_id: np.ndarray) -> None:
+    def _add(
+        self,
+        xyxy: np.ndarray,
+        classes: np.ndarray,
+        dets: np.ndarray,
+        out_id: np.ndarray,
+        out_journey: np.ndarray | None,
+    ) -> None:
         """New tracks from detections ``dets``: tentative, or confirmed at once (with their
-        ids written to ``out_id``) when one hit confirms a track."""
+        ids written to ``out_id`` and journeys to ``out_journey``) when one hit confirms a
+        track."""
         n, k = self.n, len(dets)
         room = len(self.ids) - n
         if k > room:  # the later detections are refused: counted
@@ -379,17 +388,27 @@ class ByteTracker:
         self.hits[new] = 1
         self.since[new] = 0.0
         self.age[new] = 0.0
-        if self.config.confirm_frames <= 1:
-            self.ids[new] = np.arange(self.next_id, self.next_id + k)
-            self.journey[new] = self.ids[new]
-            self.next_id += k
-            self.state[new] = TRACKED
-            out_id[dets] = self.ids[new]
-        else:
+        if self.config.confirm_frames > 1:
             self.ids[new] = 0
             self.journey[new] = 0
             self.state[new] = TENTATIVE
-        self.n = n + k  # last: a heartbeat counting meanwhile sees whole rows only
+            self.n = n + k  # last: a heartbeat counting meanwhile sees whole rows only
+            return
+        self.ids[new] = self.journey[new] = np.arange(self.next_id, self.next_id + k)
+        self.next_id += k
+        self.state[new] = TRACKED
+        self.n = n + k
+        if self.config.journeys:
+            ended = self._link(np.arange(n, n + k))
+            if len(ended):
+                keep = np.ones(self.n, bool)
+                keep[ended] = False
+                self._remove(keep)
+                n -= len(ended)  # (the new rows moved up by as many: the ended ones were before them)
+        new = slice(n, n + k)
+        out_id[dets] = self.ids[new]
+        if out_journey is not None:
+            out_journey[dets] = self.journey[new]
 
 
 def _without(index: np.ndarray, positions: np.ndarray) -> np.ndarray:

@@ -347,6 +347,20 @@ def test_a_reload_keeps_the_counts_of_what_stayed_the_same():
     assert all(m["source"] == "cam0" and m["run_id"] == "run1" and m["type"] == "event" for m in msgs)
 
 
+def test_a_journey_kept_over_a_reload_exits_lost_under_its_track():
+    """Track 2 is inside the hall at a reload; it is never seen again: its exit (lost) names
+    its track and journey, as before the reload."""
+    sent: list = []
+    old = source_analytics(HALL, sent=sent)
+    for f in range(5):
+        run_frame(old, f, [(box(*IN_HALL), 2)])
+    new = old.carry_on(source_analytics(HALL, sent=sent))
+    for f in range(5, 5 + 40):  # 30 lost_frames go by
+        run_frame(new, f, [])
+    last = json.loads(sent[-1][1])
+    assert (last["kind"], last["reason"], last["track_id"], last["journey_id"]) == ("exit", "lost", 2, 2)
+
+
 # -- geometry ------------------------------------------------------------------------------------
 
 

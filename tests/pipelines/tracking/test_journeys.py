@@ -361,3 +361,28 @@ def test_the_tracker_step_names_the_journeys_of_a_frame_in_its_message_block():
     jsonschema.validate(blocks[-1], block_schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"journeys": {"x": 1}}, block_schema)
+
+
+def test_a_track_confirmed_at_its_first_hit_gets_its_journey_and_may_continue_one():
+    """confirm_frames 1: the new track's first detection carries its journey (never 0), and
+    a track confirmed that way links like any other; the lost one ends in that frame."""
+    run = Run(confirm_frames=1)
+    assert run.frame([box(20)]) == [(1, 1)]
+    assert stop_behind(run, range(30, 50)) >= {(2, 1)}
+    assert run.t.links == 1 and run.t.live == 1
+    assert all(j for _, j in run.frame([box(400)]))
+
+
+def test_a_track_lost_longer_than_lost_frames_takes_no_link_at_a_stride():
+    """At a stride of 2 the frames unseen jump past lost_frames between two updates: the
+    track is gone, so a new one is a journey of its own (the counter, which dropped the
+    old journey, would count it again otherwise)."""
+    run = Run(lost_frames=10)
+    for t in range(10):
+        run.frame([box(20 + 4 * t)], dt=2.0)
+    for _ in range(6):  # 12 frames unseen
+        run.frame([], dt=2.0)
+    seen = set()
+    for t in range(4):
+        seen.update(p for p in run.frame([box(100 + 4 * t)], dt=2.0) if p[0])
+    assert seen == {(2, 2)} and run.t.links == 0

@@ -202,7 +202,7 @@ def test_the_kalman_filter_equals_the_full_8x8_filter():
     z0 = np.array([100.0, 120.0, 40.0, 60.0])
     # two tracks: the first gets a detection every step, the second none (predicted only)
     boxes = np.array([[80.0, 90.0, 120.0, 150.0], [300.0, 300.0, 340.0, 360.0]])
-    t._add(boxes, np.zeros(2, np.int32), np.arange(2), np.zeros(2, np.int64))
+    t._add(boxes, np.zeros(2, np.int32), np.arange(2), np.zeros(2, np.int64), None)
     other = t.pos[1].copy(), t.p_pp[1].copy()
     x = np.r_[z0, np.zeros(4)]
     s = np.r_[z0[2:], z0[2:]]
