@@ -18,7 +18,7 @@ from edge_agent.core.stamps import CAPTURED
 from edge_agent.core.yamlnodes import ConfigError, Problem
 from edge_agent.pipelines.analytics.counter import DWELL_BUCKETS_S, IN, OUT, Counter
 from edge_agent.pipelines.analytics.geometry import Shapes, shapes_of
-from edge_agent.pipelines.steps.base import LaneStep, Step, StepContext, cost_ms
+from edge_agent.pipelines.steps.base import LaneStep, Step, StepContext, figures_dict
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +37,7 @@ class AnalyticsFigures:
     window: LatencyHistogram | None = None  # per frame since the last take (the heartbeat's)
 
     def as_dict(self) -> dict:
-        return {
-            "zones": self.zones,
-            "lines": self.lines,
-            "events": self.events,
-            "overflow": self.overflow,
-            "cost_ms": cost_ms(self.cost, self.window),
-        }
+        return figures_dict(self)
 
 
 class SourceAnalytics(Step):

@@ -17,7 +17,7 @@ figure, not an account.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 from edge_agent.core.latency import LatencyHistogram
@@ -113,7 +113,7 @@ class StepCost:
     window: LatencyHistogram | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"cost_ms": cost_ms(self.cost, self.window)}
+        return figures_dict(self)
 
 
 class Step:
@@ -148,10 +148,12 @@ class Step:
         return StepCost(cost, window)
 
 
-def cost_ms(cost: LatencyHistogram, window: LatencyHistogram | None) -> dict[str, Any]:
-    """A step's time per frame as the heartbeat carries it: since start, and since the
-    previous heartbeat when it took a window."""
-    out = {"cumulative": cost.summary_ms()}
-    if window is not None:
-        out["window"] = window.summary_ms()
+def figures_dict(figures: Any) -> dict[str, Any]:
+    """A step's figures (a dataclass with ``cost`` and ``window``) as the heartbeat carries
+    them: its other fields as they are, in order, then ``cost_ms``, its time per frame
+    since start and, when it took a window, since the previous heartbeat."""
+    out = {f.name: getattr(figures, f.name) for f in fields(figures) if f.name not in ("cost", "window")}
+    out["cost_ms"] = cost = {"cumulative": figures.cost.summary_ms()}
+    if figures.window is not None:
+        cost["window"] = figures.window.summary_ms()
     return out

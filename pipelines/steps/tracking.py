@@ -14,9 +14,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from edge_agent.core.latency import LatencyHistogram
 from edge_agent.core.source_config import TrackerConfig
-from edge_agent.pipelines.steps.base import LaneStep, Step, StepContext, cost_ms
+from edge_agent.pipelines.steps.base import LaneStep, Step, StepContext, figures_dict
 from edge_agent.pipelines.tracking.bytetrack import ByteTracker
 
 log = logging.getLogger(__name__)
@@ -39,18 +41,7 @@ class TrackingFigures:
     window: LatencyHistogram | None = None  # per frame since the last take (the heartbeat's)
 
     def as_dict(self) -> dict:
-        return {
-            "type": self.type,
-            "live": self.live,
-            "tentative": self.tentative,
-            "tracked": self.tracked,
-            "lost": self.lost,
-            "ids_issued": self.ids_issued,
-            "overflow": self.overflow,
-            "restarts": self.restarts,
-            "journey_links": self.journey_links,
-            "cost_ms": cost_ms(self.cost, self.window),
-        }
+        return figures_dict(self)
 
 
 class SourceTracker(Step):
@@ -69,6 +60,7 @@ class SourceTracker(Step):
         self.restarts = 0
         self._last_frame = -1
         self._journeys: dict | None = None  # the frame's block, when it has linked tracks
+        self._linked = np.zeros(0, bool)  # scratch: which detections' tracks are linked
         if config.journeys:
             self.message_block = self._journey_block
 
@@ -92,9 +84,13 @@ class SourceTracker(Step):
         )
         self._journeys = None
         if self.tracker.links:  # none until a first link: no work per frame
-            linked = (slot.det_journey[:n] != slot.det_track[:n]).nonzero()[0]
-            if len(linked):
-                ids, journeys = slot.det_track[linked].tolist(), slot.det_journey[linked].tolist()
+            if n > len(self._linked):  # grows once, to the most detections a frame had
+                self._linked = np.zeros(n, bool)
+            linked = self._linked[:n]
+            np.not_equal(slot.det_journey[:n], slot.det_track[:n], out=linked)
+            if linked.any():  # (a frame with a linked track: its block is made)
+                rows = linked.nonzero()[0]
+                ids, journeys = slot.det_track[rows].tolist(), slot.det_journey[rows].tolist()
                 self._journeys = {"journeys": {str(i): j for i, j in zip(ids, journeys)}}
         self.timing.record(time.perf_counter_ns() - t0)
 

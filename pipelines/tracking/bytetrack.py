@@ -98,7 +98,6 @@ class ByteTracker:
         self._dets = np.zeros((cap, 4))  # the frame's detections (cx, cy, w, h)
         self._gain = np.zeros((cap, 4))
         self._hit = np.zeros(cap, bool)
-        self._sz = np.zeros(cap)
         self._det_of = np.zeros(cap, np.intp)
 
     @property
@@ -296,8 +295,7 @@ class ByteTracker:
     def _observe(self, rows: np.ndarray, z: np.ndarray, classes: np.ndarray) -> None:
         """Tracks ``rows`` took detections ``z`` (cx, cy, w, h) of ``classes``: their size
         as seen whole lately and their labels, for the journey gate."""
-        np.maximum(np.sqrt(z[:, 2] * z[:, 3]), SIZE_KEEP * self.size[rows], out=self._sz[: len(rows)])
-        self.size[rows] = self._sz[: len(rows)]
+        self.size[rows] = np.maximum(np.sqrt(z[:, 2] * z[:, 3]), SIZE_KEEP * self.size[rows])
         self.labels[rows] |= np.left_shift(1, np.minimum(classes, _CLASS_BITS).astype(np.int64))
 
     def _left_view(self, rows: np.ndarray) -> None:

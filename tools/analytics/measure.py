@@ -28,7 +28,6 @@ line counts on tools/tracking's sequences (not the made scenes) to
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from pathlib import Path
 
@@ -53,6 +52,7 @@ from truth import (
 )
 
 from edge_agent.core.analytics_config import AnalyticsConfig, LineConfig, ZoneConfig
+from edge_agent.core.configload import load
 from edge_agent.core.source_config import TrackerConfig
 from edge_agent.pipelines.analytics.counter import Counter
 from edge_agent.pipelines.tracking.bytetrack import ByteTracker
@@ -214,20 +214,9 @@ def selftest() -> int:
 
 
 def tracker_settings(pairs: list[str]) -> TrackerConfig:
-    """``["journeys=0", "type=oc-bytetrack"]``: the tracker's config with those settings."""
-    fields = {f.name: f.type for f in dataclasses.fields(TrackerConfig)}
-    kw: dict = {}
-    for pair in pairs:
-        key, value = pair.split("=", 1)
-        kind = fields[key]
-        kw[key] = (
-            value
-            if "Literal" in str(kind)
-            else value not in ("0", "false")
-            if "bool" in str(kind)
-            else (int(value) if "int" in str(kind) else float(value))
-        )
-    return TrackerConfig(**kw)
+    """``["journeys=false", "lost_frames=30"]``: the tracker's config with those settings,
+    read and checked as the agent reads a source's ``tracker`` block."""
+    return load(TrackerConfig, "\n".join(pair.replace("=", ": ", 1) for pair in pairs), "--tracker")
 
 
 def main() -> int:
@@ -241,7 +230,7 @@ def main() -> int:
         nargs="*",
         default=[],
         metavar="KEY=VALUE",
-        help="the tracker's settings (a source's tracker keys, e.g. journeys=0 type=oc-bytetrack)",
+        help="the tracker's settings as its config block takes them (journeys=false lost_frames=30)",
     )
     a = p.parse_args()
     if a.selftest:

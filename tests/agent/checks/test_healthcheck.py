@@ -8,6 +8,7 @@ import json
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from conftest import agent_command, free_endpoint, run_process, started
@@ -197,14 +198,20 @@ def test_counts_that_start_again_start_the_window_again():
     assert (s.frames, s.span_s) == (120, 8.0) and j.done(), s
 
 
-def test_health_of_a_running_agent_and_of_none(const_model, tmp_path):
-    endpoint = free_endpoint()
-    cfg = AgentConfig(
+def beating_agent(model: Path, endpoint: str, **extra) -> AgentConfig:
+    """A synthetic camera at 30 fps on ``model``, a heartbeat every 0.25 s on ``endpoint``."""
+    return AgentConfig(
         source=SyntheticSourceConfig(fps=30),
-        model=ModelConfig(path=str(const_model)),
+        model=ModelConfig(path=str(model)),
         publish=PublishConfig(endpoint=endpoint, health_interval_s=0.25),
         metrics=MetricsConfig(enabled=False),
+        **extra,
     )
+
+
+def test_health_of_a_running_agent_and_of_none(const_model, tmp_path):
+    endpoint = free_endpoint()
+    cfg = beating_agent(const_model, endpoint)
     file = tmp_path / "agent.yaml"
     file.write_text(json.dumps({"publish": {"endpoint": endpoint}}))
     with started(cfg):
@@ -231,13 +238,8 @@ def test_an_agent_with_a_few_failed_inferences_is_judged_alike_twice_with_its_co
 ):
     monkeypatch.setenv("EDGE_AGENT_FAULTS", "1")
     endpoint = free_endpoint()
-    cfg = AgentConfig(
-        source=SyntheticSourceConfig(fps=30),
-        model=ModelConfig(path=str(const_model)),
-        publish=PublishConfig(endpoint=endpoint, health_interval_s=0.25),
-        metrics=MetricsConfig(enabled=False),
-        faults=FaultsConfig(backend_error_rate=0.1, seed=7),  # dropped as "error": misses
-    )
+    # dropped as "error": misses
+    cfg = beating_agent(const_model, endpoint, faults=FaultsConfig(backend_error_rate=0.1, seed=7))
     command = agent_command("health", "--endpoint", endpoint, "--max-miss-rate", "0.3")
     with started(cfg):
         outs = [run_process(command, 60) for _ in range(2)]
