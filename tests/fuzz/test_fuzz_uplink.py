@@ -27,7 +27,10 @@ SCALARS = st.one_of(
     st.binary(max_size=8),
     st.builds(msgpack.ExtType, st.integers(0, 127), st.binary(max_size=4)),
 )
-KEYS = st.one_of(st.text(max_size=12), st.sampled_from(["seq", "source", "latency_ms", "detections", "kind"]))
+KEYS = st.one_of(
+    st.text(max_size=12),
+    st.sampled_from(["seq", "source", "latency_ms", "detections", "kind", "journey_id", "tracking"]),
+)
 VALUES = st.recursive(
     SCALARS,
     lambda inner: st.one_of(st.lists(inner, max_size=5), st.dictionaries(KEYS, inner, max_size=5)),
