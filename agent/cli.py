@@ -18,7 +18,7 @@ from edge_agent import __version__
 from edge_agent.commands.common import EXIT_FAILED, EXIT_USAGE, fail, problem_lines
 from edge_agent.commands.configs import cmd_config
 from edge_agent.commands.device import cmd_power, cmd_service
-from edge_agent.commands.measure import cmd_bench, cmd_tune
+from edge_agent.commands.measure import cmd_bench, cmd_record, cmd_tune
 from edge_agent.commands.models import cmd_engine_build, cmd_eval, cmd_models, cmd_selftest
 from edge_agent.commands.run import cmd_run
 from edge_agent.commands.stream import cmd_health, cmd_keys, cmd_listen
@@ -185,7 +185,44 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="machine-readable result (schema in docs/deadline.md), no progress lines",
     )
+    bench.add_argument(
+        "--emulate",
+        metavar="RECORDING",
+        help="run the model on the emulated accelerator: its outputs recorded by `edge-agent record-outputs`"
+        " replayed, each inference waiting --device-ms off the CPU (measurement only); with --source (the"
+        " frames recorded), --sources N cameras or --capacity",
+    )
+    bench.add_argument(
+        "--device-ms",
+        type=float,
+        default=None,
+        help="with --emulate: the device's time per inference (default: 5)",
+    )
+    bench.add_argument(
+        "--capacity",
+        type=int,
+        default=0,
+        metavar="MAX",
+        help="with --emulate: find the most cameras (up to MAX) at --source-fps (default 30) with 99%% of"
+        " frames on time; each trial runs --live-seconds",
+    )
     bench.set_defaults(func=cmd_bench)
+
+    rec = _sub(
+        sub,
+        "record-outputs",
+        "record a model's raw outputs over a clip or image folder (ONNX Runtime), for the emulated"
+        " accelerator (backend type: emulated; bench --emulate)",
+    )
+    rec.add_argument("--model", help="ONNX file (default: the config's model)")
+    rec.add_argument("--manifest", help="its manifest (default: beside it, else read from the ONNX)")
+    rec.add_argument("--config", "-c", help="YAML config: its model settings (default: embedded)")
+    rec.add_argument("--source", required=True, help="a video file or an image folder")
+    rec.add_argument("--frames", type=int, default=100, help="frames to record (the first N)")
+    rec.add_argument(
+        "--out", required=True, help="the recording to write (written atomically, never through a symlink)"
+    )
+    rec.set_defaults(func=cmd_record)
 
     models = _sub(sub, "models", "what the agent understands of a model file")
     models_sub = models.add_subparsers(dest="models_command", required=True, metavar="ACTION")

@@ -46,6 +46,7 @@ DROP_REASONS = ("overrun", "stale", "source_gap", "ladder", "error", "shutdown",
 MISS_DROPS = ("stale", "error")
 
 _EWMA_ALPHA = 0.1
+_WAIT_POST = STAGES.index("wait_post")  # in the estimates (durations between stamps)
 _BUCKET_NS = 100_000_000  # the miss window is kept in 100 ms buckets
 _MAX_UP_BACKOFF = 32
 _TICK_NS = 1_000_000_000  # the ladder is judged once a second
@@ -170,7 +171,12 @@ class DeadlineMonitor:
         return float(self.estimates(profile)[INFER_START:PUBLISH].sum())
 
     def admit(
-        self, stamps: np.ndarray, now_ns: int, profile: str = "", infer_ns: float | None = None
+        self,
+        stamps: np.ndarray,
+        now_ns: int,
+        profile: str = "",
+        infer_ns: float | None = None,
+        post_ahead: int | None = None,
     ) -> bool:
         """Inference thread: False if the frame cannot be published within the budget.
 
@@ -179,6 +185,12 @@ class DeadlineMonitor:
         recent inference time judges: the latter may come from larger batches, the former
         may predate a ladder move (and a frame wrongly dropped is lost for good, while a
         frame wrongly admitted is merely late).
+
+        ``post_ahead``: the frames the post stage has queued or in hand now. The wait for it
+        is then that many postprocessing times, not the recent frames' wait: a queue that
+        built up once (a stall) would otherwise keep its wait in the estimate, every frame
+        would be dropped, and nothing published would bring the estimate down again (a
+        collapse the capacity bench showed: 20 cameras at 43 fps on a host with a core idle).
 
         One frame per miss window is admitted regardless: the estimates are only updated
         by published frames, so without a probe a model that got fast again (thermals,
@@ -190,6 +202,9 @@ class DeadlineMonitor:
         remaining = float(est[INFER_START:PUBLISH].sum())  # as ``remaining_ns``
         if infer_ns is not None:
             remaining -= max(0.0, float(est[INFER_START]) - infer_ns)
+        if post_ahead is not None:
+            wait_post, post = float(est[_WAIT_POST]), float(est[_WAIT_POST + 1])
+            remaining += post_ahead * post - wait_post
         fits = (now_ns - int(stamps[CAPTURED])) + remaining <= self.budget_ns
         if fits or now_ns - self._last_admit_ns >= self.config.miss_window_s * 1e9:
             self._last_admit_ns = now_ns

@@ -47,6 +47,9 @@ class HealthReporter:
         # run_id tells a consumer that ids start again (a restart; a reload keeps it).
         self.run_id = uuid.uuid4().hex[:16]
         self.config_hash = ""  # of the effective config (the runner's), so a fleet shows drift
+        # The emulated accelerator's description when a model runs on it (set by the runner):
+        # every beat says so, so no consumer takes a measurement for a real run.
+        self.emulated: dict[str, Any] | None = None
         self.latest: dict[str, Any] = {}  # the first source's last heartbeat, for the CLI
         self.latest_by_source: dict[str, dict[str, Any]] = {}
         self.beats = 0
@@ -155,6 +158,8 @@ class HealthReporter:
         }
         if self.power is not None:
             msg["power"] = self.power.snapshot()
+        if self.emulated is not None:
+            msg["emulated"] = self.emulated
         for name, step in lane.steps.items():
             msg[name] = step.as_dict()
         change = lane.change

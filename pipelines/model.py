@@ -19,6 +19,7 @@ import numpy as np
 from edge_agent.core.model_config import BackendConfig, ModelConfig
 from edge_agent.core.text import printable
 from edge_agent.models import adapter
+from edge_agent.models.decoders import kernels as decode_kernels
 from edge_agent.models.decoders import registry as decoders
 from edge_agent.models.decoders.base import BoundDecoder, Decoded, DecodeParams, OutputMismatch, oversized
 from edge_agent.models.manifest import (
@@ -29,6 +30,7 @@ from edge_agent.models.manifest import (
     ResolvedModel,
     resolve_model,
 )
+from edge_agent.pipelines import jit
 from edge_agent.pipelines.backends.base import InferenceBackend, TensorSpec
 from edge_agent.pipelines.backends.registry import create_backend
 from edge_agent.pipelines.preprocess import Preprocessor
@@ -159,6 +161,8 @@ def load_model(model: ModelConfig, backend_config: BackendConfig) -> LoadedModel
     backend.load(path or resolved.path, fmt)
     host = backend.host_format(fmt)
     input_name, decoder = check_io(m, resolved.path, backend.inputs, backend.outputs, host)
+    # The decoders' compiled kernels (models/ may not import pipelines/: handed over here).
+    decode_kernels.install(jit.load("decode", decode_kernels.FUNCTIONS, decode_kernels.warm))
     wants = decoder.decoder
     if wants.resize == "stretch" and m.input.resize != "stretch":
         log.warning(

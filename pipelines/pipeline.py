@@ -13,7 +13,8 @@ capture thread, deadline monitor, counts, topic and sequence numbers, so a slow 
 camera only stalls its own lane. The lanes meet in the batch scheduler (``scheduler.py``),
 which orders frames by priority and deadline and forms batches across sources; one
 inference thread runs them, and one postprocessing thread publishes every lane's frames
-(or the inference thread itself, while nothing is queued: ``stages.InferStage``).
+(or, for a model on the CPU, the inference thread itself while nothing is queued:
+``stages.InferStage``).
 
 Every frame a source produced ends exactly once: published (on time or late) or
 dropped with a reason (see ``deadline.DROP_REASONS``).
@@ -184,6 +185,11 @@ class Pipeline:
             t = threading.Thread(target=target, name=name)
             t.start()
             self._threads.append(t)
+
+    def threads(self) -> list[threading.Thread]:
+        """The stage threads, by name (``capture-<source>``, ``infer``, ``post``): the
+        bench reads their CPU time."""
+        return list(self._threads)
 
     def stuck_stages(self, after_s: float) -> list[str]:
         """The stage threads still running that made no progress for ``after_s``: blocked

@@ -211,6 +211,10 @@ class FrameQueue:
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
 
+    def ahead(self) -> int:
+        """Frames queued or being worked on now: what a frame put now waits behind."""
+        return len(self._items) + self._busy  # a racy read is fine: an estimate
+
     def put(self, slot: FrameSlot) -> bool:
         """Hand ``slot`` on; False (not taken) once the queue was closed."""
         with self._cond:
@@ -394,11 +398,12 @@ class InferStage:
         lanes = self.lanes
         now = time.monotonic_ns()
         expected = batch[0].expected_ns or None
+        ahead = self.inbox.ahead()
         ran = []
         for slot in batch:
             lane = lanes[slot.lane_index]
             # A file's frames are all processed: lateness is recorded, never a drop.
-            if lane.every_frame or lane.monitor.admit(slot.stamps, now, slot.profile.name, expected):
+            if lane.every_frame or lane.monitor.admit(slot.stamps, now, slot.profile.name, expected, ahead):
                 ran.append(slot)
             else:
                 lane.drop(slot, "stale")
@@ -428,9 +433,11 @@ class InferStage:
             slot.stamps[INFER_START] = now
             slot.stamps[INFER_END] = end
             slot.batch = n
-        # Where each frame is postprocessed: the one place that decides it (see above).
+        # Where each frame is postprocessed: the one place that decides it (see above). With
+        # an accelerator the post thread takes every frame: this one goes back to feed it.
+        inline = not profile.model.backend.off_cpu
         for slot in ran:
-            if not self.scheduler.waiting and self.inbox.claim():
+            if inline and not self.scheduler.waiting and self.inbox.claim():
                 try:
                     self.post.process(slot)
                 finally:

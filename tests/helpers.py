@@ -27,6 +27,7 @@ from edge_agent.core.endpoint_config import MetricsConfig
 from edge_agent.core.model_config import ModelConfig
 from edge_agent.core.publish_config import PublishConfig
 from edge_agent.core.source_config import SyntheticSourceConfig
+from edge_agent.pipelines.sources.synthetic import SceneSpec, SyntheticScene
 
 # -- the result stream ---------------------------------------------------------------------
 
@@ -221,3 +222,17 @@ def refused_handshake(
         monitor.close(linger=0)
         sock.close(linger=0)
 
+
+def write_frames(folder: Path, count: int, seed: int = 11, step: int = 9) -> list[np.ndarray]:
+    """``count`` 640x480 frames of a synthetic scene as PNG files (lossless: what is read
+    back is what was drawn), named in order; the frames."""
+    folder.mkdir(parents=True, exist_ok=True)
+    scene = SyntheticScene(SceneSpec(seed=seed))
+    gt = np.zeros((scene.spec.num_objects, 6), np.float32)
+    frames = []
+    for i in range(count):
+        img = np.empty((480, 640, 3), np.uint8)
+        scene.render(i * step, img, gt)
+        assert cv2.imwrite(str(folder / f"{i:03d}.png"), img)
+        frames.append(img)
+    return frames

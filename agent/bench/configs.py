@@ -137,15 +137,24 @@ class BenchAssembly(Assembly):
 
     says_budget_advice = False  # the bench's "budget:" line says it, from its own figures
 
-    def __init__(self, max_frames: int = 0, played: Played | None = None, pace_fps: float = 0.0) -> None:
+    def __init__(
+        self,
+        max_frames: int = 0,
+        played: Played | None = None,
+        pace_fps: float = 0.0,
+        offsets: dict[str, tuple[int, float]] | None = None,
+    ) -> None:
+        """``offsets``: by source, the frame it plays first and its phase (``MemorySource``)."""
         super().__init__(max_frames)
         self.played = played or {}
         self.pace_fps = pace_fps
+        self.offsets = offsets or {}
 
     def source(self, cfg: AgentConfig, src: SourceConfig) -> Source:
         images = self.played.get(src.name)
         if images and isinstance(src, (VideoSourceConfig, ImageFolderSourceConfig)):
-            return MemorySource(src.name, images, self.pace_fps)
+            start, phase = self.offsets.get(src.name, (0, 0.0))
+            return MemorySource(src.name, images, self.pace_fps, start, phase)
         return super().source(cfg, src)
 
 
@@ -159,8 +168,9 @@ class BenchAgent(Agent):
         max_frames: int = 0,
         played: Played | None = None,
         pace_fps: float = 0.0,
+        offsets: dict[str, tuple[int, float]] | None = None,
     ) -> None:
-        super().__init__(config, assembly=BenchAssembly(max_frames, played, pace_fps))
+        super().__init__(config, assembly=BenchAssembly(max_frames, played, pace_fps, offsets))
         self.detections: list[int] = []  # per decoded frame, in order (one writer: post)
 
     def build(self) -> None:

@@ -263,3 +263,68 @@ def format_multi_report(r: dict[str, Any]) -> str:
         if src["budget_advice"]:
             lines.append(f"    budget: {src['budget_advice']}")
     return "\n".join(lines)
+
+
+def format_capacity_report(r: dict[str, Any]) -> str:
+    """The human-readable form of a ``capacity.run_capacity`` result."""
+    e, f = r["emulated"], r["frames"]
+    lines = [
+        f"EMULATED ACCELERATOR (measurement only): {e['recording']}, {e['device_ms']:g} ms an inference",
+        f"model: {e['model']}; frames: {f['count']} of {f['hw'][1]}x{f['hw'][0]}"
+        f" from {f['path']}, played from memory",
+        f"kernels: {_kernels(r['kernels'])}",
+        f"GIL probe, idle: {r['gil_probe_idle'].get('held_share', 0):.1%} of wake-ups waited",
+    ]
+    if "trial" in r:
+        lines += _trial_lines(r["trial"], r["fps"], r["on_time_goal"])
+        return "\n".join(lines)
+    s = r["search"]
+    lines.append(f"capacity search at {r['fps']:g} fps, goal {r['on_time_goal']:.0%} of frames on time:")
+    for t in s["trials"]:
+        cpu = t["host_cpu_us_per_frame"].get("total", 0.0)
+        lines.append(
+            f"  {t['sources']:4d} cameras: {t['on_time_share']:.2%} on time, {t['throughput_fps']:7.1f} fps,"
+            f" {cpu:7.1f} us CPU a frame, {t['cores_used']:.2f} cores, GIL probe"
+            f" {t['gil'].get('held_share', 0):.1%}  {'pass' if t['passed'] else 'FAIL'}"
+        )
+    lines.append(f"capacity: {s['cameras']} cameras ({s['stopped']})")
+    if s["at_capacity"]:
+        lines += _trial_lines(s["at_capacity"], r["fps"], r["on_time_goal"])
+    return "\n".join(lines)
+
+
+def _kernels(k: dict[str, Any]) -> str:
+    parts = ", ".join(f"{n} {how}" for n, how in k.get("parts", {}).items()) or "none loaded"
+    why = k.get("why") or ""
+    return f"{parts}" + (f" ({why})" if why else "")
+
+
+def _trial_lines(t: dict[str, Any], fps: float, goal: float) -> list[str]:
+    cpu = t["host_cpu_us_per_frame"]
+    e2e = [s["end_to_end_ms"] for s in t["per_source"].values()]
+    worst = max(e2e, key=lambda h: h["p99"]) if e2e else None
+    lines = [
+        f"{t['sources']} cameras at {fps:g} fps for {t['seconds']:g} s: {t['on_time_share']:.2%} of"
+        f" {t['captured']} frames on time ({'pass' if t['passed'] else 'FAIL'}, goal {goal:.0%}),"
+        f" {t['late']} late, {t['dropped']} dropped; {t['throughput_fps']:.1f} fps published",
+        "host CPU per published frame (us): "
+        + ", ".join(f"{k} {v:g}" for k, v in cpu.items())
+        + f"; {t['cores_used']:.2f} cores",
+        f"GIL probe: {t['gil'].get('held_share', 0):.1%} of wake-ups waited"
+        f" (p50 {t['gil'].get('wait_p50_ms', 0):g} ms)",
+        "stages p50 (ms): " + ", ".join(f"{k} {v:g}" for k, v in t["stages_p50_ms"].items()),
+    ]
+    if t["steps_ms"]:
+        lines.append("steps p50 (ms): " + ", ".join(f"{k} {v['p50']:g}" for k, v in t["steps_ms"].items()))
+    b = t["batches"]
+    lines.append(f"batches: {b.get('batches', 0)}, mean size {b.get('mean_size', 0)}")
+    if worst:
+        lines.append(f"end to end, the worst camera: p50 {worst['p50']:g} ms, p99 {worst['p99']:g} ms")
+    lines.append("per camera: name fps on_time late dropped e2e_p50 e2e_p99")
+    for name, s in t["per_source"].items():
+        h = s["end_to_end_ms"]
+        lines.append(
+            f"  {name:8s} {s['fps']:6.2f} {s['on_time']:6d} {s['late']:5d} {s['dropped']:5d}"
+            f" {h['p50']:8.3f} {h['p99']:8.3f}"
+        )
+    return lines

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+from typing import Any
 
 from edge_agent.commands.common import (
     EXIT_OK,
@@ -40,6 +41,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     latency_first_interpreter()
     # On stderr, tty or not (a run piped to a file is not silent); --json stays quiet.
     progress = progress_line if not args.json else lambda _line: None
+    if args.emulate:
+        return _bench_emulated(config, args, progress)
+    if args.capacity or args.device_ms is not None:
+        return fail("bench: --capacity and --device-ms go with --emulate RECORDING", EXIT_USAGE)
     # --source plays one file as one camera: it replaces the config's source(s).
     if args.sources or (len(config.source_list()) > 1 and not args.source):
         if args.source:
@@ -61,6 +66,69 @@ def cmd_bench(args: argparse.Namespace) -> int:
         compare_bare=args.compare_bare,
     )
     print(json.dumps(result, indent=2) if args.json else format_report(result))
+    return EXIT_OK
+
+
+def _bench_emulated(config: Any, args: argparse.Namespace, progress: Any) -> int:
+    """``bench --emulate``: cameras on the emulated accelerator (``bench.capacity``)."""
+    from edge_agent.bench.capacity import MAX_SOURCES, run_capacity
+    from edge_agent.bench.configs import BenchError
+    from edge_agent.bench.record import clip
+    from edge_agent.bench.report import format_capacity_report
+    from edge_agent.pipelines.backends.base import BackendError
+    from edge_agent.pipelines.sources.base import SourceError
+
+    if not args.source:
+        return fail("bench: --emulate needs --source: the frames the recording was made of", EXIT_USAGE)
+    if args.compare_bare:
+        return fail("bench: --compare-bare runs ONNX Runtime; not with --emulate", EXIT_USAGE)
+    most = args.capacity or args.sources or 1
+    if not 1 <= most <= MAX_SOURCES:
+        flag = "--capacity" if args.capacity else "--sources"
+        return fail(f"bench: {flag} {most}: must be within 1..{MAX_SOURCES}", EXIT_USAGE)
+    device_ms = 5.0 if args.device_ms is None else args.device_ms
+    if not 0 <= device_ms <= 1000:
+        return fail("bench: --device-ms must be within 0..1000", EXIT_USAGE)
+    try:
+        images = clip(args.source, 300)
+        result = run_capacity(
+            config,
+            os.path.abspath(args.emulate),
+            os.path.abspath(args.source),
+            images,
+            device_ms=device_ms,
+            fps=args.source_fps or 30.0,
+            seconds=args.live_seconds,
+            sources=args.sources or 1,
+            search_to=args.capacity,
+            progress=progress,
+        )
+    except (BenchError, BackendError, SourceError) as e:
+        return fail(f"bench: {e}", EXIT_USAGE)
+    print(json.dumps(result, indent=2) if args.json else format_capacity_report(result))
+    return EXIT_OK
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    from edge_agent.bench.record import record_outputs, with_path
+    from edge_agent.core.files import UnsafePathError
+    from edge_agent.models.manifest import ModelError
+    from edge_agent.pipelines.backends.base import BackendError
+    from edge_agent.pipelines.sources.base import SourceError
+
+    config = load_config(args.config)
+    model = with_path(config.model, args.model, args.manifest or "") if args.model else config.model
+    setup_logging("warning")
+    if args.frames < 1 or args.frames > 100_000:
+        return fail("record-outputs: --frames must be within 1..100000", EXIT_USAGE)
+    try:
+        result = record_outputs(model, args.source, args.out, args.frames)
+    except (ModelError, BackendError, SourceError, UnsafePathError, OSError) as e:
+        return fail(f"record-outputs: {e}", EXIT_USAGE)
+    print(
+        f"recorded {result['frames']} frames ({result['distinct_frames']} distinct) of {result['model']}"
+        f" into {result['recording']} ({result['bytes'] / 2**20:.1f} MiB)"
+    )
     return EXIT_OK
 
 

@@ -116,4 +116,24 @@ class AutoBackendConfig:
     onnxruntime: OnnxRuntimeConfig = field(default_factory=OnnxRuntimeConfig)
 
 
-BackendConfig = AutoBackendConfig | OnnxRuntimeConfig | TensorRTConfig
+@dataclass(frozen=True)
+class EmulatedConfig:
+    """The emulated accelerator, for measurement only (``backends/emulated.py``): a model's
+    recorded raw outputs replayed, each inference waiting ``device_ms`` off the CPU. Never a
+    default; logs, heartbeat, metrics and bench name it. Its results are the recording's."""
+
+    type: Literal["emulated"] = "emulated"
+    recording: str = path_field("file")  # written by `edge-agent record-outputs`
+    device_ms: float = 5.0  # one inference (a batch), as the accelerator would take it
+    device_ms_per_frame: float = 0.0  # added per frame of a batch past the first
+    # Largest batch (frames of several sources), as TensorRT's max_batch; 0: one per source.
+    max_batch: int = 0
+
+    def __post_init__(self) -> None:
+        check(bool(self.recording), "recording", "a recording of the model's outputs is required")
+        check(0.0 <= self.device_ms <= 10_000, "device_ms", "must be within 0..10000")
+        check(0.0 <= self.device_ms_per_frame <= 10_000, "device_ms_per_frame", "must be within 0..10000")
+        check(0 <= self.max_batch <= 64, "max_batch", "must be within 0..64 (0: one per source)")
+
+
+BackendConfig = AutoBackendConfig | OnnxRuntimeConfig | TensorRTConfig | EmulatedConfig

@@ -12,6 +12,7 @@ from edge_agent.core.config import AgentConfig
 from edge_agent.core.model_config import (
     AutoBackendConfig,
     BackendConfig,
+    EmulatedConfig,
     ModelConfig,
     OnnxRuntimeConfig,
     TensorRTConfig,
@@ -64,7 +65,7 @@ def model_batches(cfg: AgentConfig) -> dict[str, int]:
 
 def with_batch(backend: BackendConfig, batch: int) -> BackendConfig:
     """``backend`` with TensorRT's ``max_batch: 0`` (one per source) resolved to ``batch``."""
-    if isinstance(backend, TensorRTConfig) and not backend.max_batch:
+    if isinstance(backend, (TensorRTConfig, EmulatedConfig)) and not backend.max_batch:
         return replace(backend, max_batch=batch)
     if isinstance(backend, AutoBackendConfig) and not backend.tensorrt.max_batch:
         return replace(backend, tensorrt=replace(backend.tensorrt, max_batch=batch))

@@ -229,15 +229,149 @@ class RtspSourceConfig(_LiveBase):
 
 
 @dataclass(frozen=True)
+class CsiCameraInput:
+    """A CSI camera on a Jetson through ``nvarguscamerasrc`` (Argus, the ISP): NV12 frames
+    in NVMM memory at one of the sensor's modes (``width`` x ``height`` at ``fps``)."""
+
+    type: Literal["csi"] = "csi"
+    sensor_id: int = 0  # nvarguscamerasrc sensor-id: 0, 1, ... (which CSI port)
+    width: int = 1920
+    height: int = 1080
+    fps: int = 30
+
+    def __post_init__(self) -> None:
+        check(0 <= self.sensor_id <= 15, "sensor_id", "must be within 0..15")
+        _check_frame(self.width, self.height, self.fps, required=True)
+
+
+@dataclass(frozen=True)
+class RtspInput:
+    """An RTSP stream decoded by the Jetson's hardware decoder (``nvv4l2decoder``).
+    ``width`` and ``height`` are the stream's: needed to scale it keeping its aspect."""
+
+    type: Literal["rtsp"] = "rtsp"
+    url: str = ""
+    codec: Literal["h264", "h265"] = "h264"
+    transport: Literal["tcp", "udp"] = "tcp"
+    latency_ms: int = 200  # rtspsrc's jitter buffer (its own default is 2000)
+    width: int = 0  # 0: unknown (then only scale: full)
+    height: int = 0
+
+    def __post_init__(self) -> None:
+        check(self.url.startswith(("rtsp://", "rtsps://")), "url", "must start with rtsp://")
+        check(
+            not any(c.isspace() or c in '"\\' for c in self.url),
+            "url",
+            "no spaces, quotes or backslashes (percent-encode them)",
+        )
+        check(0 <= self.latency_ms <= 10_000, "latency_ms", "must be within 0..10000")
+        check((self.width > 0) == (self.height > 0), "height", "give width and height, or neither")
+        if self.width and self.height:
+            _check_frame(self.width, self.height, 0, required=False)
+
+
+@dataclass(frozen=True)
+class UsbCameraInput:
+    """A USB (UVC) camera through ``v4l2src``: YUYV frames uploaded to NVMM, or MJPEG
+    decoded there by ``nvv4l2decoder``; ``width`` x ``height`` at ``fps`` is one of its modes
+    (``v4l2-ctl --list-formats-ext``)."""
+
+    type: Literal["usb"] = "usb"
+    device: str = "/dev/video0"
+    format: Literal["yuyv", "mjpeg"] = "yuyv"
+    width: int = 1280
+    height: int = 720
+    fps: int = 30
+
+    def __post_init__(self) -> None:
+        check(
+            self.device.startswith("/dev/") and not any(c.isspace() or c in '"!' for c in self.device),
+            "device",
+            "must be a /dev/... path (no spaces, quotes or '!')",
+        )
+        _check_frame(self.width, self.height, self.fps, required=True)
+
+
+#: The inputs a Jetson pipeline is built for (``gstreamer`` source's ``input:``).
+JetsonInput = CsiCameraInput | RtspInput | UsbCameraInput
+
+#: ``interpolation`` names, by nvvidconv's (VIC) ``interpolation-method`` values.
+INTERPOLATIONS: tuple[str, ...] = ("nearest", "bilinear", "5-tap", "10-tap", "smart", "nicest")
+#: nvvidconv ``flip-method`` values that turn the frame a quarter (width and height swap).
+TRANSPOSING_FLIPS = frozenset({1, 3, 5, 7})
+_SIDE_MIN, _SIDE_MAX = 32, 8192
+_SCALE_RULE = (
+    f"must be 'full' or WIDTHxHEIGHT with even sides within {_SIDE_MIN}..{_SIDE_MAX}, e.g. 640x640 "
+    "(your model's input size)"
+)
+
+
+def _check_frame(width: int, height: int, fps: int, required: bool) -> None:
+    check(16 <= width <= _SIDE_MAX, "width", f"must be within 16..{_SIDE_MAX}")
+    check(16 <= height <= _SIDE_MAX, "height", f"must be within 16..{_SIDE_MAX}")
+    if required:
+        check(1 <= fps <= 1000, "fps", "must be within 1..1000")
+
+
+def parse_scale(text: str) -> tuple[int, int] | None:
+    """A ``scale`` value's box as (width, height); None for ``full``. Raises ``ValueError``
+    (saying what is allowed) for anything else."""
+    if text == "full":
+        return None
+    w, sep, h = text.lower().partition("x")
+    if sep and w.isdigit() and h.isdigit():
+        box = int(w), int(h)
+        if all(_SIDE_MIN <= side <= _SIDE_MAX and side % 2 == 0 for side in box):
+            return box
+    raise ValueError(f"{text!r}: {_SCALE_RULE}")
+
+
+@dataclass(frozen=True)
 class GStreamerSourceConfig(_LiveBase):
-    """A GStreamer pipeline string ending in appsink (CSI cameras via nvarguscamerasrc)."""
+    """A GStreamer pipeline ending in appsink, opened through OpenCV: written by hand
+    (``pipeline``), or built for a Jetson ``input`` (a CSI camera, an RTSP stream decoded in
+    hardware, a USB camera), where nvvidconv (the VIC) can ``scale`` the frame before the
+    CPU copies it (``pipelines/sources/jetson_capture.py`` builds the string)."""
 
     type: Literal["gstreamer"] = "gstreamer"
     pipeline: str = ""
+    input: JetsonInput | None = None
+    # With an input: the frame nvvidconv hands the CPU. full: the sensor's (stream's) size;
+    # WxH: scaled to fit in that box keeping the aspect, never enlarged (1920x1080 in 640x640:
+    # 640x360), so the host letterbox only pads. Write the model's input size there.
+    scale: str = "full"
+    interpolation: Literal["nearest", "bilinear", "5-tap", "10-tap", "smart", "nicest"] = "bilinear"
+    flip_method: int = 0  # nvvidconv flip-method 0..7 (2: a camera mounted upside down)
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check("appsink" in self.pipeline, "pipeline", "must end in an appsink element")
+        if self.input is None:
+            check(
+                "appsink" in self.pipeline, "pipeline", "must end in an appsink element (or give an input:)"
+            )
+        else:
+            check(not self.pipeline, "pipeline", "give a pipeline or an input:, not both")
+        built = "with an input: (a hand-written pipeline sets nvvidconv's caps itself)"
+        try:
+            box = parse_scale(self.scale)
+        except ValueError as e:
+            check(False, "scale", str(e))
+            box = None
+        check(box is None or self.input is not None, "scale", f"works {built}")
+        check(0 <= self.flip_method <= 7, "flip_method", "must be within 0..7 (nvvidconv's flip-method)")
+        check(self.flip_method == 0 or self.input is not None, "flip_method", f"works {built}")
+        check(
+            self.interpolation == "bilinear" or self.input is not None,
+            "interpolation",
+            f"works {built}",
+        )
+        if box is not None and isinstance(self.input, RtspInput):
+            check(
+                self.input.width > 0,
+                "input.width",
+                "the stream's width and height are needed to scale it keeping its aspect "
+                "(e.g. width: 1920, height: 1080), or scale: full",
+            )
 
 
 SourceConfig = (

@@ -87,6 +87,15 @@ class Agent:
         its own model's, else the main one's."""
         return self.assembly.lane_profiles(self.config, self.profiles)[source].primary
 
+    def _emulated(self) -> dict[str, Any] | None:
+        """The emulated accelerator's settings when a model runs on it (the heartbeat's
+        ``emulated``), else None."""
+        for m in self.models.values():
+            d = m.backend.describe()
+            if d.get("emulated"):
+                return {k: d[k] for k in ("recording", "recorded_model", "device_ms", "device_ms_per_frame")}
+        return None
+
     def build(self) -> None:
         cfg, assembly = self.config, self.assembly
         self.profiles, self.models = assembly.load_profiles(cfg)
@@ -104,6 +113,7 @@ class Agent:
             )
             self.health.config_hash = config_hash(cfg)
             self.health.run_id = self.assembly.run_id
+            self.health.emulated = self._emulated()
         except BaseException:
             self.close_models()  # nothing started: the sessions go back
             raise
@@ -270,6 +280,7 @@ class Agent:
         self.health.attach(pipeline, self.publisher, self.power)
         self.health.interval_s = self.config.publish.health_interval_s
         self.health.config_hash = config_hash(self.config)
+        self.health.emulated = self._emulated()
         pipeline.start()
 
     def start(self, interrupt: threading.Event | None = None) -> None:

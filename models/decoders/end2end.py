@@ -11,6 +11,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from edge_agent.models.decoders import kernels
 from edge_agent.models.decoders.base import Decoded, DecodeParams, Decoder, Shape, need, unbatched
 from edge_agent.models.decoders.nms import ranked
 from edge_agent.models.decoders.recognition import (
@@ -62,6 +63,9 @@ class End2End(Decoder):
 
     def decode(self, outputs: tuple[np.ndarray, ...], p: DecodeParams) -> Decoded:
         out = unbatched(outputs[0])
+        fast = kernels.ranked(out, p)
+        if fast is not None:
+            return fast[0]
         return ranked(out[:, :4], out[:, 4], out[:, 5], p)
 
 

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from edge_agent.models.decoders import kernels
 from edge_agent.models.decoders.base import Decoded, DecodeParams, Decoder, Shape, need, unbatched
 from edge_agent.models.decoders.nms import keep_best, ranked
 from edge_agent.models.decoders.recognition import (
@@ -51,7 +52,12 @@ def classic_candidates(
 def classic_with_values(pred: np.ndarray, classes: int, p: DecodeParams) -> Decoded:
     """A classic head's detections (NMS here), each with its task values: the columns after
     the class scores (keypoints, mask coefficients)."""
-    cand, best, cls = classic_candidates(unbatched(pred), classes, p.score_threshold)
+    out = unbatched(pred)
+    fast = kernels.classic(out, 4, 4 + classes, p)
+    if fast is not None:
+        found, anchors = fast
+        return found._replace(extra=np.ascontiguousarray(out[4 + classes :, anchors].T, np.float32))
+    cand, best, cls = classic_candidates(out, classes, p.score_threshold)
     return keep_best(cand[:, :4], best, cls, p, cand[:, 4 + classes :])
 
 
@@ -59,6 +65,10 @@ def end_to_end_with_values(pred: np.ndarray, p: DecodeParams) -> Decoded:
     """An end-to-end head's rows (x1, y1, x2, y2, score, class id), each with its task
     values: the columns after the sixth."""
     out = unbatched(pred)
+    fast = kernels.ranked(out, p)
+    if fast is not None:
+        found, rows = fast
+        return found._replace(extra=np.ascontiguousarray(out[rows, 6:], np.float32))
     return ranked(out[:, :4], out[:, 4], out[:, 5], p, out[:, 6:])
 
 

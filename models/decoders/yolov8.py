@@ -8,6 +8,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from edge_agent.models.decoders import kernels
 from edge_agent.models.decoders.base import Decoded, DecodeParams, Decoder, Shape, need, unbatched
 from edge_agent.models.decoders.nms import keep_best
 from edge_agent.models.decoders.recognition import (
@@ -52,6 +53,9 @@ class YoloV8(Decoder):
 
     def decode(self, outputs: tuple[np.ndarray, ...], p: DecodeParams) -> Decoded:
         out = unbatched(outputs[0])
+        fast = kernels.classic(out, 4, out.shape[0], p)
+        if fast is not None:
+            return fast[0]
         best = out[4:].max(axis=0)
         idx = np.flatnonzero(best > p.score_threshold)
         cand = out[:, idx].T  # one gather of the few candidates: (K, 4 + C)

@@ -23,16 +23,24 @@ The rules, each a guard against a count that is wrong:
 State lives in arrays of ``capacity`` rows (one per journey, sorted by id: a new journey
 has the newest track's id, so it is appended), with the same cost per frame whatever
 happened before.
+
+Two paths run these rules on the same arrays: numpy (this file, the reference) and, where
+numba loads, one compiled call a frame (``kernels.py``), which the tests hold to the
+numpy path's results frame by frame. A frame whose arrays have dtypes the kernel was not
+compiled for runs the numpy path.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from edge_agent.core.analytics_config import AnalyticsConfig
+from edge_agent.core.analytics_config import AnalyticsConfig, LineConfig, ZoneConfig
+from edge_agent.pipelines import jit
+from edge_agent.pipelines.analytics import kernels
 from edge_agent.pipelines.analytics.geometry import Geometry
 
 log = logging.getLogger(__name__)
@@ -57,10 +65,17 @@ class _Seen(NamedTuple):
 
 class Counter:
     """A source's zones and lines (``config``) over tracks of the model's ``labels``.
-    ``lost_frames``: the tracker's (a track unseen for longer has ended)."""
+    ``lost_frames``: the tracker's (a track unseen for longer has ended). ``compiled``:
+    run the compiled kernel where it loads (``self.compiled`` says whether it did), else
+    the numpy path."""
 
     def __init__(
-        self, config: AnalyticsConfig, labels: tuple[str, ...], lost_frames: float, capacity: int
+        self,
+        config: AnalyticsConfig,
+        labels: tuple[str, ...],
+        lost_frames: float,
+        capacity: int,
+        compiled: bool = True,
     ) -> None:
         self.config = config
         self.labels = labels
@@ -71,36 +86,50 @@ class Counter:
         n_cls = max(len(labels), 1)
         nz, nl = len(config.zones), len(config.lines)
         self.capacity = cap = capacity
+        # the state: views of three flat buffers, which the compiled path takes whole
+        self._state = st = kernels.state(cap, nz, nl, n_cls, len(DWELL_BUCKETS_S) + 1)
+        a = st.arrays
         # per journey row (sorted by journey id)
         self.n = 0
-        self.ids = np.zeros(cap, np.int64)  # journey ids
-        self.last_seen = np.zeros(cap, np.int64)  # frame id
-        self.track = np.zeros(cap, np.int64)  # its track then
-        self.seen_t = np.zeros(cap)  # its capture time
-        self.z_in = np.zeros((cap, nz), bool)  # settled: inside
-        self.z_run = np.zeros((cap, nz), np.int64)  # frames in a row observed otherwise
-        self.z_run_t = np.zeros((cap, nz))  # capture time of that run's first frame
-        self.z_enter_t = np.zeros((cap, nz))  # capture time of the first frame inside
-        self.z_step = np.zeros((cap, nz), np.int64)  # dwell steps passed while inside
-        self.z_cls = np.zeros((cap, nz), np.int64)  # its label when it entered (counted under it)
-        self.l_side = np.zeros((cap, nl), np.int8)  # settled: +1 in side, -1 out side, 0 unknown
-        self.l_pend = np.zeros((cap, nl), np.int8)  # the side observed otherwise
-        self.l_run = np.zeros((cap, nl), np.int64)  # frames in a row on it
-        self.l_run_t = np.zeros((cap, nl))  # capture time of that run's first frame
-        self.l_done = np.zeros((cap, nl, 2), bool)  # counted: in, out
+        self.ids = a["ids"]  # journey ids
+        self.last_seen = a["last_seen"]  # frame id
+        self.track = a["track"]  # its track then
+        self.seen_t = a["seen_t"]  # its capture time
+        self.z_in = a["z_in"]  # (cap, zones) bool, settled: inside
+        self.z_run = a["z_run"]  # frames in a row observed otherwise
+        self.z_run_t = a["z_run_t"]  # capture time of that run's first frame
+        self.z_enter_t = a["z_enter_t"]  # capture time of the first frame inside
+        self.z_step = a["z_step"]  # dwell steps passed while inside
+        self.z_cls = a["z_cls"]  # its label when it entered (counted under it)
+        self.l_side = a["l_side"]  # (cap, lines) int8, settled: +1 in side, -1 out side, 0 unknown
+        self.l_pend = a["l_pend"]  # the side observed otherwise
+        self.l_run = a["l_run"]  # frames in a row on it
+        self.l_run_t = a["l_run_t"]  # capture time of that run's first frame
+        self.l_done = a["l_done"]  # (cap, lines, 2) bool, counted: in, out
         # counts, by label
-        self.objects = np.zeros((nz, n_cls), np.int64)  # inside now
-        self.entered = np.zeros((nz, n_cls), np.int64)
-        self.exited = np.zeros((nz, n_cls), np.int64)
-        self.crossed = np.zeros((nl, 2, n_cls), np.int64)  # [line, in/out, label]
-        self.dwell_hist = np.zeros((nz, len(DWELL_BUCKETS_S) + 1), np.int64)
-        self.dwell_sum = np.zeros(nz)
+        self.objects = a["objects"]  # (zones, labels) int64, inside now
+        self.entered = a["entered"]
+        self.exited = a["exited"]
+        self.crossed = a["crossed"]  # (lines, 2, labels): [line, in/out, label]
+        self.dwell_hist = a["dwell_hist"]  # (zones, buckets)
+        self.dwell_sum = a["dwell_sum"]  # (zones,) float
         self.events = 0  # raised since it started
         self.overflow = 0  # journeys not followed: more at once than ``capacity``
         self._refused: set[int] = set()  # the journeys refused (each counted once), while seen
         self.version = 0  # moves on with every change of a count (the message block's cache)
         self._block: dict | None = None
         self._block_version = -1
+        # the compiled path: its kernel, and its arguments after the frame's own (bound to
+        # the geometry and the scratch, which grows with the most detections in a frame)
+        self._kernel = load_kernel() if compiled else None
+        self._expire_after = float(self.expire_frames)
+        self._n_labels = len(labels)
+        self._work: kernels.Work | None = None  # its geometry and scratch
+
+    @property
+    def compiled(self) -> bool:
+        """Whether frames run the compiled kernel (else the numpy path)."""
+        return self._kernel is not None
 
     # -- per frame -----------------------------------------------------------------------
 
@@ -124,6 +153,26 @@ class Counter:
             outside = self.config.outside(width, height)
             if outside:  # pixels on a camera whose size the config does not state
                 log.warning("analytics: %s (that part never counts)", outside)
+            self._work = None
+        kernel = self._kernel
+        if kernel is not None:
+            # inline, not a method: with the caches an inference left cold, each Python
+            # call and lookup on this path costs about a microsecond
+            w = self._work
+            if w is None or w.m < len(track_ids):
+                w = self._new_work(len(track_ids))
+            st = self._state
+            try:
+                got = kernel(
+                    xyxy, classes, track_ids, journeys, frame_id, t, self._expire_after, self.n, False,
+                    self._n_labels, st.i64, st.f64, st.i8, w.i64, w.f64,
+                )  # fmt: skip
+            except TypeError:  # no compiled version for these arrays, and none compiles now
+                pass
+            else:
+                if got:
+                    self._after_kernel(got, xyxy, classes, track_ids, journeys, frame_id, t, out)
+                return
         self._expire(frame_id, t, out)
         sel = (track_ids > 0).nonzero()[0]
         if not len(sel):
@@ -150,6 +199,65 @@ class Counter:
             side = geo.sides(boxes)
             side *= geo.l_labels[cls] & known[:, None]
             self._lines(_Seen(rows, cls, ids, jids, frame_id, t, out), side)
+
+    def _new_work(self, m: int) -> kernels.Work:
+        """The kernel's geometry and scratch, for frames of ``m`` detections or more (the
+        next power of two: it grows seldom)."""
+        geo = self.geometry
+        assert geo is not None
+        size = max(32, 1 << max(m - 1, 0).bit_length())
+        self._work = w = kernels.work(self._state, geo, size, DWELL_BUCKETS_S)
+        return w
+
+    def _after_kernel(
+        self,
+        got: int,
+        xyxy: np.ndarray,
+        classes: np.ndarray,
+        track_ids: np.ndarray,
+        journeys: np.ndarray,
+        frame_id: int,
+        t: float,
+        out: list[dict],
+    ) -> None:
+        """What the kernel left to Python (``got``): a journey that ended or a new one (then
+        the frame again), and the events it recorded."""
+        w, st = self._work, self._state
+        assert w is not None
+        frame = (xyxy, classes, track_ids, journeys, frame_id, t, self._expire_after)
+        state = (self._n_labels, st.i64, st.f64, st.i8, w.i64, w.f64)
+        if got == kernels.NEED_EXPIRE:
+            self._expire(frame_id, t, out)
+            got = self._kernel(*frame, self.n, False, *state)
+        if got == kernels.NEED_ROWS:  # its row, as the numpy path makes it; one refused stays out
+            self._rows(journeys[track_ids > 0], frame_id)
+            got = self._kernel(*frame, self.n, True, *state)
+        if got > 0:
+            self._raised(w, got, frame_id, out)
+
+    def _raised(self, w: kernels.Work, count: int, frame_id: int, out: list[dict]) -> None:
+        """The events the kernel recorded (its first ``count`` rows), as messages in
+        ``out``, and the counters the numpy path moves with them."""
+        flips = 0
+        for (kind, k, tid, jid, c, direction), (at, f1, f2) in zip(
+            w.ev_i[:count].tolist(), w.ev_f[:count].tolist()
+        ):
+            if kind == kernels.ENTER:
+                out.append(self._event("enter", "zone", k, tid, jid, c, frame_id, at))
+                flips = 1
+            elif kind == kernels.EXIT:
+                out.append(self._exit_event(k, tid, jid, c, frame_id, at, f1, f2, "left"))
+                self.version += 1
+                flips = 1
+            elif kind == kernels.DWELL:
+                event = self._event("dwell", "zone", k, tid, jid, c, frame_id, at)
+                out.append(event | {"entered_unix_s": f1, "threshold_s": f2})
+            else:
+                event = self._event("cross", "line", k, tid, jid, c, frame_id, at)
+                out.append(event | {"direction": _DIRECTION[direction]})
+                self.version += 1
+        self.version += flips
+        self.events += count
 
     def _zones(self, f: _Seen, inside: np.ndarray) -> None:
         """Each tracked detection's observation (``inside``: (k, zones)) against its track's
@@ -222,8 +330,24 @@ class Counter:
         self.dwell_hist[z, np.searchsorted(DWELL_BUCKETS_S, dwell)] += 1
         self.dwell_sum[z] += dwell
         self.version += 1
-        return self._event("exit", "zone", z, tid, int(self.ids[r]), c, frame_id, at) | {
-            "entered_unix_s": float(self.z_enter_t[r, z]),
+        return self._exit_event(
+            z, tid, int(self.ids[r]), c, frame_id, at, float(self.z_enter_t[r, z]), dwell, reason
+        )
+
+    def _exit_event(
+        self,
+        z: int,
+        tid: int,
+        jid: int,
+        c: int,
+        frame_id: int,
+        at: float,
+        entered: float,
+        dwell: float,
+        reason: str,
+    ) -> dict:
+        return self._event("exit", "zone", z, tid, jid, c, frame_id, at) | {
+            "entered_unix_s": entered,
             "dwell_s": round(dwell, 4),
             "reason": reason,
         }
@@ -390,3 +514,40 @@ class Counter:
             }
             self._block_version = self.version
         return self._block
+
+
+def load_kernel() -> Callable[..., int] | None:
+    """The compiled ``kernels.analytics_frame`` (compiled, or loaded from the disk cache,
+    and warmed once per process), or None: the numpy path runs (``jit.state`` says why)."""
+    got = jit.load("analytics", [kernels.analytics_frame], _warm)
+    if got is None:
+        return None
+    kernel = got["analytics_frame"]
+    # a frame of other dtypes than warmed raises TypeError and runs the numpy path: a
+    # compile takes seconds, never on a live frame
+    kernel.disable_compile()
+    return kernel
+
+
+def _warm(compiled: dict[str, Callable[..., Any]]) -> None:
+    """Compiles the kernel for the frames' arrays: a frame slot's dtypes (float32 boxes,
+    int32 classes, int64 ids), and numpy's defaults (float64, int64)."""
+    config = AnalyticsConfig(
+        units="pixels",
+        zones=(
+            ZoneConfig(name="a", points=((0.0, 0.0), (60.0, 0.0), (60.0, 60.0)), dwell_s=(0.01,)),
+            ZoneConfig(name="b", points=((0.0, 0.0), (60.0, 0.0), (0.0, 60.0)), anchor="center"),
+        ),
+        lines=(LineConfig(name="c", points=((0.0, 30.0), (60.0, 30.0)), min_frames=1),),
+    )
+    for box_dtype, class_dtype in ((np.float32, np.int32), (np.float64, np.int64)):
+        counter = Counter(config, ("x",), 1, 4, compiled=False)
+        counter._kernel = compiled["analytics_frame"]
+        out: list[dict] = []
+        for f, y in enumerate((10.0, 10.0, 40.0, 40.0, 40.0, 40.0)):
+            xyxy = np.array([[30.0, y - 5.0, 35.0, y]], box_dtype)
+            ids = np.array([1 + f // 4], np.int64)  # a new journey, then the old one expires
+            classes = np.zeros(1, class_dtype)
+            counter.update(xyxy, classes, ids, ids, f, f / 10, 64, 64, out)
+    if len(compiled["analytics_frame"].signatures) < 2:  # update fell back to numpy
+        raise RuntimeError("analytics_frame did not compile for the frames' dtypes")

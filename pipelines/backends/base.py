@@ -64,6 +64,10 @@ class InferenceBackend(ABC):
     """load → allocate (per slot) → warmup → infer (per frame) → close."""
 
     name: str = "backend"
+    #: Inference runs on an accelerator, the host only waiting for it: the inference thread
+    #: then hands every frame to the post thread and starts the next batch at once, instead
+    #: of postprocessing a frame itself while the device idles (``stages.InferStage``).
+    off_cpu: bool = False
 
     @abstractmethod
     def load(self, model_path: str, input_format: InputFormat | None = None) -> None:
@@ -103,6 +107,12 @@ class InferenceBackend(ABC):
     @abstractmethod
     def infer(self, io: IOSet) -> None:
         """Run the model on ``io.inputs`` and write ``io.outputs`` in place."""
+
+    def infer_slots(self, ios: list[IOSet]) -> bool:
+        """Run a batch of frames straight from their own sets, writing each one's outputs
+        there: True when this backend can (no batch set, no copies: the emulated one);
+        False (the default), and the pipeline copies the frames through a batch set."""
+        return False
 
     def upload(self, io: IOSet) -> None:  # noqa: B027 - host-memory backends need nothing
         """Capture thread, after preprocessing: start moving the input to the device.

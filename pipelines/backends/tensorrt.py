@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 
 class TensorRTBackend(InferenceBackend):
     name = "tensorrt"
+    off_cpu = True
 
     def __init__(self, config: TensorRTConfig, modules: tuple[Any, ...] | None = None) -> None:
         self.config = config

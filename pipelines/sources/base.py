@@ -137,9 +137,14 @@ class Pacer:
     frame-rate cap in the capture loop, which passes its stop event's ``wait`` so a stop
     cuts a wait short (``wait`` returns True to abandon it)."""
 
-    def __init__(self, fps: float, wait: Callable[[float], bool | None] = time.sleep) -> None:
+    def __init__(
+        self, fps: float, wait: Callable[[float], bool | None] = time.sleep, phase: float = 0.0
+    ) -> None:
         self.fps = fps
         self.period_ns = int(1e9 / fps) if fps > 0 else 0
+        # The first frame is due this fraction of a period after the first call: cameras
+        # that are not in step with each other (the bench spreads its cameras so).
+        self.phase_ns = int(phase * self.period_ns)
         self.next_index = 0
         self._t0 = 0
         self._wait = wait
@@ -152,7 +157,7 @@ class Pacer:
         later), or None when it is not due within ``timeout_s`` or the wait was abandoned."""
         now = time.monotonic_ns()
         if self._t0 == 0:
-            self._t0 = now
+            self._t0 = now + self.phase_ns
         due = self._t0 + index * self.period_ns
         if due > now:
             wait = (due - now) / 1e9

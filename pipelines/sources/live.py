@@ -1,4 +1,5 @@
-"""Live cameras through OpenCV: V4L2 devices, RTSP URLs and GStreamer pipelines.
+"""Live cameras through OpenCV: V4L2 devices, RTSP URLs and GStreamer pipelines (written by
+hand, or built for a Jetson camera or stream by ``jetson_capture``).
 
 A reader thread owns the ``cv2.VideoCapture`` and decodes into three reused buffers: one
 being written, the newest complete frame, and the one the pipeline is reading. The
@@ -22,6 +23,7 @@ import numpy as np
 
 from edge_agent.core.source_config import GStreamerSourceConfig, RtspSourceConfig, V4L2SourceConfig
 from edge_agent.pipelines.sources.base import BufferPolicy, Source, SourceError, SourceFrame, open_video
+from edge_agent.pipelines.sources.jetson_capture import gstreamer_pipeline
 
 log = logging.getLogger(__name__)
 CLOSE_WAIT_S = 0.5  # a close waits this long for the reader thread (it may be blocked in the driver)
@@ -46,8 +48,9 @@ def open_capture(config: LiveConfig) -> cv2.VideoCapture:
                 "'GStreamer: NO'); on a Jetson use JetPack's OpenCV: create the venv with "
                 "--system-site-packages and do not install the opencv extra"
             )
-        cap = cv2.VideoCapture(config.pipeline, cv2.CAP_GSTREAMER)
-        what = f"GStreamer pipeline {config.pipeline!r}"
+        pipeline = gstreamer_pipeline(config)  # as written, or built for its Jetson input
+        cap = cv2.VideoCapture(pipeline, cv2.CAP_GSTREAMER)
+        what = f"GStreamer pipeline {pipeline!r}"
     elif config.type == "rtsp":
         params = [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, timeout_ms, cv2.CAP_PROP_READ_TIMEOUT_MSEC, timeout_ms]
         # The transport is this source's alone (see open_video).
@@ -128,6 +131,9 @@ class OpenCvCapture(Source):
         self.last_failure = ""  # the latest failure, kept after a reconnect
 
     def open(self) -> None:
+        if isinstance(self.config, GStreamerSourceConfig) and self.config.input is not None:
+            # The string to try with gst-launch-1.0 on the device when it does not open.
+            log.info("source %s: GStreamer pipeline %s", self.name, gstreamer_pipeline(self.config))
         self._stop.clear()
         self._last_frame_ns = time.monotonic_ns()
         self._start_reader()

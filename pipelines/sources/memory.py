@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from edge_agent.pipelines.sources.base import PacedSource, SourceError, SourceFrame
+from edge_agent.pipelines.sources.base import PacedSource, Pacer, SourceError, SourceFrame
 
 
 class MemorySource(PacedSource):
@@ -23,18 +23,24 @@ class MemorySource(PacedSource):
     every frame.)
     """
 
-    def __init__(self, name: str, images: list[np.ndarray], fps: float = 0.0) -> None:
+    def __init__(
+        self, name: str, images: list[np.ndarray], fps: float = 0.0, start: int = 0, phase: float = 0.0
+    ) -> None:
+        """``start``: the frame it plays first; ``phase``: paced, its first frame is due that
+        fraction of a frame period after the first read (cameras out of step)."""
         super().__init__(name, fps)
         if not images:
             raise SourceError(f"source {name!r}: no frames to play")
         self.images = images
         self.fps = fps
+        self._start = start
+        self._pacer = Pacer(fps, phase=phase)
 
     def open(self) -> None:
         self._pacer.reset()
 
     def _fill(self, index: int, frame: SourceFrame) -> None:
-        frame.image = self.images[index % len(self.images)]
+        frame.image = self.images[(index + self._start) % len(self.images)]
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "frames": len(self.images), "fps": self.fps}

@@ -79,6 +79,11 @@ class SourceAnalytics(Step):
         self._unix_offset_ns = time.time_ns() - time.monotonic_ns()
 
     @property
+    def compiled(self) -> bool:
+        """Whether its frames run the compiled kernel (``pipelines/jit.py``), else numpy."""
+        return self.counter.compiled
+
+    @property
     def keeps_pixels(self) -> bool:
         """Each frame's image is kept for its events' snapshots."""
         return self.snapshots is not None

@@ -37,6 +37,7 @@ class TrackingFigures:
     overflow: int  # new tracks refused by max_tracks
     restarts: int  # settings changed at a reload
     journey_links: int  # new tracks that continued a lost one's journey
+    compiled: bool  # its frames run the compiled kernels (false: numpy; jit.state() says why)
     cost: LatencyHistogram  # per frame
     window: LatencyHistogram | None = None  # per frame since the last take (the heartbeat's)
 
@@ -138,6 +139,7 @@ class SourceTracker(Step):
             t.overflow,
             self.restarts,
             t.links,
+            t.compiled,
             cost,
             window,
         )

@@ -32,11 +32,19 @@ def assign(cost: np.ndarray, limit: float) -> tuple[np.ndarray, np.ndarray]:
     rows = cand.any(1).nonzero()[0]
     cols = cand.any(0).nonzero()[0]
     sub = cost[rows][:, cols]
-    _, x, _ = lap.lapjv(sub, extend_cost=True, cost_limit=limit)
+    x = solve(sub, limit)
     r = (x >= 0).nonzero()[0]
     # a pair costing exactly the limit ties with leaving both alone, and lapjv may take it
     r = r[sub[r, x[r]] < limit]
     return rows[r], cols[x[r]]
+
+
+def solve(cost: np.ndarray, limit: float) -> np.ndarray:
+    """The Jonker-Volgenant solver's column for each row of ``cost`` (-1: none), leaving a
+    row or a column unmatched at ``limit``; a pair costing exactly ``limit`` may be taken
+    (callers drop it). The tracker's compiled path calls it on the cost matrix its kernel
+    wrote (``track_kernels.py``)."""
+    return lap.lapjv(cost, extend_cost=True, cost_limit=limit)[1]
 
 
 _RANGE = np.arange(1024)

@@ -26,70 +26,99 @@
   journey carries the first track's id, which counting keys on (``analytics/counter.py``):
   an object whose track broke while hidden is counted once, on its journey's path.
 
+- Compiled (``track_kernels.py``, loaded by ``pipelines/jit.py``): inside the agent a
+  frame's tracking starts with caches the inference just filled, and the numpy path's
+  ~150 small calls cost ~15 us each cold; one native call a frame (two or more where two
+  tracks want one detection: the solver, ``lap``, runs between them) does the same work on
+  the same arrays. The numpy path is the reference: the tests run both over the same
+  frames and require equal results, state included. It runs where numba does not load
+  (``EDGE_AGENT_KERNELS=numpy``, absent, or a kernel fails to compile: ``compiled`` is
+  False, ``jit.state()`` says why), and for a frame whose arrays are not the dtypes the
+  kernel was compiled for (float32 boxes and scores, int32 classes, C order).
+
 Its settings are the source's ``TrackerConfig`` (``core/source_config.py``); costs and
 accuracy measured (tools/tracking): docs/tracking.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 
 from edge_agent.core.source_config import TrackerConfig
-from edge_agent.pipelines.tracking.assign import assign
+from edge_agent.pipelines import jit
+from edge_agent.pipelines.tracking import track_kernels as tk
+from edge_agent.pipelines.tracking.assign import assign, solve
 from edge_agent.pipelines.tracking.boxes import box_iou, xyxy_to_cxcywh
-
-TENTATIVE, TRACKED, LOST = 0, 1, 2
-#: BoT-SORT's noise: standard deviations as fractions of the box's width and height.
-STD_POS = 1.0 / 20
-STD_VEL = 1.0 / 160
-#: A detection within this many pixels (and a tenth of its size) of the view's edge touches it.
-EDGE_PX = 2.0
-#: A lost track whose last detection touched the view's edge left the view: it ends after
-#: this many frames (a truth counts an object that comes back in as another pass).
-EDGE_LOST = 10.0
-#: A track's size (for the journey gate) follows a shrinking box this slowly per detection:
-#: an object sliding behind something keeps the size it had in the open.
-SIZE_KEEP = 0.97
-#: A journey's label: classes 0..62 each a bit of a track's mask, every higher one bit 63.
-_CLASS_BITS = 63
+from edge_agent.pipelines.tracking.track_kernels import (
+    CLASS_BITS,
+    EDGE_LOST,
+    EDGE_PX,
+    LOST,
+    SIZE_KEEP,
+    STD_POS,
+    STD_VEL,
+    TENTATIVE,
+    TRACKED,
+)
 
 
 class ByteTracker:
     """One source's tracks. ``update`` per frame; the arrays hold the live tracks in their
-    first ``n`` rows."""
+    first ``n`` rows. ``compiled``: whether its frames run the kernels (``compiled=False``:
+    the numpy path, whatever loads)."""
 
-    def __init__(self, config: TrackerConfig) -> None:
+    def __init__(self, config: TrackerConfig, *, compiled: bool = True) -> None:
+        self._setup(config, _kernels() if compiled else None)
+
+    def _setup(self, config: TrackerConfig, kernels: dict[str, Callable[..., Any]] | None) -> None:
         self.config = p = config
         self._match_cost = 1.0 - p.match_iou
         self._low_cost = 1.0 - p.low_match_iou
         self._unconf_cost = 1.0 - p.unconfirmed_iou
         cap = p.max_tracks
-        self.n = 0
+        # The state, in a few blocks the kernel takes whole (each argument of a compiled
+        # call costs ~0.1 us); the named arrays are views of them.
+        self._f4 = np.zeros((5, cap, 4))
+        self._f1 = np.zeros((3, cap))
+        self._i8 = np.zeros((4, cap), np.int64)
+        self._cnt = np.zeros(4, np.int64)  # n, next_id, overflow, links (the properties)
         self.next_id = 1
-        self.overflow = 0  # new tracks refused by the cap
-        self.pos = np.zeros((cap, 4))  # cx, cy, w, h
-        self.vel = np.zeros((cap, 4))
-        self.p_pp = np.zeros((cap, 4))  # per coordinate: position variance,
-        self.p_pv = np.zeros((cap, 4))  # position-velocity covariance,
-        self.p_vv = np.zeros((cap, 4))  # velocity variance
-        self.ids = np.zeros(cap, np.int64)  # 0 until confirmed
+        self.pos, self.vel = self._f4[tk.F_POS], self._f4[tk.F_VEL]  # cx, cy, w, h; their velocity
+        self.p_pp = self._f4[tk.F_PP]  # per coordinate: position variance,
+        self.p_pv = self._f4[tk.F_PV]  # position-velocity covariance,
+        self.p_vv = self._f4[tk.F_VV]  # velocity variance
+        self.since = self._f1[tk.S_SINCE]  # frames since the last hit
+        self.age = self._f1[tk.S_AGE]  # frames since the first hit
+        self.size = self._f1[tk.S_SIZE]  # its size, sqrt(w h), as it was seen whole lately
+        self.ids = self._i8[tk.I_IDS]  # 0 until confirmed
+        self.hits = self._i8[tk.I_HITS]
+        self.labels = self._i8[tk.I_LABELS]  # the classes its detections had (a bit each)
+        self.journey = self._i8[tk.I_JOURNEY]  # the journey it continues (0 until confirmed)
         self.cls = np.zeros(cap, np.int32)
-        self.hits = np.zeros(cap, np.int64)
         self.state = np.zeros(cap, np.int8)
-        self.since = np.zeros(cap)  # frames since the last hit
-        self.age = np.zeros(cap)  # frames since the first hit
-        self.labels = np.zeros(cap, np.int64)  # the classes its detections had (a bit each)
-        self.journey = np.zeros(cap, np.int64)  # the journey it continues (0 until confirmed)
         self.edge = np.zeros(cap, bool)  # lost on the view's edge (it left the view)
-        self.size = np.zeros(cap)  # its size, sqrt(w h), as it was seen whole lately
-        self.links = 0  # tracks that continued a journey
-        # The view's size (pixels), when the caller knows it: a track whose last detection
-        # touched its edge has left it when it is lost (neither recovered nor linked).
-        self.view: tuple[float, float] | None = None
         self._arrays = (
             self.pos, self.vel, self.p_pp, self.p_pv, self.p_vv, self.ids, self.cls, self.hits,
             self.state, self.since, self.age, self.labels, self.journey, self.edge, self.size,
         )  # fmt: skip
+        # the settings as the kernel reads them
+        self._limits = (self._match_cost, self._low_cost, self._unconf_cost)  # per stage
+        self._par = np.zeros(tk.N_PAR)
+        self._par[[tk.P_MATCH_COST, tk.P_LOW_COST, tk.P_UNCONF_COST]] = self._limits
+        self._par[tk.P_CONFIRM] = p.confirm_frames
+        self._par[tk.P_LOST] = p.lost_frames
+        self._par[tk.P_EDGE_LOST] = min(EDGE_LOST, p.lost_frames)
+        self._par[tk.P_PER_CLASS] = p.per_class
+        self._par[tk.P_JOURNEYS] = p.journeys
+        self._par[tk.P_RADIUS] = p.journey_radius
+        # (float32: numpy compares float32 scores with a setting cast to float32)
+        self._thr = np.array([p.high_score, p.low_score, p.new_track_score], np.float32)
+        # The view's size (pixels), when the caller knows it: a track whose last detection
+        # touched its edge has left it when it is lost (neither recovered nor linked).
+        self.view = None
         # scratch, reused every frame
         self._scale = np.zeros((cap, 4))
         self._tmp = np.zeros((cap, 4))
@@ -99,6 +128,65 @@ class ByteTracker:
         self._gain = np.zeros((cap, 4))
         self._hit = np.zeros(cap, bool)
         self._det_of = np.zeros(cap, np.intp)
+        self._step = kernels["track_step"] if kernels is not None else None
+        self.compiled = self._step is not None
+        if self.compiled:  # the kernel's scratch; it grows once to the most detections a frame had
+            self._room = 0
+            self._grow(32)
+            self._no_x = np.zeros(0, np.int32)
+
+    def _grow(self, m: int) -> None:
+        cap = len(self.ids)
+        self._room = m = -(-m // 32) * 32
+        self._iou = np.zeros((cap, m))  # each track's predicted box against each detection
+        self._sub = np.zeros(cap * m)  # a cost matrix for the solver (a x b, flat)
+        self._iw = np.zeros((tk.N_W, max(cap, m)), np.int64)  # index lists and counts
+        self._no_journey = np.zeros(m, np.int64)  # out_journey when the caller has none
+
+    # Counters: in an array the kernel updates; read and set as numbers.
+    @property
+    def n(self) -> int:
+        return int(self._cnt[tk.C_N])
+
+    @n.setter
+    def n(self, value: int) -> None:
+        self._cnt[tk.C_N] = value
+
+    @property
+    def next_id(self) -> int:
+        return int(self._cnt[tk.C_NEXT_ID])
+
+    @next_id.setter
+    def next_id(self, value: int) -> None:
+        self._cnt[tk.C_NEXT_ID] = value
+
+    @property
+    def overflow(self) -> int:
+        """New tracks refused by the cap."""
+        return int(self._cnt[tk.C_OVERFLOW])
+
+    @overflow.setter
+    def overflow(self, value: int) -> None:
+        self._cnt[tk.C_OVERFLOW] = value
+
+    @property
+    def links(self) -> int:
+        """Tracks that continued a journey."""
+        return int(self._cnt[tk.C_LINKS])
+
+    @links.setter
+    def links(self, value: int) -> None:
+        self._cnt[tk.C_LINKS] = value
+
+    @property
+    def view(self) -> tuple[float, float] | None:
+        return self._view
+
+    @view.setter
+    def view(self, size: tuple[float, float] | None) -> None:
+        self._view = None if size is None else (float(size[0]), float(size[1]))
+        known = (1.0, *self._view) if self._view is not None else (0.0, 0.0, 0.0)
+        self._par[[tk.P_VIEW, tk.P_VIEW_W, tk.P_VIEW_H]] = known
 
     @property
     def live(self) -> int:
@@ -183,6 +271,39 @@ class ByteTracker:
         after the previous update. Writes each detection's track id into ``out_id`` (0: not
         part of a confirmed track), its track's age in frames into ``out_age`` and its
         journey into ``out_journey`` (0 where the id is)."""
+        if self._step is not None:
+            journey = self._no_journey if out_journey is None else out_journey
+            if len(scores) > self._room:
+                self._grow(len(scores))
+            args = (
+                xyxy, scores, classes, self._thr, self._par, self._f4, self._f1, self._i8, self.cls,
+                self.state, self.edge, self._cnt, self._iou, self._sub, self._iw, out_id, out_age, journey,
+            )  # fmt: skip
+            dt = float(dt)
+            try:
+                stage = self._step(-1, self._no_x, dt, *args)
+            except TypeError:  # not the dtypes or layouts it was compiled for (nothing ran)
+                stage = tk.MISFIT
+            while stage >= 0:  # two tracks want one detection: the solver, then the rest
+                hdr = self._iw[tk.W_HDR]
+                a, b = int(hdr[tk.H_A]), int(hdr[tk.H_B])
+                x = solve(self._sub[: a * b].reshape(a, b), self._limits[stage])
+                stage = self._step(stage, x, dt, *args)
+            if stage == tk.DONE:
+                return
+        self._update_numpy(xyxy, scores, classes, dt, out_id, out_age, out_journey)
+
+    def _update_numpy(
+        self,
+        xyxy: np.ndarray,
+        scores: np.ndarray,
+        classes: np.ndarray,
+        dt: float,
+        out_id: np.ndarray,
+        out_age: np.ndarray,
+        out_journey: np.ndarray | None,
+    ) -> None:
+        """``update`` in numpy: the reference the kernel's results equal."""
         p = self.config
         m = len(scores)
         out_id[:m] = 0
@@ -296,7 +417,7 @@ class ByteTracker:
         """Tracks ``rows`` took detections ``z`` (cx, cy, w, h) of ``classes``: their size
         as seen whole lately and their labels, for the journey gate."""
         self.size[rows] = np.maximum(np.sqrt(z[:, 2] * z[:, 3]), SIZE_KEEP * self.size[rows])
-        self.labels[rows] |= np.left_shift(1, np.minimum(classes, _CLASS_BITS).astype(np.int64))
+        self.labels[rows] |= np.left_shift(1, np.minimum(classes, CLASS_BITS).astype(np.int64))
 
     def _left_view(self, rows: np.ndarray) -> None:
         """Whether tracks ``rows``, just lost, touch the view's edge (within ``EDGE_PX`` and a
@@ -336,7 +457,7 @@ class ByteTracker:
         ok &= since[:, None] > self.age[None, born]
         ok &= (self.labels[lost, None] & self.labels[None, born]) != 0
         taken = np.zeros(len(lost), bool)
-        for j in np.argsort(-self.hits[born]):  # the surest new track chooses first
+        for j in np.argsort(-self.hits[born], kind="stable"):  # the surest new track chooses first
             can = ok[:, j] & ~taken
             if not can.any():
                 continue
@@ -375,7 +496,7 @@ class ByteTracker:
         xyxy_to_cxcywh(xyxy[dets], self.pos[new])
         self.size[new] = np.sqrt(self.pos[new, 2] * self.pos[new, 3])
         self.edge[new] = False
-        self.labels[new] = np.left_shift(1, np.minimum(classes[dets], _CLASS_BITS).astype(np.int64))
+        self.labels[new] = np.left_shift(1, np.minimum(classes[dets], CLASS_BITS).astype(np.int64))
         self.vel[new] = 0.0
         s = self._wh(n + k)[n:]
         np.square(s, out=s)
@@ -416,3 +537,22 @@ def _without(index: np.ndarray, positions: np.ndarray) -> np.ndarray:
     keep = np.ones(len(index), bool)
     keep[positions] = False
     return index[keep]
+
+
+def _kernels() -> dict[str, Callable[..., Any]] | None:
+    return jit.load("tracker", tk.KERNELS, _warm)
+
+
+def _warm(kernels: dict[str, Callable[..., Any]]) -> None:
+    """Compile ``track_step`` (numba compiles at a first call) with the arrays a frame
+    brings, on frames where two tracks want one detection (the solver's round trip); after
+    it ``jit.load`` allows no other compile: a frame of other dtypes runs the numpy path."""
+    tk.bind()
+    t = ByteTracker.__new__(ByteTracker)
+    t._setup(TrackerConfig(max_tracks=4, confirm_frames=1), kernels)
+    t.view = (64.0, 64.0)
+    ids, age, journey = np.zeros(4, np.int64), np.zeros(4, np.int32), np.zeros(4, np.int64)
+    pair = np.array([[10, 10, 30, 30], [12, 10, 32, 30]], np.float32)
+    for xyxy in (pair, pair[:1] + 1, pair + 2, pair[:0]):
+        m = len(xyxy)
+        t.update(xyxy, np.full(m, 0.9, np.float32), np.zeros(m, np.int32), 1.0, ids, age, journey)

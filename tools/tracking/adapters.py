@@ -35,8 +35,8 @@ GROUPS = {
     "np1": ["ours-lap@np1", "sv-bytetrack", "norfair", "norfair-hit"],
     # /tmp/trackvenv-ul: Python 3.11 + the peer venv's Ultralytics 8.4 + lap (AGPL: reference only)
     # the agent's own venv (.venv): the tracker the agent runs (pipelines/tracking), variants
-    # named agent[+<setting>=<value>...]
-    "agent": ["agent", "agent+floor=0.1"],
+    # named agent[+<setting>=<value>...]; compiled=0: its numpy path (the kernels' reference)
+    "agent": ["agent", "agent+compiled=0", "agent+floor=0.1"],
     "ul": [
         "ours-lap@ul",
         "ul-bytetrack",
@@ -73,14 +73,15 @@ class Agent:
     """The agent's tracker (``edge_agent.pipelines.tracking``) as the post step runs it:
     the detector's boxes of the detections a confirmed track took, with its id."""
 
-    def __init__(self, stride: int, floor: float = 0.25, **kw) -> None:
+    def __init__(self, stride: int, floor: float = 0.25, compiled: bool = True, **kw) -> None:
         from edge_agent.core.source_config import TrackerConfig
         from edge_agent.pipelines.tracking.bytetrack import ByteTracker
 
         # The model's score threshold: decoding keeps nothing below it (the bundled
         # detector's manifest: 0.25), so the tracker never sees those boxes.
         self.floor = floor
-        self.t = ByteTracker(TrackerConfig(**kw))
+        # (compiled=0: the numpy path; an earlier tree has no other)
+        self.t = ByteTracker(TrackerConfig(**kw), **({} if compiled else {"compiled": False}))
         if hasattr(self.t, "view"):  # (an earlier agent's tracker has none)
             self.t.view = (640.0, 480.0)  # the step tells it the source's frame size
         self.dt = float(stride)
@@ -113,7 +114,7 @@ def _agent_params(name: str) -> dict:
     for part in name.split("+")[1:]:
         key, value = part.split("=")
         key = _ALIASES.get(key, key)
-        kw[key] = bool(int(value)) if key in ("per_class", "journeys") else float(value)
+        kw[key] = bool(int(value)) if key in ("per_class", "journeys", "compiled") else float(value)
     return kw
 
 

@@ -5,7 +5,10 @@ on a model's own detections of a folder of images.
     .venv/bin/python tools/tracking/agent_cost.py --rounds 3
     .venv/bin/python tools/tracking/agent_cost.py --model yolov8n-busy-640.onnx --images frames/ --evict-mb 64
 
-Prints p50 and p99 (us) per round; the first 100 frames of each run are warm-up.
+Prints p50 and p99 (us) per round; the first 100 frames of each run are warm-up. Each
+round runs the compiled tracker and its numpy path (``--paths``) one after the other on
+each stream, a fresh tracker each time (a tree without kernels: its one path); the
+kernels' load time (compile, or the disk cache) is printed first.
 ``--evict-mb N`` writes an N MB array between frames, as an inference does to the caches:
 inside the agent each frame's tracking starts cold. Inside the agent the same work is timed
 per frame and reported by ``edge-agent bench`` (``of which tracker``) and in each heartbeat
@@ -26,6 +29,7 @@ from edge_agent.core.source_config import TrackerConfig
 from edge_agent.pipelines.tracking.bytetrack import ByteTracker
 
 Frames = list[tuple[np.ndarray, np.ndarray, np.ndarray]]
+_INIT = inspect.signature(ByteTracker.__init__).parameters
 
 
 def synthetic_streams() -> dict[str, Frames]:
@@ -65,6 +69,7 @@ def main() -> int:
     p.add_argument("--images", help="a folder of images for --model")
     p.add_argument("--loops", type=int, default=3, help="times the images are played (--model)")
     p.add_argument("--evict-mb", type=int, default=0, help="MB written between frames (0: none)")
+    p.add_argument("--paths", nargs="+", choices=("compiled", "numpy"), default=["compiled", "numpy"])
     a = p.parse_args()
     if bool(a.model) != bool(a.images):
         p.error("--model and --images go together")
@@ -75,24 +80,45 @@ def main() -> int:
     journeys = np.zeros(1024, np.int64)
     # (an earlier tree's tracker, run with its edge_agent on PYTHONPATH, has no journeys)
     extra = (journeys,) if "out_journey" in inspect.signature(ByteTracker.update).parameters else ()
+    # (an earlier tree's tracker has no kernels: it runs its one path)
+    paths = a.paths if "compiled" in _INIT else ["numpy"]
+    t0 = time.perf_counter()
+    made = {path: ByteTracker(TrackerConfig(), **_path(path)) for path in paths}
+    print(f"trackers made in {(time.perf_counter() - t0) * 1e3:.0f} ms: {_kernel_state()}")
+    for path, tracker in made.items():
+        if path == "compiled" and not tracker.compiled:
+            p.error("the kernels did not load (see above); --paths numpy measures the numpy path alone")
     for r in range(a.rounds):
         for name, frames in streams.items():
-            tracker = ByteTracker(TrackerConfig())
-            if hasattr(tracker, "view"):
-                tracker.view = (640.0, 480.0)  # as the agent's step tells it
-            us = np.empty(len(frames))
-            for i, (xyxy, scores, classes) in enumerate(frames):
-                if evict is not None:
-                    evict += 1.0
-                t0 = time.perf_counter_ns()
-                tracker.update(xyxy, scores, classes, 1.0, ids, age, *extra)
-                us[i] = (time.perf_counter_ns() - t0) / 1e3
-            us = us[WARMUP:]
-            print(
-                f"round {r}: {name}: p50 {np.percentile(us, 50):6.1f} us  p99 {np.percentile(us, 99):6.1f} us"
-                f"  ({len(us)} frames, {tracker.live} tracks at the end)"
-            )
+            for path in paths:
+                tracker = ByteTracker(TrackerConfig(), **_path(path))
+                if hasattr(tracker, "view"):
+                    tracker.view = (640.0, 480.0)  # as the agent's step tells it
+                us = np.empty(len(frames))
+                for i, (xyxy, scores, classes) in enumerate(frames):
+                    if evict is not None:
+                        evict += 1.0
+                    t0 = time.perf_counter_ns()
+                    tracker.update(xyxy, scores, classes, 1.0, ids, age, *extra)
+                    us[i] = (time.perf_counter_ns() - t0) / 1e3
+                us = us[WARMUP:]
+                print(
+                    f"round {r}: {name}, {path:8}: p50 {np.percentile(us, 50):6.1f} us"
+                    f"  p99 {np.percentile(us, 99):6.1f} us  ({len(us)} frames, {tracker.live} tracks left)"
+                )
     return 0
+
+
+def _path(path: str) -> dict:
+    return {"compiled": path == "compiled"} if "compiled" in _INIT else {}
+
+
+def _kernel_state() -> str:
+    try:
+        from edge_agent.pipelines import jit
+    except ImportError:  # an earlier tree
+        return "no kernels in this tree"
+    return str(jit.state())
 
 
 if __name__ == "__main__":

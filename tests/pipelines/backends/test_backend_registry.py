@@ -23,7 +23,7 @@ cache = trt_kit.cache
 
 
 def test_every_backend_is_declared_by_its_module_and_collected():
-    assert registry.names() == ["auto", "onnxruntime", "tensorrt"]
+    assert registry.names() == ["auto", "emulated", "onnxruntime", "tensorrt"]
     assert isinstance(registry.create_backend(OnnxRuntimeConfig()), OnnxRuntimeBackend)
     assert isinstance(registry.create_backend(TensorRTConfig()), TensorRTBackend)
 
@@ -49,7 +49,8 @@ def test_an_unknown_backend_names_the_known_ones():
         type: str = "openvino"
 
     with pytest.raises(
-        BackendError, match=r"unknown backend 'openvino' \(one of 'auto', 'onnxruntime', 'tensorrt'\)"
+        BackendError,
+        match=r"unknown backend 'openvino' \(one of 'auto', 'emulated', 'onnxruntime', 'tensorrt'\)",
     ):
         registry.create_backend(Other())
 
@@ -87,8 +88,7 @@ def test_select_auto_falls_back_to_onnxruntime_with_the_reason(caplog):
 
 def test_select_auto_tensorrt_backend_runs_on_injected_fakes(const_model, cache, monkeypatch):
     f = Fakes()
-    swap_backend(monkeypatch, "tensorrt", lambda cfg: TensorRTBackend(cfg, modules=(f.trt, f.cuda))
-    )
+    swap_backend(monkeypatch, "tensorrt", lambda cfg: TensorRTBackend(cfg, modules=(f.trt, f.cuda)))
     cfg = AutoBackendConfig(tensorrt=TensorRTConfig(cache_dir=str(cache)))
     be = registry.select_auto(cfg, probe=lambda: "")
     be.load(str(const_model), UINT8_FMT)
