@@ -12,14 +12,16 @@ Several sources share one accelerator: each source is a *lane* (``lane.py``) wit
 capture thread, deadline monitor, counts, topic and sequence numbers, so a slow or dead
 camera only stalls its own lane. The lanes meet in the batch scheduler (``scheduler.py``),
 which orders frames by priority and deadline and forms batches across sources; one
-inference thread runs them, and one postprocessing thread publishes every lane's frames
+inference thread runs them, and a postprocessing thread publishes every lane's frames
 (or, for a model on the CPU, the inference thread itself while nothing is queued:
-``stages.InferStage``).
+``stages.InferStage``). With a model on an accelerator and several sources there are two
+post threads, each with every other lane (``post_threads``): a lane's frames stay one
+thread's, in order.
 
 Every frame a source produced ends exactly once: published (on time or late) or
 dropped with a reason (see ``deadline.DROP_REASONS``).
 
-Shutdown: ``stop`` ends capture; the scheduler and the post inbox are closed behind the
+Shutdown: ``stop`` ends capture; the scheduler and the post inboxes are closed behind the
 last frame, so the frames in flight are drained and published before the threads exit.
 An inference that does not return in time (a hung backend) is abandoned
 (``InferStage.abandon``): every frame is accounted before ``stop`` returns.
@@ -47,6 +49,7 @@ from edge_agent.pipelines.slots import FrameSlot
 from edge_agent.pipelines.stages import (
     POLL_S,
     CaptureStage,
+    Countdown,
     FrameQueue,
     InferStage,
     PostStage,
@@ -55,6 +58,17 @@ from edge_agent.pipelines.stages import (
 from edge_agent.pipelines.steps.base import LaneStep
 
 log = logging.getLogger(__name__)
+
+
+def post_threads(lanes: list[Lane]) -> int:
+    """Post threads: two when a model runs on an accelerator, several sources share it and
+    the host has the cores; else one. With the model off the CPU the post stage's work is
+    the host's largest (decoding, steps, the message): one thread becomes the bound of
+    the cameras a device serves (docs/figures.md, "Cameras per device"), and two overlap
+    what runs without the GIL (the compiled kernels, the send) and halve each one's queue.
+    A model on the CPU keeps one: its inference wants the cores."""
+    off_cpu = any(p.model.backend.off_cpu for lane in lanes for p in lane.profiles)
+    return 2 if off_cpu and len(lanes) > 1 and (os.cpu_count() or 1) > 1 else 1
 
 
 class Pipeline:
@@ -74,11 +88,11 @@ class Pipeline:
         self.breaker = threading.Event()
         self._max_batch = batching.max_batch
         self._scheduler = BatchScheduler(lanes, batching)
-        inbox = FrameQueue("post")
-        self._post = PostStage(lanes, publisher, inbox, self._control)
-        self._infer = InferStage(
-            lanes, self._scheduler, self._post, inbox, self._control, resilience, self.breaker
-        )
+        n = post_threads(lanes)
+        ended = Countdown(n, self._control.finished.set)
+        inboxes = [FrameQueue("post" if i == 0 else f"post-{i}") for i in range(n)]
+        self._posts = [PostStage(lanes, publisher, q, self._control, ended.done) for q in inboxes]
+        self._infer = InferStage(lanes, self._scheduler, self._posts, self._control, resilience, self.breaker)
         self._captures = [CaptureStage(lane, self._scheduler, self._control) for lane in lanes]
         self._threads: list[threading.Thread] = []
         # By source, then step name, the state each step of a source had last in the run, kept
@@ -172,13 +186,13 @@ class Pipeline:
     def run_one(self, slot: FrameSlot) -> bool:
         """Infer, decode and publish ``slot`` on this thread, as the inference stage does
         it; False if the frame was dropped (stale, or an error)."""
-        return bool(self._infer.run_batch([slot]))
+        return bool(self._infer.run_batch([slot], here=True))
 
     # -- the threads --------------------------------------------------------------------
 
     def start(self) -> None:
         stages = [(c.name, c.run) for c in self._captures]
-        stages += [(self._infer.name, self._infer.run), (self._post.name, self._post.run)]
+        stages += [(self._infer.name, self._infer.run)] + [(p.name, p.run) for p in self._posts]
         now = time.monotonic_ns()
         for name, target in stages:
             self._control.progress[name] = now

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from edge_agent.core.resilience_config import ResilienceConfig
 from edge_agent.core.stamps import (
@@ -262,11 +262,28 @@ class FrameQueue:
             self._cond.notify_all()
 
 
+class Countdown:
+    """Calls ``then`` when ``count`` parties have said ``done``: the run is finished once
+    every post thread has ended."""
+
+    def __init__(self, count: int, then: Callable[[], None]) -> None:
+        self._left = count
+        self._then = then
+        self._lock = threading.Lock()
+
+    def done(self) -> None:
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._then()
+
+
 class PostStage:
     """Decodes, runs the lane's steps, publishes on ``publisher`` and accounts (through the
-    frame's lane), on its own thread or inline on the inference thread."""
-
-    name = "post"  # its thread's
+    frame's lane), on its own thread or inline on the inference thread. With several post
+    threads each takes the lanes of its own ``inbox`` (``Pipeline``): a lane's frames are
+    always one thread's, in order."""
 
     def __init__(
         self,
@@ -274,11 +291,15 @@ class PostStage:
         publisher: ZmqPublisher,
         inbox: FrameQueue,
         control: StageControl,
+        ended: Callable[[], None] | None = None,
     ) -> None:
+        """``ended``: called when its thread ends (default: the run is finished)."""
+        self.name = inbox.name  # its thread's: post, post-1, ...
         self.lanes = lanes
         self.publisher = publisher
         self.inbox = inbox
         self.control = control
+        self._ended = ended or control.finished.set
 
     def run(self) -> None:
         """The thread: until the inbox is closed and drained; then the run is finished."""
@@ -293,7 +314,7 @@ class PostStage:
                 if slot is not None:
                     self.process(slot)
         finally:
-            control.finished.set()
+            self._ended()
 
     def process(self, slot: FrameSlot) -> None:
         """Decode, run the steps, publish and account one frame, then give its slot back.
@@ -339,8 +360,9 @@ class PostStage:
 
 
 class InferStage:
-    """The inference thread: batches from the ``scheduler``, frames on to the ``post``
-    stage (inline) or its ``inbox`` (queued). ``breaker`` is set once
+    """The inference thread: batches from the ``scheduler``, frames on to their lane's
+    post stage (inline) or its inbox (queued): ``posts[i]`` takes the lanes whose index is
+    i modulo their number. ``breaker`` is set once
     ``resilience.max_consecutive_errors`` inferences in a row have failed: the owner (the
     agent's supervisor) reloads, falls back, or gives up."""
 
@@ -350,16 +372,14 @@ class InferStage:
         self,
         lanes: Sequence[Lane],
         scheduler: BatchScheduler,
-        post: PostStage,
-        inbox: FrameQueue,
+        posts: Sequence[PostStage],
         control: StageControl,
         resilience: ResilienceConfig,
         breaker: threading.Event,
     ) -> None:
         self.lanes = lanes
         self.scheduler = scheduler
-        self.post = post
-        self.inbox = inbox
+        self.posts = posts
         self.control = control
         self.breaker = breaker
         self.max_consecutive_errors = resilience.max_consecutive_errors
@@ -389,19 +409,23 @@ class InferStage:
                         self.lanes[slot.lane_index].drop(slot, "error")
                     break
         finally:
-            self.inbox.close()
+            for post in self.posts:
+                post.inbox.close()
 
-    def run_batch(self, batch: list[FrameSlot]) -> list[FrameSlot]:
+    def run_batch(self, batch: list[FrameSlot], here: bool = False) -> list[FrameSlot]:
         """Admit a batch's frames, infer those admitted and hand each on to the post stage;
         returns the frames that ran (the others are accounted as dropped). Once handed on,
-        a frame is no longer this stage's: the list is for counting only."""
+        a frame is no longer this stage's: the list is for counting only. ``here``: each
+        frame is postprocessed on this thread (the caller's, with no stage thread running:
+        ``Pipeline.run_one``)."""
         lanes = self.lanes
         now = time.monotonic_ns()
         expected = batch[0].expected_ns or None
-        ahead = self.inbox.ahead()
+        posts = self.posts
         ran = []
         for slot in batch:
             lane = lanes[slot.lane_index]
+            ahead = posts[slot.lane_index % len(posts)].inbox.ahead()
             # A file's frames are all processed: lateness is recorded, never a drop.
             if lane.every_frame or lane.monitor.admit(slot.stamps, now, slot.profile.name, expected, ahead):
                 ran.append(slot)
@@ -437,12 +461,16 @@ class InferStage:
         # an accelerator the post thread takes every frame: this one goes back to feed it.
         inline = not profile.model.backend.off_cpu
         for slot in ran:
-            if inline and not self.scheduler.waiting and self.inbox.claim():
+            post = posts[slot.lane_index % len(posts)]
+            inbox = post.inbox
+            if here:
+                post.process(slot)
+            elif inline and not self.scheduler.waiting and inbox.claim():
                 try:
-                    self.post.process(slot)
+                    post.process(slot)
                 finally:
-                    self.inbox.unclaim()
-            elif not self.inbox.put(slot):  # the owner gave up on this thread meanwhile
+                    inbox.unclaim()
+            elif not inbox.put(slot):  # the owner gave up on this thread meanwhile
                 lanes[slot.lane_index].drop(slot, "shutdown")
         # The frames first, the bookkeeping after.
         self._consecutive_errors = 0
@@ -481,7 +509,8 @@ class InferStage:
         waiting = self.scheduler.drain()
         for slot in waiting:
             self.lanes[slot.lane_index].drop(slot, "shutdown")
-        self.inbox.close()
+        for post in self.posts:
+            post.inbox.close()
         if stuck:
             log.error(
                 "pipeline: an inference did not return; %d frame(s) in it and %d waiting for it "

@@ -39,7 +39,7 @@ def _thread_cpu_s(t: threading.Thread) -> float | None:
 
 
 def _group(name: str) -> str:
-    return "capture" if name.startswith("capture-") else name
+    return "capture" if name.startswith("capture-") else "post" if name.startswith("post") else name
 
 
 class ThreadClocks:

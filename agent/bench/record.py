@@ -21,7 +21,7 @@ from edge_agent.core.model_config import OnnxRuntimeConfig
 from edge_agent.core.source_config import ImageFolderSourceConfig, VideoSourceConfig
 from edge_agent.models.manifest import InputFormat
 from edge_agent.pipelines.backends import recording
-from edge_agent.pipelines.backends.emulated import device_format
+from edge_agent.pipelines.backends.base import device_format
 from edge_agent.pipelines.model import LoadedModel, load_model
 from edge_agent.pipelines.preprocess import Letterbox, Preprocessor
 from edge_agent.pipelines.sources.base import SourceError

@@ -25,6 +25,24 @@ _NO_COUNTS: dict[str, int] = {}
 MAX_ROWS = 1024
 
 
+def device_format(fmt: InputFormat) -> InputFormat:
+    """What the host writes when the device normalises (TensorRT's device preprocessing,
+    the emulated accelerator): letterboxed uint8 BGR, NHWC; a model taking uint8 already
+    takes its own."""
+    if fmt.dtype == "uint8":
+        return fmt
+    return InputFormat(
+        height=fmt.height,
+        width=fmt.width,
+        layout="NHWC",
+        dtype="uint8",
+        color="bgr",
+        pad_value=fmt.pad_value,
+        resize=fmt.resize,
+        interpolation=fmt.interpolation,
+    )
+
+
 class BackendError(RuntimeError):
     """The backend cannot load or run the model; the message says which file and why."""
 

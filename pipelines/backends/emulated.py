@@ -38,29 +38,18 @@ from edge_agent.core.files import file_sha256
 from edge_agent.core.model_config import EmulatedConfig
 from edge_agent.models.manifest import InputFormat
 from edge_agent.pipelines.backends import recording
-from edge_agent.pipelines.backends.base import BackendError, InferenceBackend, IOSet, TensorSpec
+from edge_agent.pipelines.backends.base import (
+    BackendError,
+    InferenceBackend,
+    IOSet,
+    TensorSpec,
+    device_format,
+)
 
 log = logging.getLogger(__name__)
 
 FRAME_TENSOR = "frame"  # what the host writes, as the TensorRT backend's device preprocessing
 DEVICE = "emulated accelerator (recorded outputs replayed; not a device)"
-
-
-def device_format(fmt: InputFormat) -> InputFormat:
-    """What the host writes when the device normalises (``trt_preprocess``'s host format):
-    letterboxed uint8 BGR, NHWC; a model taking uint8 already takes its own."""
-    if fmt.dtype == "uint8":
-        return fmt
-    return InputFormat(
-        height=fmt.height,
-        width=fmt.width,
-        layout="NHWC",
-        dtype="uint8",
-        color="bgr",
-        pad_value=fmt.pad_value,
-        resize=fmt.resize,
-        interpolation=fmt.interpolation,
-    )
 
 
 class EmulatedBackend(InferenceBackend):

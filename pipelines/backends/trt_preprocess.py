@@ -17,7 +17,7 @@ import numpy as np
 
 from edge_agent.models.manifest import InputFormat
 from edge_agent.pipelines.backends import trt_build, trt_support
-from edge_agent.pipelines.backends.base import BackendError, TensorSpec
+from edge_agent.pipelines.backends.base import BackendError, TensorSpec, device_format
 from edge_agent.pipelines.backends.trt_engine import EngineMaker
 
 FRAME_TENSOR = "frame"  # the preprocessing engine's input
@@ -79,16 +79,7 @@ def device_preprocessing(
         return None
     where = f"DLA{settings.dla_core}" if settings.dla_core >= 0 else "GPU"
     maker.notes.append(f"preprocessing (normalise, NCHW) on {where}")
-    host = InputFormat(
-        height=fmt.height,
-        width=fmt.width,
-        layout="NHWC",
-        dtype="uint8",
-        color="bgr",
-        pad_value=fmt.pad_value,
-        resize=fmt.resize,
-        interpolation=fmt.interpolation,
-    )
+    host = device_format(fmt)
     frame = TensorSpec(FRAME_TENSOR, shape, np.dtype(np.uint8))
     # A graph holds GPU work only: on a DLA it runs plainly before the model's graph.
     return DevicePreprocessing(engine, context, host, frame, on_gpu=settings.dla_core < 0)

@@ -65,6 +65,19 @@ from edge_agent.pipelines.tracking.track_kernels import (
 )
 
 
+class _Counter:
+    """One of the tracker's counters: a number in the array the kernel updates (``_cnt``)."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __get__(self, obj: ByteTracker | None, owner: type | None = None):
+        return self if obj is None else int(obj._cnt[self.index])
+
+    def __set__(self, obj: ByteTracker, value: int) -> None:
+        obj._cnt[self.index] = value
+
+
 class ByteTracker:
     """One source's tracks. ``update`` per frame; the arrays hold the live tracks in their
     first ``n`` rows. ``compiled``: whether its frames run the kernels (``compiled=False``:
@@ -144,39 +157,10 @@ class ByteTracker:
         self._no_journey = np.zeros(m, np.int64)  # out_journey when the caller has none
 
     # Counters: in an array the kernel updates; read and set as numbers.
-    @property
-    def n(self) -> int:
-        return int(self._cnt[tk.C_N])
-
-    @n.setter
-    def n(self, value: int) -> None:
-        self._cnt[tk.C_N] = value
-
-    @property
-    def next_id(self) -> int:
-        return int(self._cnt[tk.C_NEXT_ID])
-
-    @next_id.setter
-    def next_id(self, value: int) -> None:
-        self._cnt[tk.C_NEXT_ID] = value
-
-    @property
-    def overflow(self) -> int:
-        """New tracks refused by the cap."""
-        return int(self._cnt[tk.C_OVERFLOW])
-
-    @overflow.setter
-    def overflow(self, value: int) -> None:
-        self._cnt[tk.C_OVERFLOW] = value
-
-    @property
-    def links(self) -> int:
-        """Tracks that continued a journey."""
-        return int(self._cnt[tk.C_LINKS])
-
-    @links.setter
-    def links(self, value: int) -> None:
-        self._cnt[tk.C_LINKS] = value
+    n = _Counter(tk.C_N)  # live tracks, in the arrays' first rows
+    next_id = _Counter(tk.C_NEXT_ID)
+    overflow = _Counter(tk.C_OVERFLOW)  # new tracks refused by the cap
+    links = _Counter(tk.C_LINKS)  # tracks that continued a journey
 
     @property
     def view(self) -> tuple[float, float] | None:

@@ -747,3 +747,44 @@ def test_record_outputs_command_refuses_a_bad_source_with_exit_2(tmp_path, args,
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert re.search(message.format(tmp=re.escape(str(tmp_path))), r.stderr), r.stderr
     assert not out.exists()
+
+
+def test_on_an_accelerator_two_post_threads_keep_each_sources_frames_in_order(clip):
+    """Four sources on the emulated accelerator: two post threads, each with its own lanes;
+    every source's results come in order, none twice, none lost."""
+    endpoint = free_endpoint()
+    sources = tuple(ImageFolderSourceConfig(path=str(clip.folder), name=f"cam{i}") for i in range(4))
+    cfg = AgentConfig(
+        device_id="posts",
+        sources=sources,
+        model=ModelConfig(),
+        backend=EmulatedConfig(recording=str(clip.recording), device_ms=0.5),
+        publish=PublishConfig(endpoint=endpoint, wait_for_subscribers=1),
+        metrics=MetricsConfig(enabled=False),
+    )
+    sub = Subscriber(endpoint, "det.", keep_all=True)
+    with started(cfg, sub, clean=True) as agent:
+        assert agent.pipeline is not None
+        names = sorted(t.name for t in agent.pipeline.threads())
+        assert [n for n in names if n.startswith("post")] == ["post", "post-1"]
+        wait_until(agent.pipeline.finished.is_set, 60, message="every frame of every source published")
+        counts = {lane.name: lane.counts for lane in agent.pipeline.figures().lanes}
+        wait_until(lambda: len(sub.messages) >= 4 * FRAMES, 30, message="every result received")
+    for name in (s.name for s in sources):
+        mine = [m for t, m in zip(sub.topics, sub.messages) if t == f"det.{name}"]
+        assert [m["seq"] for m in mine] == list(range(FRAMES)), name
+        assert [m["frame_id"] for m in mine] == sorted(m["frame_id"] for m in mine), name
+        assert counts[name].published == FRAMES and counts[name].dropped == 0
+
+
+def test_a_model_on_the_cpu_keeps_one_post_thread(tmp_path):
+    from edge_agent.pipelines.pipeline import post_threads
+
+    class Lane:
+        def __init__(self, off_cpu: bool) -> None:
+            backend = type("B", (), {"off_cpu": off_cpu})()
+            self.profiles = (type("P", (), {"model": type("M", (), {"backend": backend})()})(),)
+
+    assert post_threads([Lane(False), Lane(False)]) == 1
+    assert post_threads([Lane(True)]) == 1, "one source: one post thread"
+    assert post_threads([Lane(True), Lane(False)]) == (2 if (os.cpu_count() or 1) > 1 else 1)
