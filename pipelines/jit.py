@@ -104,6 +104,11 @@ def load(
         if numba is not None:
             t0 = time.perf_counter()
             cache = bool(_state.get("cache"))
+            if not _state.get("load_ms"):  # said once: the first part pays numba's own set-up too
+                log.info(
+                    "kernels: loading (a first start compiles them: tens of seconds; later starts read %s)",
+                    _state.get("cache") or "nothing: no disk cache",
+                )
             try:
                 kernels = {f.__name__: numba.njit(cache=cache, nogil=True)(f) for f in functions}
                 warm(kernels)
