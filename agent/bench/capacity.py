@@ -40,6 +40,7 @@ from edge_agent.core.model_config import EmulatedConfig
 from edge_agent.core.source_config import ImageFolderSourceConfig, SyntheticSourceConfig
 from edge_agent.core.stamps import STAGES
 from edge_agent.pipelines import jit
+from edge_agent.pipelines.backends import recording as recording_file
 
 #: The share of frames on time a number of cameras must keep.
 ON_TIME = 0.99
@@ -68,9 +69,10 @@ def emulated_config(
     return private_config(out)
 
 
-def memory_bound(images: list[np.ndarray], input_hw: tuple[int, int]) -> int:
+def memory_bound(input_hw: tuple[int, int]) -> int:
     """The cameras whose frame slots fit in half the memory available now (3 slots a
-    camera, each an input and the letterbox canvas), at most ``MAX_SOURCES``."""
+    camera, each a model input of ``input_hw`` and the letterbox canvas), at most
+    ``MAX_SOURCES``."""
     per_camera = 3 * 2 * input_hw[0] * input_hw[1] * 3
     try:
         with open("/proc/meminfo") as f:
@@ -221,7 +223,7 @@ def run_capacity(
     """One trial of ``sources`` cameras, or (``search_to``) the capacity search up to that
     many; both with the emulated accelerator's settings and the kernels that ran."""
     model = config.model.path or "(bundled)"
-    bound = memory_bound(images, (640, 640))
+    bound = memory_bound(recording_file.host_size(recording))
     idle = idle_probe()
 
     def trial(n: int) -> dict[str, Any]:

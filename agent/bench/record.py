@@ -11,7 +11,6 @@ as the device path's host writes it (uint8 NHWC), which is what the replay sees.
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -75,7 +74,3 @@ def _record(model: LoadedModel, images: list[np.ndarray], source: str, out: str)
     )
     distinct = len({f for f, _ in rows})
     return {"recording": out, "model": path, "frames": len(rows), "distinct_frames": distinct, "bytes": size}
-
-
-def with_path(model_cfg: Any, path: str, manifest: str = "") -> Any:
-    return replace(model_cfg, path=path, manifest=manifest)

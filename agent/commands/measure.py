@@ -76,6 +76,7 @@ def _bench_emulated(config: Any, args: argparse.Namespace, progress: Any) -> int
     from edge_agent.bench.record import clip
     from edge_agent.bench.report import format_capacity_report
     from edge_agent.pipelines.backends.base import BackendError
+    from edge_agent.pipelines.backends.recording import RecordingError
     from edge_agent.pipelines.sources.base import SourceError
 
     if not args.source:
@@ -103,21 +104,25 @@ def _bench_emulated(config: Any, args: argparse.Namespace, progress: Any) -> int
             search_to=args.capacity,
             progress=progress,
         )
-    except (BenchError, BackendError, SourceError) as e:
+    except (BenchError, BackendError, SourceError, RecordingError) as e:
         return fail(f"bench: {e}", EXIT_USAGE)
     print(json.dumps(result, indent=2) if args.json else format_capacity_report(result))
     return EXIT_OK
 
 
 def cmd_record(args: argparse.Namespace) -> int:
-    from edge_agent.bench.record import record_outputs, with_path
+    from dataclasses import replace
+
+    from edge_agent.bench.record import record_outputs
     from edge_agent.core.files import UnsafePathError
     from edge_agent.models.manifest import ModelError
     from edge_agent.pipelines.backends.base import BackendError
     from edge_agent.pipelines.sources.base import SourceError
 
     config = load_config(args.config)
-    model = with_path(config.model, args.model, args.manifest or "") if args.model else config.model
+    model = (
+        replace(config.model, path=args.model, manifest=args.manifest or "") if args.model else config.model
+    )
     setup_logging("warning")
     if args.frames < 1 or args.frames > 100_000:
         return fail("record-outputs: --frames must be within 1..100000", EXIT_USAGE)

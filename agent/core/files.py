@@ -25,6 +25,7 @@ import re
 import secrets
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 __all__ = [
     "TEMPORARY",
@@ -35,6 +36,7 @@ __all__ = [
     "file_sha256",
     "open_dir",
     "open_private",
+    "open_regular",
     "read_regular",
     "read_text",
 ]
@@ -458,6 +460,19 @@ def read_regular(path: str | os.PathLike, max_bytes: int) -> bytes:
 
 
 def _read_regular(path: str | os.PathLike, max_bytes: int) -> bytes:
+    f, size = open_regular(path, max_bytes)
+    with f:
+        data = f.read(size + 1)
+    if len(data) > size:
+        raise FileRefused("grew while it was read")
+    return data
+
+
+def open_regular(path: str | os.PathLike, max_bytes: int | None = None) -> tuple[BinaryIO, int]:
+    """``path`` opened for reading, and its size, when it is a regular file (of at most
+    ``max_bytes``), looked at and opened as ``read_regular`` does: for a file read in
+    parts (a recording of model outputs). Raises FileRefused, or OSError for what the
+    system refuses."""
     if not stat.S_ISREG(os.stat(path).st_mode):
         raise FileRefused("not a regular file (a FIFO, device or folder is never read)")
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
@@ -465,12 +480,9 @@ def _read_regular(path: str | os.PathLike, max_bytes: int) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise FileRefused("not a regular file (a FIFO, device or folder is never read)")
-        if st.st_size > max_bytes:
+        if max_bytes is not None and st.st_size > max_bytes:
             raise FileRefused(f"{st.st_size} bytes, over {max_bytes}")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(st.st_size + 1)
-    finally:
+        return os.fdopen(fd, "rb"), st.st_size
+    except BaseException:
         os.close(fd)
-    if len(data) > st.st_size:
-        raise FileRefused("grew while it was read")
-    return data
+        raise

@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import stat
 import struct
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from edge_agent.core.files import FileRefused, atomic_write, open_regular
 from edge_agent.models.decoders.base import MAX_OUTPUT_ELEMENTS
 from edge_agent.models.manifest import InputFormat
 
@@ -136,8 +135,6 @@ def write(
     """Write a recording of ``frames`` ((fingerprint, outputs of that frame)) to ``path``,
     created exclusively and never through a symlink (``core.files.atomic_write``); returns
     its size in bytes."""
-    from edge_agent.core.files import atomic_write
-
     header = {
         "version": VERSION,
         "model_sha256": model_sha256,
@@ -162,20 +159,9 @@ def write(
 def read(path: str, model_sha256: str | None = None, fmt: InputFormat | None = None) -> Recording:
     """The recording at ``path``, checked (see the module's docstring); with
     ``model_sha256`` and ``fmt``, also that it was made of that model in that format."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError as e:
-        raise RecordingError(f"{path}: cannot open ({e.strerror})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):  # checked before fdopen, which refuses a folder itself
-            raise RecordingError(f"{path}: not a regular file")
-        f = os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+    f, size = _open(path)
     with f:
-        rec = _read(f, path, st.st_size)
+        rec = _read(f, path, size)
     if model_sha256 is not None and rec.model_sha256 != model_sha256:
         raise RecordingError(
             f"{path}: recorded from another model ({rec.model or '?'}, sha256 {rec.model_sha256[:12]}…;"
@@ -188,7 +174,27 @@ def read(path: str, model_sha256: str | None = None, fmt: InputFormat | None = N
     return rec
 
 
-def _read(f: Any, path: str, size: int) -> Recording:
+def host_size(path: str) -> tuple[int, int]:
+    """The host input (height, width) the recording at ``path`` was made in: its header
+    alone is read, checked as ``read`` checks it."""
+    f, size = _open(path)
+    with f:
+        host = _header(f, path, size)[0].host()
+    return host["height"], host["width"]
+
+
+def _open(path: str) -> tuple[Any, int]:
+    """``path`` opened for reading, and its size; a regular file only (``core.files``)."""
+    try:
+        return open_regular(path)
+    except FileRefused:
+        raise RecordingError(f"{path}: not a regular file") from None
+    except OSError as e:
+        raise RecordingError(f"{path}: cannot open ({e.strerror})") from None
+
+
+def _header(f: Any, path: str, size: int) -> tuple[_Header, int]:
+    """The header, parsed within its bounds, and its length in bytes."""
     prefix = f.read(_PREFIX.size)
     if len(prefix) < _PREFIX.size or prefix[:8] != MAGIC:
         raise RecordingError(f"{path}: not a recording of model outputs (no {MAGIC.decode()} magic)")
@@ -199,7 +205,11 @@ def _read(f: Any, path: str, size: int) -> Recording:
         header = json.loads(f.read(length).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise RecordingError(f"{path}: header is not JSON ({type(e).__name__})") from None
-    h = _Header(path, header)
+    return _Header(path, header), length
+
+
+def _read(f: Any, path: str, size: int) -> Recording:
+    h, length = _header(f, path, size)
     frames = h.int_field("frames", 1, MAX_FRAMES)
     outputs = h.outputs()
     per_frame = 8 + sum(o.frame_bytes for o in outputs)

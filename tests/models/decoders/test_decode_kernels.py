@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from decoder_checks import v8_tensor
 
 from edge_agent.models.decoders import kernels
 from edge_agent.models.decoders.base import Decoded, DecodeParams
@@ -80,14 +81,9 @@ def same(a: Decoded, b: Decoded) -> None:
         assert np.array_equal(x, y), f"{name} differs:\n{x}\nvs\n{y}"
 
 
-def v8(rows: list[tuple], classes: int = 3, anchors: int = 64) -> np.ndarray:
-    """[1, 4 + C, A]: each row (cx, cy, w, h, {class: score}) fills one anchor, zeros elsewhere."""
-    out = np.zeros((1, 4 + classes, anchors), np.float32)
-    for i, (cx, cy, w, h, scores) in enumerate(rows):
-        out[0, :4, i] = (cx, cy, w, h)
-        for c, s in scores.items():
-            out[0, 4 + c, i] = s
-    return out
+def v8(rows: list[tuple]) -> np.ndarray:
+    """A 3-class, 64-anchor YOLOv8 output of ``rows`` (``decoder_checks.v8_tensor``)."""
+    return v8_tensor(rows, 3, 64)
 
 
 def clusters(
